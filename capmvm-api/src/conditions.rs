@@ -1,0 +1,81 @@
+//! Condition types and reasons written by this provider (metav1.Condition shape, CAPI v1beta2 vocabulary
+//! where CAPI has a word for it).
+//!
+//! `Ready` describes the object over its whole life; its reason names the one thing it waits for.
+
+/// Condition types.
+pub mod types {
+    /// Summary condition, mirrored by CAPI into `InfrastructureReady` of the Cluster or Machine.
+    pub const READY: &str = "Ready";
+    /// Whether reconciliation is paused (CAPI contract: SHOULD be maintained).
+    pub const PAUSED: &str = "Paused";
+    /// MicrovmCluster: whether every static-pool host answers.
+    pub const HOSTS_REACHABLE: &str = "HostsReachable";
+}
+
+/// Condition reasons.
+pub mod reasons {
+    // --- shared ---
+    /// Ready=True.
+    pub const READY: &str = "Ready";
+    /// Paused=True, and Ready while paused.
+    pub const PAUSED: &str = "Paused";
+    /// Paused=False.
+    pub const NOT_PAUSED: &str = "NotPaused";
+    /// No owner (Machine or Cluster) has claimed the object yet.
+    pub const WAITING_FOR_OWNER: &str = "WaitingForOwner";
+    /// The spec fails validation; the message lists every field error.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// A Secret or key named by the MicrovmCluster is missing or malformed.
+    pub const MISSING_CREDENTIALS: &str = "MissingCredentials";
+    /// The object is being deleted.
+    pub const DELETING: &str = "Deleting";
+
+    // --- MicrovmCluster ---
+    /// Neither the Cluster nor the MicrovmCluster has a control-plane endpoint.
+    pub const WAITING_FOR_CONTROL_PLANE_ENDPOINT: &str = "WaitingForControlPlaneEndpoint";
+    /// HostsReachable=True.
+    pub const HOSTS_REACHABLE: &str = "HostsReachable";
+    /// HostsReachable=False: at least one host does not answer.
+    pub const HOSTS_UNREACHABLE: &str = "HostsUnreachable";
+    /// HostsReachable=Unknown: no host has been asked yet.
+    pub const HOSTS_NOT_OBSERVED: &str = "HostsNotObserved";
+
+    // --- MicrovmMachine gates, in the order they are checked ---
+    /// The Cluster named by the owner Machine does not exist (yet).
+    pub const WAITING_FOR_CLUSTER: &str = "WaitingForCluster";
+    /// The Cluster's infrastructure (the MicrovmCluster) is not provisioned yet.
+    pub const WAITING_FOR_CLUSTER_INFRASTRUCTURE: &str = "WaitingForClusterInfrastructureReady";
+    /// The Machine has no bootstrap data Secret yet, or the Secret is missing.
+    pub const WAITING_FOR_BOOTSTRAP_DATA: &str = "WaitingForBootstrapData";
+    /// The bootstrap data is in a format flintlock cannot deliver (Ignition).
+    pub const INVALID_BOOTSTRAP_FORMAT: &str = "InvalidBootstrapFormat";
+    /// No host can take the machine (failure domain, control-plane permission, reachability).
+    pub const NO_ELIGIBLE_HOST: &str = "NoEligibleHost";
+    /// The host the machine lives on (or was placed on) does not answer.
+    pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+
+    // --- MicrovmMachine microVM states ---
+    /// The microVM was asked for and flintlock has not started it yet.
+    pub const MICROVM_PENDING: &str = "MicrovmPending";
+    /// Flintlock gave up on the microVM (FAILED is terminal in flintlock).
+    pub const MICROVM_PROVISION_FAILED: &str = "MicrovmProvisionFailed";
+    /// Flintlock reports the microVM as being deleted while the machine is not.
+    pub const MICROVM_DELETING: &str = "MicrovmDeleting";
+    /// The machine has a providerID but its host no longer has the microVM. It is never re-created.
+    pub const MICROVM_NOT_FOUND: &str = "MicrovmNotFound";
+    /// Flintlock reported a state this provider does not know.
+    pub const MICROVM_UNKNOWN_STATE: &str = "MicrovmUnknownState";
+    /// The host refused a call (for example InvalidArgument or a flintlock validation error).
+    pub const MICROVM_CREATE_FAILED: &str = "MicrovmCreateFailed";
+}
+
+/// Condition status values.
+pub mod status {
+    /// The condition holds.
+    pub const TRUE: &str = "True";
+    /// The condition does not hold.
+    pub const FALSE: &str = "False";
+    /// Not known.
+    pub const UNKNOWN: &str = "Unknown";
+}

@@ -1,0 +1,70 @@
+//! Well-known names: the finalizer, label and annotation keys, and the meta-data keys sent to flintlock.
+
+/// Finalizer on every MicrovmMachine that may own a microVM; removed only once the VM is gone.
+pub const MACHINE_FINALIZER: &str = "microvmmachine.infrastructure.cluster.x-k8s.io";
+
+/// Label CAPI sets on infrastructure objects: the owning Cluster's name.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+
+/// Label CAPI sets on control-plane Machines (and, by template cloning, on their MicrovmMachines).
+pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
+
+/// Annotation that pauses reconciliation of the object carrying it.
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+
+/// Annotation that marks an infrastructure cluster as managed by someone else: we leave it alone.
+pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
+
+/// Label selected by the operator's `--watch-filter`.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Annotation CAPI sets on clones of a template: the template's name.
+pub const CLONED_FROM_NAME_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from-name";
+
+/// Annotation CAPI sets on clones of a template: the template's `Kind.group`.
+pub const CLONED_FROM_GROUPKIND_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from-groupkind";
+
+/// Annotation an administrator sets to `"true"` on a MicrovmMachine being deleted whose host is gone
+/// for good: the finalizer is released without confirming the microVM is gone (it may leak on the host,
+/// if the host ever returns), and a Warning event records it.
+pub const ABANDON_MICROVM_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/abandon-microvm";
+
+/// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
+pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
+
+/// Key of the bootstrap data in the bootstrap Secret (CAPI bootstrap contract).
+pub const BOOTSTRAP_DATA_KEY: &str = "value";
+
+/// Key of the bootstrap data format in the bootstrap Secret (`cloud-config` or `ignition`).
+pub const BOOTSTRAP_FORMAT_KEY: &str = "format";
+
+/// Keys of the TLS Secret named by `tlsSecretRef`.
+pub const TLS_CERT_KEY: &str = "tls.crt";
+/// See [`TLS_CERT_KEY`].
+pub const TLS_KEY_KEY: &str = "tls.key";
+/// See [`TLS_CERT_KEY`].
+pub const TLS_CA_KEY: &str = "ca.crt";
+
+/// Metadata keys of a flintlock microVM (cloud-init NoCloud documents, base64-encoded).
+pub mod metadata {
+    /// cloud-init instance meta-data (YAML map).
+    pub const META_DATA: &str = "meta-data";
+    /// cloud-init user-data: the bootstrap data.
+    pub const USER_DATA: &str = "user-data";
+    /// cloud-init vendor-data: hostname, users and SSH keys.
+    pub const VENDOR_DATA: &str = "vendor-data";
+
+    /// Instance meta-data key flintlock fills with the microVM uid.
+    pub const INSTANCE_ID: &str = "instance_id";
+    /// Instance meta-data key with the machine's hostname.
+    pub const LOCAL_HOSTNAME: &str = "local_hostname";
+    /// Instance meta-data key with the platform name.
+    pub const PLATFORM: &str = "platform";
+    /// Instance meta-data key with the host endpoint (templated into kubelet's `--provider-id`).
+    pub const VM_HOST: &str = "vm_host";
+    /// Instance meta-data key with the uid of the MicrovmMachine that asked for the VM. It is how we
+    /// recognise our own VM after a crash between create and the providerID write (exactly-once).
+    pub const MACHINE_UID: &str = "capmvm_machine_uid";
+    /// The platform value the Go provider sends.
+    pub const PLATFORM_LIQUID_METAL: &str = "liquid_metal";
+}
