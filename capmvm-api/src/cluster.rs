@@ -1,5 +1,8 @@
 //! MicrovmCluster: the infrastructure of one CAPI Cluster: which flintlock hosts its machines may use.
 
+// Repeated `printcolumn(type_ = ..)` arguments of the kube derive are not duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -24,10 +27,29 @@ use crate::schema;
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha2"),
     doc = "MicrovmCluster is the infrastructure of a Cluster API Cluster whose machines are microVMs on flintlock hosts.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", description = "Cluster to which this MicrovmCluster belongs"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
-    printcolumn(name = "Endpoint", type_ = "string", json_path = ".spec.controlPlaneEndpoint.host", description = "Control-plane endpoint host"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name",
+        description = "Cluster to which this MicrovmCluster belongs"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Ready condition"
+    ),
+    printcolumn(
+        name = "Endpoint",
+        type_ = "string",
+        json_path = ".spec.controlPlaneEndpoint.host",
+        description = "Control-plane endpoint host"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MicrovmClusterSpec {

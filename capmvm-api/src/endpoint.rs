@@ -34,7 +34,9 @@ pub enum EndpointError {
     #[error("has port {0:?}, which is not a number between 1 and 65535")]
     BadPort(String),
     /// An IPv6 address without brackets, such as `::1:9090`.
-    #[error("looks like an IPv6 address without brackets; write [addr]:port, for example [fd00::5]:9090")]
+    #[error(
+        "looks like an IPv6 address without brackets; write [addr]:port, for example [fd00::5]:9090"
+    )]
     UnbracketedIpv6,
     /// Bracketed text that is not an IPv6 address.
     #[error("has {0:?} in brackets, which is not an IPv6 address")]
@@ -148,7 +150,9 @@ fn is_host_name(host: &str) -> bool {
         && host.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -160,7 +164,12 @@ mod tests {
 
     #[test]
     fn parses_and_prints_every_form() {
-        for s in ["10.0.0.5:9090", "host-a.example.com:443", "[fd00::5]:9090", "[::1]:1"] {
+        for s in [
+            "10.0.0.5:9090",
+            "host-a.example.com:443",
+            "[fd00::5]:9090",
+            "[::1]:1",
+        ] {
             let e: HostEndpoint = s.parse().unwrap();
             assert_eq!(e.to_string(), s);
         }
@@ -180,13 +189,37 @@ mod tests {
     #[test]
     fn rejects_bad_endpoints_with_a_reason() {
         assert_eq!("".parse::<HostEndpoint>(), Err(EndpointError::Empty));
-        assert_eq!("host".parse::<HostEndpoint>(), Err(EndpointError::MissingPort));
-        assert_eq!("::1:9090".parse::<HostEndpoint>(), Err(EndpointError::UnbracketedIpv6));
-        assert!(matches!("h:0".parse::<HostEndpoint>(), Err(EndpointError::BadPort(_))));
-        assert!(matches!("h:+80".parse::<HostEndpoint>(), Err(EndpointError::BadPort(_))));
-        assert!(matches!("h:70000".parse::<HostEndpoint>(), Err(EndpointError::BadPort(_))));
-        assert!(matches!("[zz]:1".parse::<HostEndpoint>(), Err(EndpointError::BadIpv6(_))));
-        assert!(matches!("a b:1".parse::<HostEndpoint>(), Err(EndpointError::BadHost(_))));
-        assert_eq!("http://h:1".parse::<HostEndpoint>(), Err(EndpointError::Url));
+        assert_eq!(
+            "host".parse::<HostEndpoint>(),
+            Err(EndpointError::MissingPort)
+        );
+        assert_eq!(
+            "::1:9090".parse::<HostEndpoint>(),
+            Err(EndpointError::UnbracketedIpv6)
+        );
+        assert!(matches!(
+            "h:0".parse::<HostEndpoint>(),
+            Err(EndpointError::BadPort(_))
+        ));
+        assert!(matches!(
+            "h:+80".parse::<HostEndpoint>(),
+            Err(EndpointError::BadPort(_))
+        ));
+        assert!(matches!(
+            "h:70000".parse::<HostEndpoint>(),
+            Err(EndpointError::BadPort(_))
+        ));
+        assert!(matches!(
+            "[zz]:1".parse::<HostEndpoint>(),
+            Err(EndpointError::BadIpv6(_))
+        ));
+        assert!(matches!(
+            "a b:1".parse::<HostEndpoint>(),
+            Err(EndpointError::BadHost(_))
+        ));
+        assert_eq!(
+            "http://h:1".parse::<HostEndpoint>(),
+            Err(EndpointError::Url)
+        );
     }
 }

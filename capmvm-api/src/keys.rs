@@ -27,7 +27,8 @@ pub const CLONED_FROM_GROUPKIND_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from
 /// Annotation an administrator sets to `"true"` on a MicrovmMachine being deleted whose host is gone
 /// for good: the finalizer is released without confirming the microVM is gone (it may leak on the host,
 /// if the host ever returns), and a Warning event records it.
-pub const ABANDON_MICROVM_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/abandon-microvm";
+pub const ABANDON_MICROVM_ANNOTATION: &str =
+    "microvmmachine.infrastructure.cluster.x-k8s.io/abandon-microvm";
 
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";

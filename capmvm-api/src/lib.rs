@@ -22,13 +22,13 @@ pub mod template;
 pub mod validation;
 
 pub use cluster::{
-    ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus,
-    MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
+    ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec,
+    MicrovmClusterStatus, MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
 };
 pub use endpoint::{EndpointError, HostEndpoint};
 pub use machine::{
-    IfaceType, Initrd, Kernel, MachineAddress, MachineAddressType, MicrovmMachine, MicrovmMachineSpec,
-    MicrovmMachineStatus, NetworkInterface, VmState, VmmProvider, Volume,
+    IfaceType, Initrd, Kernel, MachineAddress, MachineAddressType, MicrovmMachine,
+    MicrovmMachineSpec, MicrovmMachineStatus, NetworkInterface, VmState, VmmProvider, Volume,
 };
 pub use provider_id::{ProviderId, ProviderIdError};
 pub use template::{
@@ -44,7 +44,13 @@ pub const VERSION: &str = "v1alpha2";
 pub const CONTRACT_LABEL: (&str, &str) = ("cluster.x-k8s.io/v1beta2", VERSION);
 
 /// Every CRD of this provider, in a stable order.
-pub fn crds() -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition> {
+pub fn crds()
+-> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
+{
     use kube::CustomResourceExt;
-    vec![MicrovmCluster::crd(), MicrovmMachine::crd(), MicrovmMachineTemplate::crd()]
+    vec![
+        MicrovmCluster::crd(),
+        MicrovmMachine::crd(),
+        MicrovmMachineTemplate::crd(),
+    ]
 }

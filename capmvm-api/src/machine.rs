@@ -1,5 +1,8 @@
 //! MicrovmMachine: one CAPI Machine's microVM on a flintlock host.
 
+// Repeated `printcolumn(type_ = ..)` arguments of the kube derive are not duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
@@ -33,12 +36,41 @@ pub const MAX_MEMORY_MB: i64 = 32768;
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha2"),
     doc = "MicrovmMachine is the infrastructure of one Cluster API Machine: a microVM on a flintlock host.",
-    printcolumn(name = "Cluster", type_ = "string", json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name", description = "Cluster to which this MicrovmMachine belongs"),
-    printcolumn(name = "Host", type_ = "string", json_path = ".status.host", description = "Flintlock host of the microVM"),
-    printcolumn(name = "State", type_ = "string", json_path = ".status.vmState", description = "State of the microVM"),
-    printcolumn(name = "ProviderID", type_ = "string", json_path = ".spec.providerID", description = "Provider ID"),
-    printcolumn(name = "Ready", type_ = "string", json_path = ".status.conditions[?(@.type==\"Ready\")].status", description = "Ready condition"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "Cluster",
+        type_ = "string",
+        json_path = ".metadata.labels.cluster\\.x-k8s\\.io/cluster-name",
+        description = "Cluster to which this MicrovmMachine belongs"
+    ),
+    printcolumn(
+        name = "Host",
+        type_ = "string",
+        json_path = ".status.host",
+        description = "Flintlock host of the microVM"
+    ),
+    printcolumn(
+        name = "State",
+        type_ = "string",
+        json_path = ".status.vmState",
+        description = "State of the microVM"
+    ),
+    printcolumn(
+        name = "ProviderID",
+        type_ = "string",
+        json_path = ".spec.providerID",
+        description = "Provider ID"
+    ),
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = ".status.conditions[?(@.type==\"Ready\")].status",
+        description = "Ready condition"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 #[serde(rename_all = "camelCase")]
 pub struct MicrovmMachineSpec {
@@ -86,7 +118,11 @@ pub struct MicrovmMachineSpec {
     pub ssh_public_keys: Vec<SshPublicKey>,
 
     /// Set by the provider: `microvm://<host endpoint>/<flintlock uid>`.
-    #[serde(rename = "providerID", default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        rename = "providerID",
+        default,
+        skip_serializing_if = "Option::is_none"
+    )]
     #[schemars(length(min = 1, max = 512))]
     pub provider_id: Option<String>,
 }

@@ -92,30 +92,58 @@ mod tests {
 
     #[test]
     fn formats_like_the_go_provider() {
-        let id = ProviderId::new("10.0.0.5:9090".parse().unwrap(), "01KE75BHT9H6D7V5YG0KYGRXX2");
-        assert_eq!(id.to_string(), "microvm://10.0.0.5:9090/01KE75BHT9H6D7V5YG0KYGRXX2");
+        let id = ProviderId::new(
+            "10.0.0.5:9090".parse().unwrap(),
+            "01KE75BHT9H6D7V5YG0KYGRXX2",
+        );
+        assert_eq!(
+            id.to_string(),
+            "microvm://10.0.0.5:9090/01KE75BHT9H6D7V5YG0KYGRXX2"
+        );
     }
 
     #[test]
     fn parses_ipv6() {
-        let id: ProviderId = "microvm://[fd00::5]:9090/01KE75BHT9H6D7V5YG0KYGRXX2".parse().unwrap();
+        let id: ProviderId = "microvm://[fd00::5]:9090/01KE75BHT9H6D7V5YG0KYGRXX2"
+            .parse()
+            .unwrap();
         assert_eq!(id.host.host(), "fd00::5");
         assert_eq!(id.uid, "01KE75BHT9H6D7V5YG0KYGRXX2");
     }
 
     #[test]
     fn rejects_foreign_ids() {
-        assert_eq!("aws:///us-east-1a/i-1".parse::<ProviderId>(), Err(ProviderIdError::Scheme));
-        assert_eq!("microvm://10.0.0.5:9090".parse::<ProviderId>().unwrap_err(), ProviderIdError::MissingUid);
-        assert_eq!("microvm://10.0.0.5:9090/".parse::<ProviderId>(), Err(ProviderIdError::MissingUid));
-        assert!(matches!("microvm://10.0.0.5/01A".parse::<ProviderId>(), Err(ProviderIdError::Endpoint(_))));
-        assert!(matches!("microvm://h:1/a-b".parse::<ProviderId>(), Err(ProviderIdError::BadUid(_))));
+        assert_eq!(
+            "aws:///us-east-1a/i-1".parse::<ProviderId>(),
+            Err(ProviderIdError::Scheme)
+        );
+        assert_eq!(
+            "microvm://10.0.0.5:9090".parse::<ProviderId>().unwrap_err(),
+            ProviderIdError::MissingUid
+        );
+        assert_eq!(
+            "microvm://10.0.0.5:9090/".parse::<ProviderId>(),
+            Err(ProviderIdError::MissingUid)
+        );
+        assert!(matches!(
+            "microvm://10.0.0.5/01A".parse::<ProviderId>(),
+            Err(ProviderIdError::Endpoint(_))
+        ));
+        assert!(matches!(
+            "microvm://h:1/a-b".parse::<ProviderId>(),
+            Err(ProviderIdError::BadUid(_))
+        ));
     }
 
     fn endpoint() -> impl Strategy<Value = HostEndpoint> {
-        let v4 = (any::<[u8; 4]>(), 1u16..).prop_map(|(o, p)| format!("{}.{}.{}.{}:{p}", o[0], o[1], o[2], o[3]));
-        let v6 = (any::<[u16; 8]>(), 1u16..).prop_map(|(s, p)| format!("[{}]:{p}", std::net::Ipv6Addr::from(s)));
-        let dns = ("[a-z][a-z0-9-]{0,20}[a-z0-9](\\.[a-z][a-z0-9]{0,10}){0,3}", 1u16..)
+        let v4 = (any::<[u8; 4]>(), 1u16..)
+            .prop_map(|(o, p)| format!("{}.{}.{}.{}:{p}", o[0], o[1], o[2], o[3]));
+        let v6 = (any::<[u16; 8]>(), 1u16..)
+            .prop_map(|(s, p)| format!("[{}]:{p}", std::net::Ipv6Addr::from(s)));
+        let dns = (
+            "[a-z][a-z0-9-]{0,20}[a-z0-9](\\.[a-z][a-z0-9]{0,10}){0,3}",
+            1u16..,
+        )
             .prop_map(|(h, p)| format!("{h}:{p}"));
         prop_oneof![v4, v6, dns].prop_map(|s| s.parse().unwrap())
     }

@@ -1,5 +1,8 @@
 //! MicrovmMachineTemplate: the shape CAPI clones MicrovmMachines from (MachineDeployments, control planes).
 
+// Repeated `printcolumn(type_ = ..)` arguments of the kube derive are not duplicates.
+#![allow(clippy::duplicated_attributes)]
+
 use std::collections::BTreeMap;
 
 use kube::CustomResource;
@@ -22,9 +25,23 @@ use crate::machine::MicrovmMachineSpec;
     category = "cluster-api",
     label("cluster.x-k8s.io/v1beta2", "v1alpha2"),
     doc = "MicrovmMachineTemplate is the template Cluster API clones MicrovmMachines from.",
-    printcolumn(name = "CPU", type_ = "integer", json_path = ".spec.template.spec.vcpu", description = "vCPUs of each machine"),
-    printcolumn(name = "Memory", type_ = "integer", json_path = ".spec.template.spec.memoryMb", description = "Memory of each machine in MiB"),
-    printcolumn(name = "Age", type_ = "date", json_path = ".metadata.creationTimestamp")
+    printcolumn(
+        name = "CPU",
+        type_ = "integer",
+        json_path = ".spec.template.spec.vcpu",
+        description = "vCPUs of each machine"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "integer",
+        json_path = ".spec.template.spec.memoryMb",
+        description = "Memory of each machine in MiB"
+    ),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
 )]
 pub struct MicrovmMachineTemplateSpec {
     /// What every cloned MicrovmMachine gets.

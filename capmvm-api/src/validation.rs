@@ -15,8 +15,8 @@ use regex::Regex;
 use crate::cluster::{MicrovmCluster, MicrovmClusterSpec, SshPublicKey};
 use crate::endpoint::HostEndpoint;
 use crate::machine::{
-    IfaceType, MAX_MEMORY_MB, MAX_VCPU, MIN_MEMORY_MB, MIN_VCPU, MicrovmMachine, MicrovmMachineSpec,
-    VmmProvider, Volume,
+    IfaceType, MAX_MEMORY_MB, MAX_VCPU, MIN_MEMORY_MB, MIN_VCPU, MicrovmMachine,
+    MicrovmMachineSpec, VmmProvider, Volume,
 };
 use crate::provider_id::ProviderId;
 use crate::template::MicrovmMachineTemplate;
@@ -109,7 +109,11 @@ pub fn validate_template(template: &MicrovmMachineTemplate) -> Result<(), Valida
             "is empty; set labels or annotations, or leave metadata out",
         );
     }
-    machine_spec(&template.spec.template.spec, "spec.template.spec", &mut errs);
+    machine_spec(
+        &template.spec.template.spec,
+        "spec.template.spec",
+        &mut errs,
+    );
     errs.finish()
 }
 
@@ -125,7 +129,10 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
     if let Some(ep) = &spec.control_plane_endpoint {
         let path = "spec.controlPlaneEndpoint";
         if ep.host.is_none() && ep.port.is_none() {
-            errs.add(path, "is empty; set host and port, or leave controlPlaneEndpoint out");
+            errs.add(
+                path,
+                "is empty; set host and port, or leave controlPlaneEndpoint out",
+            );
         }
         if let Some(host) = &ep.host
             && (host.is_empty() || host.len() > 512)
@@ -135,7 +142,10 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
         if let Some(port) = ep.port
             && !(1..=65535).contains(&port)
         {
-            errs.add(format!("{path}.port"), format!("{port} is not a port; use 1 to 65535"));
+            errs.add(
+                format!("{path}.port"),
+                format!("{port} is not a port; use 1 to 65535"),
+            );
         }
     }
 
@@ -149,7 +159,10 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
         Some(pool) => {
             let path = "spec.placement.staticPool";
             if pool.hosts.is_empty() {
-                errs.add(format!("{path}.hosts"), "is empty; list at least one flintlock host");
+                errs.add(
+                    format!("{path}.hosts"),
+                    "is empty; list at least one flintlock host",
+                );
             }
             let mut endpoints = BTreeMap::new();
             let mut names = BTreeMap::new();
@@ -164,7 +177,10 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
                             );
                         }
                     }
-                    Err(e) => errs.add(format!("{hpath}.endpoint"), format!("{:?} {e}", host.endpoint)),
+                    Err(e) => errs.add(
+                        format!("{hpath}.endpoint"),
+                        format!("{:?} {e}", host.endpoint),
+                    ),
                 }
                 if let Some(name) = &host.name {
                     if name.is_empty() || name.len() > 256 {
@@ -173,14 +189,19 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
                     if let Some(first) = names.insert(name.clone(), i) {
                         errs.add(
                             format!("{hpath}.name"),
-                            format!("{name:?} is already the name of hosts[{first}]; names are unique"),
+                            format!(
+                                "{name:?} is already the name of hosts[{first}]; names are unique"
+                            ),
                         );
                     }
                 }
                 if let Some(fd) = &host.failure_domain
                     && (fd.is_empty() || fd.len() > 256)
                 {
-                    errs.add(format!("{hpath}.failureDomain"), "must be 1 to 256 characters long");
+                    errs.add(
+                        format!("{hpath}.failureDomain"),
+                        "must be 1 to 256 characters long",
+                    );
                 }
             }
             // A host without failureDomain is its own domain; it must not silently join a group.
@@ -201,7 +222,8 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
                     );
                 }
             }
-            let domains: BTreeSet<&str> = pool.hosts.iter().map(|h| h.failure_domain_name()).collect();
+            let domains: BTreeSet<&str> =
+                pool.hosts.iter().map(|h| h.failure_domain_name()).collect();
             if domains.len() > MAX_FAILURE_DOMAINS {
                 errs.add(
                     format!("{path}.hosts"),
@@ -218,7 +240,10 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
     }
 
     if let Some(proxy) = &spec.microvm_proxy {
-        let ep = proxy.endpoint.strip_prefix("http://").unwrap_or(&proxy.endpoint);
+        let ep = proxy
+            .endpoint
+            .strip_prefix("http://")
+            .unwrap_or(&proxy.endpoint);
         let ep = ep.strip_suffix('/').unwrap_or(ep);
         if let Err(e) = ep.parse::<HostEndpoint>() {
             errs.add(
@@ -239,7 +264,10 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
     if !(MIN_VCPU..=MAX_VCPU).contains(&spec.vcpu) {
         errs.add(
             format!("{path}.vcpu"),
-            format!("{} is out of range; flintlock accepts {MIN_VCPU} to {MAX_VCPU}", spec.vcpu),
+            format!(
+                "{} is out of range; flintlock accepts {MIN_VCPU} to {MAX_VCPU}",
+                spec.vcpu
+            ),
         );
     }
     if !(MIN_MEMORY_MB..=MAX_MEMORY_MB).contains(&spec.memory_mb) {
@@ -256,14 +284,23 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
     let rpath = format!("{path}.rootVolume");
     volume_common(&spec.root_volume, &rpath, errs);
     match &spec.root_volume.image {
-        None => errs.add(format!("{rpath}.image"), "is required; name the container image of the root filesystem"),
+        None => errs.add(
+            format!("{rpath}.image"),
+            "is required; name the container image of the root filesystem",
+        ),
         Some(image) => image_ref(image, &format!("{rpath}.image"), errs),
     }
     if spec.root_volume.virtiofs_path.is_some() {
-        errs.add(format!("{rpath}.virtiofsPath"), "is not allowed on the root volume; flintlock boots only from an image");
+        errs.add(
+            format!("{rpath}.virtiofsPath"),
+            "is not allowed on the root volume; flintlock boots only from an image",
+        );
     }
     if spec.root_volume.mount_point.is_some() {
-        errs.add(format!("{rpath}.mountPoint"), "is not allowed on the root volume; it is mounted at /");
+        errs.add(
+            format!("{rpath}.mountPoint"),
+            "is not allowed on the root volume; it is mounted at /",
+        );
     }
     let mut ids = BTreeMap::new();
     ids.insert(spec.root_volume.id.as_str(), rpath.clone());
@@ -272,7 +309,13 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
         let vpath = format!("{path}.volumes[{i}]");
         volume_common(vol, &vpath, errs);
         if let Some(first) = ids.insert(vol.id.as_str(), vpath.clone()) {
-            errs.add(format!("{vpath}.id"), format!("{:?} is already the id of {first}; volume ids are unique", vol.id));
+            errs.add(
+                format!("{vpath}.id"),
+                format!(
+                    "{:?} is already the id of {first}; volume ids are unique",
+                    vol.id
+                ),
+            );
         }
         match (&vol.image, &vol.virtiofs_path) {
             (Some(_), Some(_)) => errs.add(
@@ -283,7 +326,10 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
             (Some(image), None) => image_ref(image, &format!("{vpath}.image"), errs),
             (None, Some(vfs)) => {
                 if !vfs.starts_with('/') {
-                    errs.add(format!("{vpath}.virtiofsPath"), format!("{vfs:?} is not an absolute host path"));
+                    errs.add(
+                        format!("{vpath}.virtiofsPath"),
+                        format!("{vfs:?} is not an absolute host path"),
+                    );
                 }
                 if !is_ch {
                     errs.add(
@@ -304,13 +350,21 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
         if let Some(mp) = &vol.mount_point
             && !mp.starts_with('/')
         {
-            errs.add(format!("{vpath}.mountPoint"), format!("{mp:?} is not an absolute path in the guest"));
+            errs.add(
+                format!("{vpath}.mountPoint"),
+                format!("{mp:?} is not an absolute path in the guest"),
+            );
         }
     }
 
     // Kernel and initrd.
     image_ref(&spec.kernel.image, &format!("{path}.kernel.image"), errs);
-    file_name(&spec.kernel.filename, &format!("{path}.kernel.filename"), "the kernel binary, for example boot/vmlinux", errs);
+    file_name(
+        &spec.kernel.filename,
+        &format!("{path}.kernel.filename"),
+        "the kernel binary, for example boot/vmlinux",
+        errs,
+    );
     for (key, value) in &spec.kernel_cmdline {
         if key.is_empty() || key.contains('=') || has_space_or_control(key) {
             errs.add(
@@ -328,7 +382,12 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
     if let Some(initrd) = &spec.initrd {
         image_ref(&initrd.image, &format!("{path}.initrd.image"), errs);
         if let Some(f) = &initrd.filename {
-            file_name(f, &format!("{path}.initrd.filename"), "the initrd inside the image", errs);
+            file_name(
+                f,
+                &format!("{path}.initrd.filename"),
+                "the initrd inside the image",
+                errs,
+            );
         }
     }
 
@@ -420,7 +479,10 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
                 ),
                 Some(ip) => {
                     if address.is_none() {
-                        errs.add(format!("{npath}.gateway"), "needs address; a gateway only applies to a static address");
+                        errs.add(
+                            format!("{npath}.gateway"),
+                            "needs address; a gateway only applies to a static address",
+                        );
                     } else if let Some(net) = net
                         && net.addr().is_ipv4() != ip.is_ipv4()
                     {
@@ -433,7 +495,10 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
             }
         }
         if !nic.nameservers.is_empty() && address.is_none() {
-            errs.add(format!("{npath}.nameservers"), "needs address; with DHCP the nameservers come from DHCP");
+            errs.add(
+                format!("{npath}.nameservers"),
+                "needs address; with DHCP the nameservers come from DHCP",
+            );
         }
         for (j, ns) in nic.nameservers.iter().enumerate() {
             if ns.parse::<IpAddr>().is_err() {
@@ -445,7 +510,11 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
         }
     }
 
-    ssh_keys(&spec.ssh_public_keys, &format!("{path}.sshPublicKeys"), errs);
+    ssh_keys(
+        &spec.ssh_public_keys,
+        &format!("{path}.sshPublicKeys"),
+        errs,
+    );
 
     if let Some(id) = &spec.provider_id
         && let Err(e) = id.parse::<ProviderId>()
@@ -456,9 +525,15 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
 
 fn volume_common(vol: &Volume, path: &str, errs: &mut Errors) {
     if vol.id.is_empty() {
-        errs.add(format!("{path}.id"), "is required; name the volume, for example root");
+        errs.add(
+            format!("{path}.id"),
+            "is required; name the volume, for example root",
+        );
     } else if has_space_or_control(&vol.id) || vol.id.contains('/') {
-        errs.add(format!("{path}.id"), format!("{:?} may not hold whitespace or '/'", vol.id));
+        errs.add(
+            format!("{path}.id"),
+            format!("{:?} may not hold whitespace or '/'", vol.id),
+        );
     }
 }
 
@@ -466,10 +541,16 @@ fn ssh_keys(keys: &[SshPublicKey], path: &str, errs: &mut Errors) {
     for (i, key) in keys.iter().enumerate() {
         let kpath = format!("{path}[{i}]");
         if key.user.is_empty() || has_space_or_control(&key.user) || key.user.contains(':') {
-            errs.add(format!("{kpath}.user"), format!("{:?} is not a user name", key.user));
+            errs.add(
+                format!("{kpath}.user"),
+                format!("{:?} is not a user name", key.user),
+            );
         }
         if key.authorized_keys.is_empty() {
-            errs.add(format!("{kpath}.authorizedKeys"), "is empty; list at least one public key");
+            errs.add(
+                format!("{kpath}.authorizedKeys"),
+                "is empty; list at least one public key",
+            );
         }
         for (j, k) in key.authorized_keys.iter().enumerate() {
             if k.trim().is_empty() || k.contains('\n') || k.contains('\r') {
@@ -501,7 +582,10 @@ fn file_name(name: &str, path: &str, what: &str, errs: &mut Errors) {
 
 fn image_ref(image: &str, path: &str, errs: &mut Errors) {
     if image.is_empty() {
-        errs.add(path, "is required; name a container image, for example ghcr.io/org/image:tag");
+        errs.add(
+            path,
+            "is required; name a container image, for example ghcr.io/org/image:tag",
+        );
     } else if !is_image_reference(image) {
         errs.add(
             path,
@@ -510,21 +594,47 @@ fn image_ref(image: &str, path: &str, errs: &mut Errors) {
     }
 }
 
-/// The reference grammar of containerd/distribution, which flintlock parses images with.
-static IMAGE_REFERENCE: LazyLock<Regex> = LazyLock::new(|| {
-    let domain_component = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])";
-    let domain = format!(r"(?:{dc}(?:\.{dc})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?", dc = domain_component);
+/// The reference grammar of distribution (which containerd and flintlock parse images with), after the
+/// registry part has been split off.
+static IMAGE_REMAINDER: LazyLock<Regex> = LazyLock::new(|| {
     let path_component = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*";
     let tag = r"[\w][\w.-]{0,127}";
     let digest = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}";
-    let pattern = format!(r"^(?:{domain}/)?{pc}(?:/{pc})*(?::{tag})?(?:@{digest})?$", pc = path_component);
+    let pattern = format!(
+        r"^{pc}(?:/{pc})*(?::{tag})?(?:@{digest})?$",
+        pc = path_component
+    );
     #[allow(clippy::expect_used)] // a constant pattern, covered by tests
     Regex::new(&pattern).expect("image reference pattern compiles")
 });
 
+static REGISTRY: LazyLock<Regex> = LazyLock::new(|| {
+    let dc = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])";
+    let pattern = format!(r"^(?:{dc}(?:\.{dc})*|\[[0-9a-fA-F:.]+\])(?::[0-9]+)?$");
+    #[allow(clippy::expect_used)] // a constant pattern, covered by tests
+    Regex::new(&pattern).expect("registry pattern compiles")
+});
+
 /// Whether `s` parses as a container image reference (`[registry/]repo[:tag][@digest]`).
+///
+/// As in docker's normalisation, the first component is a registry only when it holds a `.` or a `:`
+/// or is `localhost`; otherwise it is part of the (lowercase) repository path.
 pub fn is_image_reference(s: &str) -> bool {
-    s.len() <= 512 && IMAGE_REFERENCE.is_match(s)
+    if s.is_empty() || s.len() > 512 {
+        return false;
+    }
+    let remainder = match s.split_once('/') {
+        Some((first, rest))
+            if first.contains('.') || first.contains(':') || first == "localhost" =>
+        {
+            if !REGISTRY.is_match(first) {
+                return false;
+            }
+            rest
+        }
+        _ => s,
+    };
+    IMAGE_REMAINDER.is_match(remainder)
 }
 
 fn is_device_name(s: &str) -> bool {
@@ -557,7 +667,9 @@ fn is_dns_subdomain(s: &str) -> bool {
         && s.len() <= 253
         && s.split('.').all(|label| {
             !label.is_empty()
-                && label.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })

@@ -1,5 +1,7 @@
 //! Every example object of our kinds deserializes, validates and round-trips through serde unchanged.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code
+
 use std::path::PathBuf;
 
 use capmvm_api::{MicrovmCluster, MicrovmMachine, MicrovmMachineTemplate, validation};
@@ -32,7 +34,12 @@ fn round_trip<T: DeserializeOwned + Serialize>(file: &std::path::Path, doc: &Val
     let obj: T = serde_json::from_value(doc.clone())
         .unwrap_or_else(|e| panic!("{}: does not deserialize: {e}", file.display()));
     let back = serde_json::to_value(&obj).unwrap();
-    assert_eq!(&back, doc, "{}: changed in a serde round trip", file.display());
+    assert_eq!(
+        &back,
+        doc,
+        "{}: changed in a serde round trip",
+        file.display()
+    );
     obj
 }
 
@@ -45,8 +52,12 @@ fn examples_deserialize_validate_and_round_trip() {
         }
         let kind = doc["kind"].as_str().unwrap().to_string();
         let result = match kind.as_str() {
-            "MicrovmCluster" => validation::validate_cluster(&round_trip::<MicrovmCluster>(&file, &doc)),
-            "MicrovmMachine" => validation::validate_machine(&round_trip::<MicrovmMachine>(&file, &doc)),
+            "MicrovmCluster" => {
+                validation::validate_cluster(&round_trip::<MicrovmCluster>(&file, &doc))
+            }
+            "MicrovmMachine" => {
+                validation::validate_machine(&round_trip::<MicrovmMachine>(&file, &doc))
+            }
             "MicrovmMachineTemplate" => {
                 validation::validate_template(&round_trip::<MicrovmMachineTemplate>(&file, &doc))
             }

@@ -22,7 +22,8 @@ fn main() -> anyhow::Result<()> {
             std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
             for crd in capmvm_crdgen::render()? {
                 let path = dir.join(&crd.file_name);
-                std::fs::write(&path, &crd.yaml).with_context(|| format!("writing {}", path.display()))?;
+                std::fs::write(&path, &crd.yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
                 eprintln!("wrote {}", path.display());
             }
         }

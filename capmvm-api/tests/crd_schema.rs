@@ -1,0 +1,315 @@
+//! The generated CRDs are what the CAPI contract and the API server require: structural schemas whose
+//! defaults are valid, the contract label, names CAPI can compute, printer columns, status subresources.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code
+
+use capmvm_api::crds;
+use serde_json::Value;
+
+/// Checks the rules of a structural schema (Kubernetes "Specifying a structural schema") at `node` and
+/// below, collecting violations with their schema path.
+fn check_structural(node: &Value, path: &str, errors: &mut Vec<String>) {
+    let Some(obj) = node.as_object() else {
+        errors.push(format!("{path}: schema is not an object"));
+        return;
+    };
+    for forbidden in [
+        "$ref",
+        "allOf",
+        "anyOf",
+        "oneOf",
+        "not",
+        "definitions",
+        "$defs",
+    ] {
+        if obj.contains_key(forbidden) {
+            errors.push(format!(
+                "{path}: uses {forbidden}, which a structural schema may not"
+            ));
+        }
+    }
+    let preserves = obj.get("x-kubernetes-preserve-unknown-fields") == Some(&Value::Bool(true));
+    let int_or_string = obj.get("x-kubernetes-int-or-string") == Some(&Value::Bool(true));
+    let ty = obj.get("type").and_then(Value::as_str);
+    if ty.is_none() && !preserves && !int_or_string {
+        errors.push(format!("{path}: has no type"));
+    }
+    if obj.get("type").is_some_and(|t| !t.is_string()) {
+        errors.push(format!("{path}: type is not a single string"));
+    }
+    if obj.contains_key("properties") && obj.contains_key("additionalProperties") {
+        errors.push(format!(
+            "{path}: has both properties and additionalProperties"
+        ));
+    }
+    if ty == Some("array") && !obj.contains_key("items") {
+        errors.push(format!("{path}: array without items"));
+    }
+    if let Some(props) = obj.get("properties").and_then(Value::as_object) {
+        for (name, sub) in props {
+            check_structural(sub, &format!("{path}.{name}"), errors);
+        }
+    }
+    if let Some(required) = obj.get("required").and_then(Value::as_array) {
+        for r in required {
+            let name = r.as_str().unwrap_or_default();
+            if obj.get("properties").and_then(|p| p.get(name)).is_none() {
+                errors.push(format!("{path}: requires {name}, which is not a property"));
+            }
+        }
+    }
+    if let Some(items) = obj.get("items") {
+        check_structural(items, &format!("{path}[]"), errors);
+        if obj.get("x-kubernetes-list-type").and_then(Value::as_str) == Some("map") {
+            let keys = obj["x-kubernetes-list-map-keys"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if keys.is_empty() {
+                errors.push(format!("{path}: list-type map without list-map-keys"));
+            }
+            for key in keys {
+                let key = key.as_str().unwrap_or_default();
+                let required = items["required"]
+                    .as_array()
+                    .is_some_and(|r| r.iter().any(|k| k == key));
+                let defaulted = items["properties"][key].get("default").is_some();
+                if !required && !defaulted {
+                    errors.push(format!(
+                        "{path}: list-map key {key} is neither required nor defaulted"
+                    ));
+                }
+            }
+        }
+    }
+    if let Some(additional) = obj.get("additionalProperties")
+        && additional.is_object()
+    {
+        check_structural(additional, &format!("{path}.*"), errors);
+    }
+    if let Some(default) = obj.get("default") {
+        for e in validate_value(default, node, &format!("{path} (default)")) {
+            errors.push(e);
+        }
+    }
+}
+
+/// A small OpenAPI v3 validator, enough to check default values: type, enum, bounds, lengths, pattern.
+fn validate_value(value: &Value, schema: &Value, path: &str) -> Vec<String> {
+    let mut errors = Vec::new();
+    if value.is_null() {
+        if schema.get("nullable") != Some(&Value::Bool(true)) {
+            errors.push(format!("{path}: null where the schema is not nullable"));
+        }
+        return errors;
+    }
+    let type_ok = match schema.get("type").and_then(Value::as_str) {
+        Some("string") => value.is_string(),
+        Some("integer") => value.is_i64() || value.is_u64(),
+        Some("number") => value.is_number(),
+        Some("boolean") => value.is_boolean(),
+        Some("array") => value.is_array(),
+        Some("object") => value.is_object(),
+        _ => true,
+    };
+    if !type_ok {
+        errors.push(format!("{path}: {value} is not of type {}", schema["type"]));
+        return errors;
+    }
+    if let Some(choices) = schema.get("enum").and_then(Value::as_array)
+        && !choices.contains(value)
+    {
+        errors.push(format!("{path}: {value} is not one of {choices:?}"));
+    }
+    if let Some(n) = value.as_f64() {
+        if schema
+            .get("minimum")
+            .and_then(Value::as_f64)
+            .is_some_and(|m| n < m)
+        {
+            errors.push(format!("{path}: {n} is below minimum"));
+        }
+        if schema
+            .get("maximum")
+            .and_then(Value::as_f64)
+            .is_some_and(|m| n > m)
+        {
+            errors.push(format!("{path}: {n} is above maximum"));
+        }
+    }
+    if let Some(s) = value.as_str() {
+        let len = s.chars().count() as u64;
+        if schema
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| len < m)
+        {
+            errors.push(format!("{path}: shorter than minLength"));
+        }
+        if schema
+            .get("maxLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|m| len > m)
+        {
+            errors.push(format!("{path}: longer than maxLength"));
+        }
+        if let Some(p) = schema.get("pattern").and_then(Value::as_str)
+            && !regex::Regex::new(p).unwrap().is_match(s)
+        {
+            errors.push(format!("{path}: {s:?} does not match {p}"));
+        }
+    }
+    if let (Some(obj), Some(props)) = (
+        value.as_object(),
+        schema.get("properties").and_then(Value::as_object),
+    ) {
+        for (k, v) in obj {
+            match props.get(k) {
+                Some(sub) => errors.extend(validate_value(v, sub, &format!("{path}.{k}"))),
+                None => errors.push(format!("{path}: unknown field {k}")),
+            }
+        }
+    }
+    if let (Some(items), Some(item_schema)) = (value.as_array(), schema.get("items")) {
+        for (i, v) in items.iter().enumerate() {
+            errors.extend(validate_value(v, item_schema, &format!("{path}[{i}]")));
+        }
+    }
+    errors
+}
+
+#[test]
+fn schemas_are_structural_and_defaults_are_valid() {
+    for crd in crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let name = crd["metadata"]["name"].as_str().unwrap().to_string();
+        for version in crd["spec"]["versions"].as_array().unwrap() {
+            let schema = &version["schema"]["openAPIV3Schema"];
+            let mut errors = Vec::new();
+            check_structural(schema, &name, &mut errors);
+            assert!(
+                errors.is_empty(),
+                "{name} is not structural:\n{}",
+                errors.join("\n")
+            );
+            // The defaults we rely on are really there.
+            assert!(
+                !schema["properties"]["spec"].is_null(),
+                "{name} has a spec schema"
+            );
+        }
+    }
+}
+
+#[test]
+fn defaults_the_api_relies_on_are_in_the_schema() {
+    let all: Vec<Value> = crds()
+        .iter()
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
+    let schema = |i: usize| all[i]["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+    let host = &schema(0)["properties"]["spec"]["properties"]["placement"]["properties"]["staticPool"]
+        ["properties"]["hosts"]["items"];
+    assert_eq!(
+        host["properties"]["controlplaneAllowed"]["default"],
+        Value::Bool(true)
+    );
+    let nic = &schema(1)["properties"]["spec"]["properties"]["networkInterfaces"]["items"];
+    assert_eq!(nic["properties"]["type"]["default"], "tap");
+    assert_eq!(
+        nic["properties"]["guestDeviceName"]["pattern"],
+        "^[a-z][a-z0-9_]*$"
+    );
+    let spec = &schema(1)["properties"]["spec"]["properties"];
+    assert_eq!(spec["vcpu"]["minimum"].as_f64(), Some(1.0));
+    assert_eq!(spec["vcpu"]["maximum"].as_f64(), Some(64.0));
+    assert_eq!(spec["memoryMb"]["minimum"].as_f64(), Some(1024.0));
+    assert_eq!(spec["memoryMb"]["maximum"].as_f64(), Some(32768.0));
+    assert_eq!(spec["networkInterfaces"]["minItems"], 1);
+    let fds = &schema(0)["properties"]["status"]["properties"]["failureDomains"];
+    assert_eq!(fds["maxItems"], 100);
+    assert_eq!(fds["x-kubernetes-list-type"], "map");
+}
+
+#[test]
+fn crd_metadata_follows_the_capi_contract() {
+    let expected = [
+        (
+            "microvmclusters.infrastructure.cluster.x-k8s.io",
+            "mvmc",
+            vec!["Cluster", "Ready", "Endpoint", "Age"],
+        ),
+        (
+            "microvmmachines.infrastructure.cluster.x-k8s.io",
+            "mvmm",
+            vec!["Cluster", "Host", "State", "ProviderID", "Ready", "Age"],
+        ),
+        (
+            "microvmmachinetemplates.infrastructure.cluster.x-k8s.io",
+            "mvmmt",
+            vec!["CPU", "Memory", "Age"],
+        ),
+    ];
+    for (crd, (name, short, columns)) in crds().iter().zip(expected) {
+        let crd = serde_json::to_value(crd).unwrap();
+        assert_eq!(crd["metadata"]["name"], name);
+        assert_eq!(
+            crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
+            "v1alpha2"
+        );
+        assert_eq!(crd["spec"]["scope"], "Namespaced");
+        assert_eq!(
+            crd["spec"]["names"]["shortNames"],
+            serde_json::json!([short])
+        );
+        assert_eq!(
+            crd["spec"]["names"]["categories"],
+            serde_json::json!(["cluster-api"])
+        );
+        let version = &crd["spec"]["versions"][0];
+        assert_eq!(version["name"], "v1alpha2");
+        assert_eq!(version["served"], true);
+        assert_eq!(version["storage"], true);
+        assert_eq!(version["subresources"]["status"], serde_json::json!({}));
+        let got: Vec<&str> = version["additionalPrinterColumns"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|c| c["name"].as_str().unwrap())
+            .collect();
+        assert_eq!(got, columns, "{name} printer columns");
+    }
+}
+
+#[test]
+fn check_structural_catches_violations() {
+    // The checker itself must be able to fail, or the tests above prove nothing.
+    let bad = serde_json::json!({
+        "type": "object",
+        "properties": {
+            "untyped": {"description": "no type"},
+            "list": {"type": "array"},
+            "flag": {"type": "boolean", "default": "yes"},
+            "port": {"type": "integer", "minimum": 1, "default": 0},
+            "conds": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                      "items": {"type": "object", "properties": {"type": {"type": "string"}}}},
+            "ref": {"$ref": "#/definitions/X"}
+        }
+    });
+    let mut errors = Vec::new();
+    check_structural(&bad, "bad", &mut errors);
+    let text = errors.join("\n");
+    for needle in [
+        "untyped: has no type",
+        "list: array without items",
+        "flag (default)",
+        "port (default)",
+        "list-map key type",
+        "uses $ref",
+    ] {
+        assert!(
+            text.contains(needle),
+            "checker missed {needle:?} in:\n{text}"
+        );
+    }
+}

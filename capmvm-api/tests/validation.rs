@@ -1,0 +1,446 @@
+//! Validation reports every bad field with its path and a fix; valid specs pass.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code
+
+use capmvm_api::validation::{validate_cluster_spec, validate_machine_spec, validate_template};
+use capmvm_api::*;
+
+fn valid_machine() -> MicrovmMachineSpec {
+    MicrovmMachineSpec {
+        provider: None,
+        vcpu: 2,
+        memory_mb: 2048,
+        root_volume: Volume {
+            id: "root".into(),
+            image: Some("ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.23.5".into()),
+            ..Default::default()
+        },
+        volumes: vec![],
+        kernel: Kernel {
+            image: "ghcr.io/liquidmetal-dev/kernel-bin:5.10.77".into(),
+            filename: "boot/vmlinux".into(),
+        },
+        kernel_cmdline: Default::default(),
+        initrd: None,
+        network_interfaces: vec![NetworkInterface {
+            guest_device_name: "eth1".into(),
+            guest_mac: None,
+            iface_type: IfaceType::Tap,
+            address: None,
+            gateway: None,
+            nameservers: vec![],
+        }],
+        labels: Default::default(),
+        ssh_public_keys: vec![],
+        provider_id: None,
+    }
+}
+
+fn host(name: &str, endpoint: &str, fd: Option<&str>) -> MicrovmHost {
+    MicrovmHost {
+        name: Some(name.into()),
+        endpoint: endpoint.into(),
+        controlplane_allowed: true,
+        failure_domain: fd.map(Into::into),
+    }
+}
+
+fn valid_cluster() -> MicrovmClusterSpec {
+    MicrovmClusterSpec {
+        placement: Placement {
+            static_pool: Some(StaticPoolPlacement {
+                hosts: vec![
+                    host("a", "10.0.0.1:9090", None),
+                    host("b", "[fd00::2]:9090", Some("r1")),
+                ],
+                basic_auth_secret: Some("tokens".into()),
+            }),
+        },
+        ..Default::default()
+    }
+}
+
+/// Applies `mutate` to a valid machine spec and asserts the only error is at `path` and mentions `needle`.
+#[track_caller]
+fn machine_error(mutate: impl FnOnce(&mut MicrovmMachineSpec), path: &str, needle: &str) {
+    let mut spec = valid_machine();
+    mutate(&mut spec);
+    let errors = validate_machine_spec(&spec).expect_err("the mutation makes the spec invalid");
+    assert!(
+        errors
+            .errors()
+            .iter()
+            .any(|e| e.path == path && e.message.contains(needle)),
+        "expected {path}: ..{needle}.. in: {errors}"
+    );
+}
+
+#[test]
+fn a_valid_machine_passes() {
+    assert_eq!(validate_machine_spec(&valid_machine()), Ok(()));
+}
+
+#[test]
+fn machine_field_errors_name_the_field_and_the_fix() {
+    machine_error(|s| s.vcpu = 0, "spec.vcpu", "1 to 64");
+    machine_error(|s| s.vcpu = 65, "spec.vcpu", "1 to 64");
+    machine_error(|s| s.memory_mb = 512, "spec.memoryMb", "1024 to 32768");
+    machine_error(|s| s.memory_mb = 40000, "spec.memoryMb", "1024 to 32768");
+    machine_error(
+        |s| s.root_volume.image = None,
+        "spec.rootVolume.image",
+        "is required",
+    );
+    machine_error(
+        |s| s.root_volume.image = Some("Not/An Image".into()),
+        "spec.rootVolume.image",
+        "not a container image",
+    );
+    machine_error(
+        |s| s.root_volume.id = String::new(),
+        "spec.rootVolume.id",
+        "is required",
+    );
+    machine_error(
+        |s| s.root_volume.virtiofs_path = Some("/x".into()),
+        "spec.rootVolume.virtiofsPath",
+        "not allowed",
+    );
+    machine_error(
+        |s| s.kernel.filename = String::new(),
+        "spec.kernel.filename",
+        "is required",
+    );
+    machine_error(
+        |s| s.kernel.image = "UPPER/case".into(),
+        "spec.kernel.image",
+        "not a container image",
+    );
+    machine_error(
+        |s| {
+            s.initrd = Some(Initrd {
+                image: "bad image".into(),
+                filename: None,
+            })
+        },
+        "spec.initrd.image",
+        "not a container image",
+    );
+    machine_error(
+        |s| {
+            s.kernel_cmdline
+                .insert("console".into(), "ttyS0 quiet".into());
+        },
+        "spec.kernelCmdline.console",
+        "whitespace",
+    );
+    machine_error(
+        |s| s.network_interfaces.clear(),
+        "spec.networkInterfaces",
+        "at least one",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].guest_mac = Some("zz".into()),
+        "spec.networkInterfaces[0].guestMac",
+        "\"zz\" is not a MAC address",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].guest_mac = Some("01:00:00:00:00:01".into()),
+        "spec.networkInterfaces[0].guestMac",
+        "multicast",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].guest_device_name = "Eth1".into(),
+        "spec.networkInterfaces[0].guestDeviceName",
+        "not a device name",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].guest_device_name = "eth0".into(),
+        "spec.networkInterfaces[0].guestDeviceName",
+        "metadata interface",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].iface_type = IfaceType::Macvtap,
+        "spec.networkInterfaces[0].type",
+        "cloudhypervisor",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].address = Some("10.0.0.5".into()),
+        "spec.networkInterfaces[0].address",
+        "CIDR",
+    );
+    machine_error(
+        |s| s.network_interfaces[0].gateway = Some("10.0.0.1".into()),
+        "spec.networkInterfaces[0].gateway",
+        "needs address",
+    );
+    machine_error(
+        |s| {
+            s.network_interfaces[0].address = Some("10.0.0.5/24".into());
+            s.network_interfaces[0].gateway = Some("fd00::1".into());
+        },
+        "spec.networkInterfaces[0].gateway",
+        "same IP family",
+    );
+    machine_error(
+        |s| {
+            s.network_interfaces[0].address = Some("10.0.0.5/24".into());
+            s.network_interfaces[0].nameservers = vec!["dns.example".into()];
+        },
+        "spec.networkInterfaces[0].nameservers[0]",
+        "not an IP",
+    );
+    machine_error(
+        |s| s.network_interfaces.push(s.network_interfaces[0].clone()),
+        "spec.networkInterfaces[1].guestDeviceName",
+        "already",
+    );
+    machine_error(
+        |s| {
+            s.volumes.push(Volume {
+                id: "root".into(),
+                image: Some("a/b".into()),
+                ..Default::default()
+            })
+        },
+        "spec.volumes[0].id",
+        "unique",
+    );
+    machine_error(
+        |s| {
+            s.volumes.push(Volume {
+                id: "v".into(),
+                ..Default::default()
+            })
+        },
+        "spec.volumes[0]",
+        "no source",
+    );
+    machine_error(
+        |s| {
+            s.volumes.push(Volume {
+                id: "v".into(),
+                virtiofs_path: Some("/srv".into()),
+                ..Default::default()
+            })
+        },
+        "spec.volumes[0].virtiofsPath",
+        "cloudhypervisor",
+    );
+    machine_error(
+        |s| {
+            s.provider = Some(VmmProvider::Cloudhypervisor);
+            for id in ["v1", "v2"] {
+                s.volumes.push(Volume {
+                    id: id.into(),
+                    virtiofs_path: Some("/srv".into()),
+                    ..Default::default()
+                });
+            }
+        },
+        "spec.volumes[1].virtiofsPath",
+        "second virtiofs",
+    );
+    machine_error(
+        |s| {
+            s.ssh_public_keys = vec![SshPublicKey {
+                user: "ops".into(),
+                authorized_keys: vec![],
+            }]
+        },
+        "spec.sshPublicKeys[0].authorizedKeys",
+        "at least one",
+    );
+    machine_error(
+        |s| s.provider_id = Some("aws:///i-1".into()),
+        "spec.providerID",
+        "microvm://",
+    );
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let mut spec = valid_machine();
+    spec.vcpu = 0;
+    spec.memory_mb = 1;
+    spec.network_interfaces[0].guest_mac = Some("zz".into());
+    let errors = validate_machine_spec(&spec).unwrap_err();
+    assert_eq!(errors.errors().len(), 3, "{errors}");
+    let text = errors.to_string();
+    assert!(text.contains("spec.vcpu: 0 is out of range"), "{text}");
+    assert!(
+        text.contains("spec.networkInterfaces[0].guestMac: \"zz\" is not a MAC address"),
+        "{text}"
+    );
+}
+
+#[test]
+fn cloud_hypervisor_allows_macvtap_virtiofs_and_eth0() {
+    let mut spec = valid_machine();
+    spec.provider = Some(VmmProvider::Cloudhypervisor);
+    spec.network_interfaces[0].iface_type = IfaceType::Macvtap;
+    spec.network_interfaces[0].guest_device_name = "eth0".into();
+    spec.volumes.push(Volume {
+        id: "v".into(),
+        virtiofs_path: Some("/srv".into()),
+        ..Default::default()
+    });
+    assert_eq!(validate_machine_spec(&spec), Ok(()));
+}
+
+#[test]
+fn image_references_follow_the_distribution_grammar() {
+    use capmvm_api::validation::is_image_reference;
+    for ok in [
+        "ubuntu",
+        "ghcr.io/liquidmetal-dev/kernel-bin:5.10.77",
+        "localhost:5000/a/b_c.d-e:v1",
+        "[fd00::1]:5000/img@sha256:0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        assert!(is_image_reference(ok), "{ok}");
+    }
+    for bad in ["", "UPPER", "a b", "a/:tag", "a:ta g", "-a"] {
+        assert!(!is_image_reference(bad), "{bad}");
+    }
+}
+
+#[test]
+fn template_paths_start_at_the_template_spec() {
+    let mut spec = valid_machine();
+    spec.vcpu = 100;
+    let template = MicrovmMachineTemplate::new(
+        "t",
+        MicrovmMachineTemplateSpec {
+            template: MicrovmMachineTemplateResource {
+                metadata: None,
+                spec,
+            },
+        },
+    );
+    let errors = validate_template(&template).unwrap_err();
+    assert_eq!(errors.errors()[0].path, "spec.template.spec.vcpu");
+}
+
+#[track_caller]
+fn cluster_error(mutate: impl FnOnce(&mut MicrovmClusterSpec), path: &str, needle: &str) {
+    let mut spec = valid_cluster();
+    mutate(&mut spec);
+    let errors = validate_cluster_spec(&spec).expect_err("the mutation makes the spec invalid");
+    assert!(
+        errors
+            .errors()
+            .iter()
+            .any(|e| e.path == path && e.message.contains(needle)),
+        "expected {path}: ..{needle}.. in: {errors}"
+    );
+}
+
+fn hosts(s: &mut MicrovmClusterSpec) -> &mut Vec<MicrovmHost> {
+    &mut s.placement.static_pool.as_mut().unwrap().hosts
+}
+
+#[test]
+fn cluster_field_errors_name_the_field_and_the_fix() {
+    assert_eq!(validate_cluster_spec(&valid_cluster()), Ok(()));
+    cluster_error(
+        |s| s.placement.static_pool = None,
+        "spec.placement.staticPool",
+        "is required",
+    );
+    cluster_error(
+        |s| hosts(s).clear(),
+        "spec.placement.staticPool.hosts",
+        "at least one",
+    );
+    cluster_error(
+        |s| hosts(s)[0].endpoint = "fd00::1:9090".into(),
+        "spec.placement.staticPool.hosts[0].endpoint",
+        "brackets",
+    );
+    cluster_error(
+        |s| hosts(s)[0].endpoint = "10.0.0.1".into(),
+        "spec.placement.staticPool.hosts[0].endpoint",
+        "no port",
+    );
+    cluster_error(
+        |s| hosts(s).push(host("c", "10.0.0.1:9090", None)),
+        "spec.placement.staticPool.hosts[2].endpoint",
+        "already the endpoint of hosts[0]",
+    );
+    cluster_error(
+        |s| hosts(s).push(host("a", "10.0.0.3:9090", None)),
+        "spec.placement.staticPool.hosts[2].name",
+        "already the name of hosts[0]",
+    );
+    cluster_error(
+        |s| hosts(s).push(host("r1", "10.0.0.3:9090", None)),
+        "spec.placement.staticPool.hosts[2]",
+        "set failureDomain: \"r1\"",
+    );
+    cluster_error(
+        |s| s.placement.static_pool.as_mut().unwrap().basic_auth_secret = Some("Bad_Name".into()),
+        "spec.placement.staticPool.basicAuthSecret",
+        "not a Secret name",
+    );
+    cluster_error(
+        |s| {
+            s.control_plane_endpoint = Some(ApiEndpoint {
+                host: None,
+                port: None,
+            })
+        },
+        "spec.controlPlaneEndpoint",
+        "is empty",
+    );
+    cluster_error(
+        |s| {
+            s.control_plane_endpoint = Some(ApiEndpoint {
+                host: Some("vip".into()),
+                port: Some(70000),
+            })
+        },
+        "spec.controlPlaneEndpoint.port",
+        "1 to 65535",
+    );
+    cluster_error(
+        |s| {
+            s.microvm_proxy = Some(Proxy {
+                endpoint: "proxy.example".into(),
+            })
+        },
+        "spec.microvmProxy.endpoint",
+        "no port",
+    );
+}
+
+#[test]
+fn more_than_100_failure_domains_are_refused_but_groups_lift_the_cap() {
+    let mut spec = valid_cluster();
+    *hosts(&mut spec) = (0..150)
+        .map(|i| {
+            host(
+                &format!("h{i}"),
+                &format!("10.0.{}.{}:9090", i / 200, i % 200 + 1),
+                None,
+            )
+        })
+        .collect();
+    let errors = validate_cluster_spec(&spec).unwrap_err();
+    assert!(
+        errors.to_string().contains("form 150 failure domains"),
+        "{errors}"
+    );
+    for (i, h) in hosts(&mut spec).iter_mut().enumerate() {
+        h.failure_domain = Some(format!("rack-{}", i % 10));
+    }
+    assert_eq!(validate_cluster_spec(&spec), Ok(()));
+}
+
+#[test]
+fn proxy_accepts_an_http_prefix() {
+    let mut spec = valid_cluster();
+    spec.microvm_proxy = Some(Proxy {
+        endpoint: "http://proxy.example:3128".into(),
+    });
+    assert_eq!(validate_cluster_spec(&spec), Ok(()));
+}
