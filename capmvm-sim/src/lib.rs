@@ -1,1 +1,9 @@
+//! The capmvm simulation kit: everything needed to run the provider on one machine, with no Kubernetes
+//! cluster and no flintlock hardware.
+//!
+//! - [`kube`]: an embedded Kubernetes API emulator (plain HTTP on loopback) that `kubectl`, kube-rs and
+//!   the operator talk to as they would to a real API server.
+//! - [`hosts`]: serving hollow flintlock hosts (the simulated flintlock of `capmvm-flintlock`).
 
+pub mod hosts;
+pub mod kube;

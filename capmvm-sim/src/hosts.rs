@@ -1,0 +1,1 @@
+//! `capmvm-sim hosts`: serves N hollow flintlock hosts on loopback until interrupted.
