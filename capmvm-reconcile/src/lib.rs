@@ -1,1 +1,28 @@
+//! The pure decision engine of capmvm: observed state in, a plan out, as data.
+//!
+//! No I/O, no async, no clock: the operator gathers an observation ([`observe`]), calls a `decide`
+//! function with the current time, and carries out the returned [`plan::Plan`] (effects in a fixed
+//! order, then one status write). The same observation and time always give the same plan.
+//!
+//! - [`machine::decide`] for MicrovmMachines: gates, placement, exactly-once creation, deletion.
+//! - [`cluster::decide_cluster`] for MicrovmClusters: failure domains, provisioning, host reachability.
+//! - [`template::decide_template`] for MicrovmMachineTemplates: capacity for scale from zero.
 
+pub mod cloudinit;
+pub mod cluster;
+pub mod conditions;
+pub mod machine;
+pub mod microvm;
+pub mod observe;
+pub mod placement;
+pub mod plan;
+pub mod template;
+
+pub use cluster::decide_cluster;
+pub use machine::decide;
+pub use observe::{
+    BootstrapData, HostFacts, HostLookup, ObservedCluster, ObservedMachine, ObservedVm,
+    Reachability, Sensitive, VmState,
+};
+pub use plan::{Effect, Event, EventKind, Plan, Requeue};
+pub use template::decide_template;

@@ -1,0 +1,756 @@
+//! Deciding for one MicrovmMachine.
+//!
+//! Gates, in order (each waiting gate has its own reason on `Ready`): owner Machine, Cluster, paused,
+//! finalizer, Cluster infrastructure provisioned, then for a machine without microVM: a valid spec and
+//! the bootstrap data. Then the machine either observes its microVM (it has a providerID), or creates
+//! one exactly once:
+//!
+//! 1. choose a host and record it in `status.host` (written before any create);
+//! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry this machine's
+//!    uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
+//! 3. only if there is none, create one, then adopt it (step 2) to set the providerID.
+//!
+//! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM. A machine
+//! with a providerID is never created again: a vanished microVM is reported, not replaced.
+
+use capmvm_api::capi::Machine;
+use capmvm_api::conditions::{reasons, types};
+use capmvm_api::keys::{
+    ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, MACHINE_FINALIZER, PAUSED_ANNOTATION,
+};
+use capmvm_api::{
+    HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
+    MicrovmMachine, MicrovmMachineStatus, ProviderId, VmState as ApiVmState, validation,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+use std::time::Duration;
+
+use crate::cloudinit::{self, CloudInit};
+use crate::conditions::{self, Status};
+use crate::microvm;
+use crate::observe::{BootstrapData, HostLookup, ObservedMachine, ObservedVm, VmState};
+use crate::placement::{self, Request};
+use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
+
+/// How long to wait before looking again at a microVM that is still pending or being deleted, as a
+/// safety net behind the host observer, which wakes the machine when its microVM changes.
+pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
+
+/// How long to wait when the operator has not gathered something the decision needs.
+pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
+
+/// The host this machine's microVM lives on or is to be created on: the providerID's host, else
+/// `status.host`. The operator asks this host for the machine's microVMs.
+pub fn recorded_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
+    provider_id(machine).map(|p| p.host).or_else(|| {
+        machine
+            .status
+            .as_ref()
+            .and_then(|s| s.host.as_deref())
+            .and_then(|h| h.parse().ok())
+    })
+}
+
+/// The parsed providerID, if set and valid.
+pub fn provider_id(machine: &MicrovmMachine) -> Option<ProviderId> {
+    machine
+        .spec
+        .provider_id
+        .as_deref()
+        .and_then(|p| p.parse().ok())
+}
+
+/// Whether the recorded host's answer must be fresh rather than cached: true while the machine has no
+/// providerID, because that answer decides whether a microVM is created (or a finalizer released).
+pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
+    machine.spec.provider_id.is_none()
+}
+
+/// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
+/// still be created (no providerID, not deleting).
+pub fn wants_bootstrap_data<'a>(
+    machine: &MicrovmMachine,
+    owner: Option<&'a Machine>,
+) -> Option<&'a str> {
+    if machine.metadata.deletion_timestamp.is_some() || machine.spec.provider_id.is_some() {
+        return None;
+    }
+    owner.and_then(|o| o.spec.bootstrap.data_secret_name.as_deref())
+}
+
+/// Decides what to do for one MicrovmMachine.
+pub fn decide(obs: &ObservedMachine, now: Timestamp) -> Plan<MicrovmMachineStatus> {
+    let mut d = Decision::new(obs, now);
+    let requeue = d.run();
+    d.finish(requeue)
+}
+
+/// Marks the `Ready` condition after a host call of a plan failed, so users see why the machine is
+/// stuck while the operator retries with backoff. `message` must be safe to show.
+pub fn record_host_call_failure(
+    status: &mut MicrovmMachineStatus,
+    generation: Option<i64>,
+    unreachable: bool,
+    message: &str,
+    now: Timestamp,
+) {
+    let reason = if unreachable {
+        reasons::HOST_UNREACHABLE
+    } else {
+        reasons::MICROVM_CREATE_FAILED
+    };
+    conditions::set(
+        &mut status.conditions,
+        types::READY,
+        Status::False,
+        reason,
+        message,
+        generation,
+        now,
+    );
+}
+
+struct Decision<'a> {
+    obs: &'a ObservedMachine,
+    machine: &'a MicrovmMachine,
+    now: Timestamp,
+    generation: Option<i64>,
+    status: MicrovmMachineStatus,
+    effects: Vec<Effect>,
+}
+
+impl<'a> Decision<'a> {
+    fn new(obs: &'a ObservedMachine, now: Timestamp) -> Self {
+        let machine = &obs.machine;
+        Self {
+            obs,
+            machine,
+            now,
+            generation: machine.metadata.generation,
+            status: machine.status.clone().unwrap_or_default(),
+            effects: Vec::new(),
+        }
+    }
+
+    fn run(&mut self) -> Requeue {
+        let paused = self.paused();
+        match &paused {
+            Some(why) => self.condition(types::PAUSED, Status::True, reasons::PAUSED, why.clone()),
+            None => self.condition(types::PAUSED, Status::False, reasons::NOT_PAUSED, ""),
+        }
+        if self.machine.metadata.deletion_timestamp.is_some() {
+            if paused.is_some() {
+                return Requeue::Await;
+            }
+            return self.delete();
+        }
+
+        let Some(owner) = &self.obs.owner else {
+            self.not_ready(
+                reasons::WAITING_FOR_OWNER,
+                "waiting for a Cluster API Machine to own this MicrovmMachine",
+            );
+            return Requeue::Await;
+        };
+        let Some(cluster) = &self.obs.cluster else {
+            let name = self.cluster_name(owner);
+            self.not_ready(
+                reasons::WAITING_FOR_CLUSTER,
+                format!("Cluster {name:?} not found"),
+            );
+            return Requeue::Await;
+        };
+        if let Some(why) = paused {
+            // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
+            if !conditions::is_true(&self.status.conditions, types::READY) {
+                self.not_ready(reasons::PAUSED, why);
+            }
+            return Requeue::Await;
+        }
+        if !self
+            .machine
+            .finalizers()
+            .iter()
+            .any(|f| f == MACHINE_FINALIZER)
+        {
+            self.effects.push(Effect::AddFinalizer);
+        }
+        if !cluster.infrastructure_provisioned() {
+            self.not_ready(
+                reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+                format!(
+                    "waiting for the infrastructure of Cluster {:?} to be provisioned",
+                    cluster.name_any()
+                ),
+            );
+            return Requeue::Await;
+        }
+        let Some(infra) = &self.obs.infra_cluster else {
+            self.not_ready(
+                reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+                format!(
+                    "the MicrovmCluster of Cluster {:?} was not found",
+                    cluster.name_any()
+                ),
+            );
+            return Requeue::Await;
+        };
+
+        if self.machine.spec.provider_id.is_some() {
+            return self.observe_existing(infra);
+        }
+        self.create_or_adopt(owner, infra, &cluster.name_any())
+    }
+
+    // --- the machine has a providerID: observe its microVM ---
+
+    fn observe_existing(&mut self, infra: &MicrovmCluster) -> Requeue {
+        let Some(pid) = provider_id(self.machine) else {
+            let raw = self.machine.spec.provider_id.clone().unwrap_or_default();
+            self.not_ready(
+                reasons::INVALID_SPEC,
+                format!("spec.providerID {raw:?} is not a microvm:// providerID"),
+            );
+            return Requeue::Await;
+        };
+        match &self.obs.recorded_host {
+            HostLookup::NotAsked => Requeue::After(NOT_OBSERVED_RECHECK),
+            HostLookup::Unreachable(why) => {
+                self.status.vm_state = Some(ApiVmState::Unknown);
+                self.not_ready(
+                    reasons::HOST_UNREACHABLE,
+                    format!("host {} is unreachable: {why}", pid.host),
+                );
+                Requeue::Await
+            }
+            HostLookup::Answered { vms } => {
+                let Some(vm) = vms.iter().find(|v| v.uid == pid.uid) else {
+                    self.status.vm_state = Some(ApiVmState::Unknown);
+                    self.not_ready(
+                        reasons::MICROVM_NOT_FOUND,
+                        format!(
+                            "microVM {} no longer exists on host {}; it is not re-created: delete the Machine to replace it",
+                            pid.uid, pid.host
+                        ),
+                    );
+                    return Requeue::Await;
+                };
+                self.delete_duplicates(&pid.host, vms, Some(&pid.uid));
+                self.follow_state(infra, &pid.host, vm)
+            }
+        }
+    }
+
+    // --- no providerID: place, create exactly once, adopt ---
+
+    fn create_or_adopt(
+        &mut self,
+        owner: &Machine,
+        infra: &MicrovmCluster,
+        cluster_name: &str,
+    ) -> Requeue {
+        if let Err(errors) = validation::validate_machine(self.machine) {
+            self.not_ready(reasons::INVALID_SPEC, errors.to_string());
+            return Requeue::Await;
+        }
+        let Some(secret) = owner.spec.bootstrap.data_secret_name.as_deref() else {
+            self.not_ready(
+                reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                "the Machine has no bootstrap data secret yet",
+            );
+            return Requeue::Await;
+        };
+        let user_data = match &self.obs.bootstrap {
+            BootstrapData::NotAsked => {
+                self.not_ready(
+                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                    format!("bootstrap Secret {secret:?} not read yet"),
+                );
+                return Requeue::After(NOT_OBSERVED_RECHECK);
+            }
+            BootstrapData::SecretNotFound => {
+                self.not_ready(
+                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                    format!("bootstrap Secret {secret:?} not found"),
+                );
+                return Requeue::Await;
+            }
+            BootstrapData::Found { value: None, .. } => {
+                self.not_ready(
+                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
+                    format!("bootstrap Secret {secret:?} has no key \"value\""),
+                );
+                return Requeue::Await;
+            }
+            BootstrapData::Found {
+                format: Some(f), ..
+            } if f != "cloud-config" => {
+                self.not_ready(
+                    reasons::INVALID_BOOTSTRAP_FORMAT,
+                    format!(
+                        "bootstrap Secret {secret:?} has format {f:?}; flintlock delivers only cloud-config (set the bootstrap provider's format to cloud-config)"
+                    ),
+                );
+                return Requeue::Await;
+            }
+            BootstrapData::Found { value: Some(v), .. } => v,
+        };
+
+        let host = match self.status.host.as_deref().map(str::parse::<HostEndpoint>) {
+            Some(Ok(host)) => host,
+            Some(Err(_)) | None => {
+                // Nothing was recorded, so nothing was created: choose a host and create right away. The
+                // status write that records the host precedes the create and is conditional on the
+                // resourceVersion read, so a stale read cannot lead to a second microVM.
+                let Some(pool) = &infra.spec.placement.static_pool else {
+                    self.not_ready(
+                        reasons::NO_ELIGIBLE_HOST,
+                        "the MicrovmCluster has no placement.staticPool",
+                    );
+                    return Requeue::Await;
+                };
+                let key = format!(
+                    "{}/{}",
+                    self.machine.namespace().unwrap_or_default(),
+                    self.machine.name_any()
+                );
+                let request = Request {
+                    machine_key: &key,
+                    failure_domain: owner.spec.failure_domain.as_deref(),
+                    control_plane: owner.is_control_plane(),
+                };
+                match placement::choose(pool, &self.obs.hosts, &request) {
+                    Err(why) => {
+                        self.not_ready(reasons::NO_ELIGIBLE_HOST, why);
+                        return Requeue::Await;
+                    }
+                    Ok(chosen) => {
+                        self.status.host = Some(chosen.host.to_string());
+                        self.status.failure_domain = Some(chosen.failure_domain);
+                        return self.create(&chosen.host, user_data, cluster_name, infra);
+                    }
+                }
+            }
+        };
+
+        match &self.obs.recorded_host {
+            HostLookup::NotAsked => {
+                self.not_ready(
+                    reasons::MICROVM_PENDING,
+                    format!("waiting to list the microVMs of host {host}"),
+                );
+                Requeue::After(NOT_OBSERVED_RECHECK)
+            }
+            HostLookup::Unreachable(why) => {
+                self.not_ready(
+                    reasons::HOST_UNREACHABLE,
+                    format!(
+                        "host {host} is unreachable: {why}; the microVM is created when it answers"
+                    ),
+                );
+                Requeue::Await
+            }
+            HostLookup::Answered { vms } => {
+                let mut ours = self.ours(vms);
+                if ours.is_empty() {
+                    return self.create(&host, user_data, cluster_name, infra);
+                }
+                ours.sort_by(|a, b| a.uid.cmp(&b.uid));
+                let oldest = ours[0];
+                self.effects.push(Effect::SetProviderId(
+                    ProviderId::new(host.clone(), oldest.uid.clone()).to_string(),
+                ));
+                self.delete_duplicates(&host, vms, Some(&oldest.uid));
+                self.follow_state(infra, &host, oldest)
+            }
+        }
+    }
+
+    fn create(
+        &mut self,
+        host: &HostEndpoint,
+        user_data: &crate::observe::Sensitive,
+        cluster_name: &str,
+        infra: &MicrovmCluster,
+    ) -> Requeue {
+        let facts = self.obs.hosts.get(&host.to_string());
+        if let Some(problem) = facts.and_then(|f| f.credentials_problem.as_ref()) {
+            self.not_ready(
+                reasons::MISSING_CREDENTIALS,
+                format!("cannot call host {host}: {problem}"),
+            );
+            return Requeue::Await;
+        }
+        let keys = if self.machine.spec.ssh_public_keys.is_empty() {
+            &infra.spec.ssh_public_keys
+        } else {
+            &self.machine.spec.ssh_public_keys
+        };
+        let hostname = self.machine.name_any();
+        let machine_uid = self.machine.metadata.uid.clone().unwrap_or_default();
+        let vm_host = host.to_string();
+        let metadata = match cloudinit::metadata(&CloudInit {
+            hostname: &hostname,
+            machine_uid: &machine_uid,
+            vm_host: &vm_host,
+            ssh_public_keys: keys,
+            user_data: user_data.expose(),
+        }) {
+            Ok(m) => m,
+            Err(e) => {
+                self.not_ready(
+                    reasons::INVALID_SPEC,
+                    format!("cannot render cloud-init meta-data: {e}"),
+                );
+                return Requeue::Await;
+            }
+        };
+        let spec = microvm::build_spec(self.machine, cluster_name, metadata);
+        self.effects.push(Effect::CreateMicrovm {
+            host: host.clone(),
+            spec: Box::new(spec),
+        });
+        self.event(
+            EventKind::Normal,
+            events::MICROVM_CREATED,
+            "Create",
+            format!("creating microVM on host {host}"),
+        );
+        self.status.vm_state = Some(ApiVmState::Pending);
+        self.not_ready(
+            reasons::MICROVM_PENDING,
+            format!("creating the microVM on host {host}"),
+        );
+        // Adopt the created microVM (and so set the providerID) right after.
+        Requeue::Immediately
+    }
+
+    /// Follows the state of the machine's microVM into the status.
+    fn follow_state(
+        &mut self,
+        infra: &MicrovmCluster,
+        host: &HostEndpoint,
+        vm: &ObservedVm,
+    ) -> Requeue {
+        self.status.host = Some(host.to_string());
+        if self.status.failure_domain.is_none() {
+            self.status.failure_domain = failure_domain_of(infra, host);
+        }
+        self.status.addresses = addresses(self.machine);
+        match vm.state {
+            VmState::Pending => {
+                self.status.vm_state = Some(ApiVmState::Pending);
+                let retries = if vm.retry > 0 {
+                    format!(" (flintlock retried {} times)", vm.retry)
+                } else {
+                    String::new()
+                };
+                self.not_ready(
+                    reasons::MICROVM_PENDING,
+                    format!("microVM {} is starting on host {host}{retries}", vm.uid),
+                );
+                Requeue::After(PENDING_RECHECK)
+            }
+            VmState::Created => {
+                self.status.vm_state = Some(ApiVmState::Running);
+                self.status.initialization = Some(Initialization {
+                    provisioned: Some(true),
+                });
+                self.condition(types::READY, Status::True, reasons::READY, "");
+                Requeue::Await
+            }
+            VmState::Failed => {
+                self.status.vm_state = Some(ApiVmState::Failed);
+                self.not_ready(
+                    reasons::MICROVM_PROVISION_FAILED,
+                    format!(
+                        "flintlock gave up on microVM {} on host {host} after {} retries; delete the Machine to replace it",
+                        vm.uid, vm.retry
+                    ),
+                );
+                Requeue::Await
+            }
+            VmState::Deleting => {
+                self.status.vm_state = Some(ApiVmState::Deleting);
+                self.not_ready(
+                    reasons::MICROVM_DELETING,
+                    format!("microVM {} is being deleted on host {host}", vm.uid),
+                );
+                Requeue::After(PENDING_RECHECK)
+            }
+            VmState::Unknown(n) => {
+                self.status.vm_state = Some(ApiVmState::Unknown);
+                self.not_ready(
+                    reasons::MICROVM_UNKNOWN_STATE,
+                    format!(
+                        "host {host} reports microVM {} in unknown state {n}",
+                        vm.uid
+                    ),
+                );
+                Requeue::After(PENDING_RECHECK)
+            }
+        }
+    }
+
+    // --- deletion ---
+
+    fn delete(&mut self) -> Requeue {
+        if !self
+            .machine
+            .finalizers()
+            .iter()
+            .any(|f| f == MACHINE_FINALIZER)
+        {
+            return Requeue::Await;
+        }
+        let Some(host) = recorded_host(self.machine) else {
+            // Never placed, so never created.
+            self.effects.push(Effect::RemoveFinalizer);
+            return Requeue::Await;
+        };
+        let pid_uid = provider_id(self.machine)
+            .filter(|p| p.host == host)
+            .map(|p| p.uid);
+        let what = pid_uid
+            .as_deref()
+            .map_or_else(|| "the microVM".to_string(), |u| format!("microVM {u}"));
+        if self
+            .machine
+            .annotations()
+            .get(ABANDON_MICROVM_ANNOTATION)
+            .map(String::as_str)
+            == Some("true")
+        {
+            self.effects.push(Effect::RemoveFinalizer);
+            self.event(
+                EventKind::Warning,
+                events::MICROVM_ABANDONED,
+                "Delete",
+                format!(
+                    "finalizer released without confirming that {what} on host {host} is gone ({ABANDON_MICROVM_ANNOTATION}=true)"
+                ),
+            );
+            return Requeue::Await;
+        }
+        match &self.obs.recorded_host {
+            HostLookup::NotAsked => {
+                self.not_ready(
+                    reasons::DELETING,
+                    format!("waiting to list the microVMs of host {host}"),
+                );
+                Requeue::After(NOT_OBSERVED_RECHECK)
+            }
+            HostLookup::Unreachable(why) => {
+                self.not_ready(
+                    reasons::HOST_UNREACHABLE,
+                    format!(
+                        "cannot delete {what}: host {host} is unreachable ({why}); the finalizer stays until it answers. If the host is gone for good, annotate {ABANDON_MICROVM_ANNOTATION}=true to release it"
+                    ),
+                );
+                Requeue::Await
+            }
+            HostLookup::Answered { vms } => {
+                let mut targets: Vec<&ObservedVm> = vms
+                    .iter()
+                    .filter(|v| pid_uid.as_deref() == Some(v.uid.as_str()) || self.is_ours(v))
+                    .collect();
+                targets.sort_by(|a, b| a.uid.cmp(&b.uid));
+                targets.dedup_by(|a, b| a.uid == b.uid);
+                if targets.is_empty() {
+                    self.effects.push(Effect::RemoveFinalizer);
+                    self.event(
+                        EventKind::Normal,
+                        events::MICROVM_DELETED,
+                        "Delete",
+                        format!("{what} is gone from host {host}"),
+                    );
+                    return Requeue::Await;
+                }
+                self.status.vm_state = Some(ApiVmState::Deleting);
+                let uids: Vec<&str> = targets.iter().map(|v| v.uid.as_str()).collect();
+                for vm in &targets {
+                    if vm.state != VmState::Deleting {
+                        self.effects.push(Effect::DeleteMicrovm {
+                            host: host.clone(),
+                            uid: vm.uid.clone(),
+                        });
+                        self.event(
+                            EventKind::Normal,
+                            events::MICROVM_DELETING,
+                            "Delete",
+                            format!("deleting microVM {} on host {host}", vm.uid),
+                        );
+                    }
+                }
+                self.not_ready(
+                    reasons::DELETING,
+                    format!(
+                        "waiting for host {host} to delete microVM {}",
+                        uids.join(", ")
+                    ),
+                );
+                Requeue::After(PENDING_RECHECK)
+            }
+        }
+    }
+
+    // --- helpers ---
+
+    /// The microVMs that carry this machine's uid (ours), on the answering host.
+    fn ours<'v>(&self, vms: &'v [ObservedVm]) -> Vec<&'v ObservedVm> {
+        vms.iter().filter(|v| self.is_ours(v)).collect()
+    }
+
+    fn is_ours(&self, vm: &ObservedVm) -> bool {
+        let uid = self.machine.metadata.uid.as_deref();
+        uid.is_some()
+            && vm.machine_uid.as_deref() == uid
+            && vm.name == self.machine.name_any()
+            && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
+    }
+
+    /// Deletes microVMs that carry this machine's uid but are not the one it keeps.
+    fn delete_duplicates(&mut self, host: &HostEndpoint, vms: &[ObservedVm], keep: Option<&str>) {
+        let mut extras: Vec<&ObservedVm> = self
+            .ours(vms)
+            .into_iter()
+            .filter(|v| Some(v.uid.as_str()) != keep && v.state != VmState::Deleting)
+            .collect();
+        extras.sort_by(|a, b| a.uid.cmp(&b.uid));
+        for vm in extras {
+            self.effects.push(Effect::DeleteMicrovm {
+                host: host.clone(),
+                uid: vm.uid.clone(),
+            });
+            self.event(
+                EventKind::Warning,
+                events::DUPLICATE_MICROVM,
+                "Delete",
+                format!(
+                    "deleting microVM {} on host {host}: a second microVM for this machine ({} is kept)",
+                    vm.uid,
+                    keep.unwrap_or("none")
+                ),
+            );
+        }
+    }
+
+    fn paused(&self) -> Option<String> {
+        if self.machine.annotations().contains_key(PAUSED_ANNOTATION) {
+            return Some(format!("annotation {PAUSED_ANNOTATION} is set"));
+        }
+        if self.obs.cluster.as_ref().is_some_and(|c| c.is_paused()) {
+            return Some("Cluster spec.paused is set to true".to_string());
+        }
+        None
+    }
+
+    fn cluster_name(&self, owner: &Machine) -> String {
+        self.machine
+            .labels()
+            .get(CLUSTER_NAME_LABEL)
+            .cloned()
+            .unwrap_or_else(|| owner.spec.cluster_name.clone())
+    }
+
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
+        conditions::set(
+            &mut self.status.conditions,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            self.now,
+        );
+    }
+
+    fn not_ready(&mut self, reason: &str, message: impl Into<String>) {
+        self.condition(types::READY, Status::False, reason, message);
+    }
+
+    fn event(&mut self, kind: EventKind, reason: &'static str, action: &'static str, note: String) {
+        self.effects.push(Effect::Event(Event {
+            kind,
+            reason,
+            action,
+            note,
+        }));
+    }
+
+    fn finish(mut self, requeue: Requeue) -> Plan<MicrovmMachineStatus> {
+        self.transition_events();
+        Plan {
+            effects: self.effects,
+            status: Some(self.status),
+            requeue,
+        }
+    }
+
+    /// Events for `Ready` transitions users should see in `kubectl describe`.
+    fn transition_events(&mut self) {
+        let before = self.machine.status.as_ref().and_then(|s| {
+            conditions::get(&s.conditions, types::READY)
+                .map(|c| (c.status.clone(), c.reason.clone()))
+        });
+        let Some(after) = conditions::get(&self.status.conditions, types::READY) else {
+            return;
+        };
+        if before
+            .as_ref()
+            .is_some_and(|(s, r)| *s == after.status && *r == after.reason)
+        {
+            return;
+        }
+        let (kind, reason) = match after.reason.as_str() {
+            reasons::READY => (EventKind::Normal, events::MICROVM_READY),
+            reasons::MICROVM_PROVISION_FAILED => (EventKind::Warning, events::MICROVM_FAILED),
+            reasons::MICROVM_NOT_FOUND => (EventKind::Warning, events::MICROVM_NOT_FOUND),
+            reasons::INVALID_SPEC => (EventKind::Warning, events::INVALID_SPEC),
+            reasons::HOST_UNREACHABLE => (EventKind::Warning, events::HOST_UNREACHABLE),
+            _ => return,
+        };
+        let note = if after.message.is_empty() {
+            "microVM is running".to_string()
+        } else {
+            after.message.clone()
+        };
+        self.event(kind, reason, "Reconcile", note);
+    }
+}
+
+/// The failure domain of `host` in the MicrovmCluster's pool.
+fn failure_domain_of(infra: &MicrovmCluster, host: &HostEndpoint) -> Option<String> {
+    infra
+        .spec
+        .placement
+        .static_pool
+        .as_ref()?
+        .hosts
+        .iter()
+        .find(|h| h.endpoint.parse::<HostEndpoint>().ok().as_ref() == Some(host))
+        .map(|h| h.failure_domain_name().to_string())
+}
+
+/// The machine's addresses: its hostname and its static addresses.
+fn addresses(machine: &MicrovmMachine) -> Vec<MachineAddress> {
+    let mut out = vec![MachineAddress {
+        address_type: MachineAddressType::Hostname,
+        address: machine.name_any(),
+    }];
+    for nic in &machine.spec.network_interfaces {
+        if let Some(ip) = nic
+            .address
+            .as_deref()
+            .and_then(|a| a.parse::<ipnet::IpNet>().ok())
+            .map(|n| n.addr())
+        {
+            out.push(MachineAddress {
+                address_type: MachineAddressType::InternalIp,
+                address: ip.to_string(),
+            });
+        }
+    }
+    out
+}

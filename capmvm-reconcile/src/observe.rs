@@ -1,0 +1,154 @@
+//! Observations: everything the engine decides from, gathered by the operator.
+//!
+//! The operator fills these from its watch caches, Secrets and the flintlock hosts. The engine never
+//! asks for more; where it needs something the operator did not gather, it waits with a reason.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::{MicrovmCluster, MicrovmMachine};
+
+/// Bytes that must never reach a log line, a `Debug` print or an error message (bootstrap data).
+#[derive(Clone, PartialEq, Eq, Default)]
+pub struct Sensitive(Vec<u8>);
+
+impl Sensitive {
+    /// Wraps secret bytes.
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Self(bytes.into())
+    }
+
+    /// The secret bytes. Callers must not log them.
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Sensitive {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<redacted {} bytes>", self.0.len())
+    }
+}
+
+/// What the operator saw for one MicrovmMachine.
+#[derive(Clone, Debug)]
+pub struct ObservedMachine {
+    /// The MicrovmMachine as read (metadata, spec, status).
+    pub machine: MicrovmMachine,
+    /// The CAPI Machine that owns it (ownerReference kind Machine, group cluster.x-k8s.io), if any.
+    pub owner: Option<Machine>,
+    /// The CAPI Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
+    pub cluster: Option<Cluster>,
+    /// The MicrovmCluster of that Cluster (by `spec.infrastructureRef`), if it exists.
+    pub infra_cluster: Option<MicrovmCluster>,
+    /// The bootstrap data Secret, when the operator fetched it (see [`crate::machine::wants_bootstrap_data`]).
+    pub bootstrap: BootstrapData,
+    /// Facts about every host of the MicrovmCluster's static pool, keyed by canonical endpoint.
+    pub hosts: BTreeMap<String, HostFacts>,
+    /// What the machine's recorded host answered (see [`crate::machine::recorded_host`]).
+    pub recorded_host: HostLookup,
+}
+
+/// The bootstrap data Secret named by `Machine.spec.bootstrap.dataSecretName`.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum BootstrapData {
+    /// The operator did not look (not needed: the microVM exists, or no Secret is named yet).
+    #[default]
+    NotAsked,
+    /// The named Secret does not exist.
+    SecretNotFound,
+    /// The Secret exists.
+    Found {
+        /// Its `value` key, if present.
+        value: Option<Sensitive>,
+        /// Its `format` key (`cloud-config` or `ignition`), if present.
+        format: Option<String>,
+    },
+}
+
+/// Whether a host answers.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum Reachability {
+    /// Not asked yet (the operator just started, or cannot build a client).
+    #[default]
+    Unknown,
+    /// The last call answered.
+    Reachable,
+    /// The last call failed to reach the host; the reason is safe to show.
+    Unreachable(String),
+}
+
+/// What the operator knows about one flintlock host.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct HostFacts {
+    /// Whether the host answers.
+    pub reachability: Reachability,
+    /// Why calls to this host cannot even be attempted (a missing Secret or key), safe to show.
+    pub credentials_problem: Option<String>,
+    /// vCPUs allocated on the host: its microVMs plus machines placed there and not yet created.
+    pub allocated_vcpu: i64,
+    /// Memory allocated on the host in MiB, counted like `allocated_vcpu`.
+    pub allocated_memory_mb: i64,
+}
+
+/// What the machine's recorded host answered about this machine's microVMs.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub enum HostLookup {
+    /// No answer is available (no recorded host, or the operator did not ask).
+    #[default]
+    NotAsked,
+    /// The host did not answer; the reason is safe to show.
+    Unreachable(String),
+    /// The host answered. `vms` holds the microVMs with this machine's namespace and name, and the one
+    /// whose uid the providerID names if it exists. For a machine without providerID the answer must be
+    /// fresh (listed after the last create), never from a cache: it decides whether to create.
+    Answered {
+        /// The matching microVMs, in any order.
+        vms: Vec<ObservedVm>,
+    },
+}
+
+/// One microVM as its host reported it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ObservedVm {
+    /// Flintlock's uid (a ULID: lexical order is creation order).
+    pub uid: String,
+    /// Flintlock namespace (the MicrovmMachine's namespace).
+    pub namespace: String,
+    /// Flintlock name (`spec.id`, the MicrovmMachine's name).
+    pub name: String,
+    /// State.
+    pub state: VmState,
+    /// Flintlock's failed-attempt counter.
+    pub retry: i32,
+    /// The MicrovmMachine uid carried in the VM's meta-data, if any
+    /// (see [`crate::cloudinit::machine_uid_from_metadata`]).
+    pub machine_uid: Option<String>,
+}
+
+/// Flintlock's microVM states.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum VmState {
+    /// Created, not started yet (flintlock retries with backoff while here).
+    Pending,
+    /// The VMM process was started.
+    Created,
+    /// Flintlock gave up (terminal).
+    Failed,
+    /// Being deleted.
+    Deleting,
+    /// A state number this provider does not know.
+    Unknown(i32),
+}
+
+/// What the operator saw for one MicrovmCluster.
+#[derive(Clone, Debug)]
+pub struct ObservedCluster {
+    /// The MicrovmCluster as read.
+    pub microvm_cluster: MicrovmCluster,
+    /// The CAPI Cluster that owns it (ownerReference kind Cluster, group cluster.x-k8s.io), if any.
+    pub owner: Option<Cluster>,
+    /// Facts about every host of its static pool, keyed by canonical endpoint.
+    pub hosts: BTreeMap<String, HostFacts>,
+}

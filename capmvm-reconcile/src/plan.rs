@@ -1,0 +1,136 @@
+//! Plans: what the engine decided, as data, for the operator to carry out.
+
+use std::time::Duration;
+
+use capmvm_api::HostEndpoint;
+
+use crate::microvm::MicrovmSpec;
+
+/// A decision: effects to carry out, the status to write, and when to look again.
+///
+/// The operator carries a plan out in this order, stopping at the first failure:
+/// 1. [`Effect::AddFinalizer`];
+/// 2. [`Effect::SetProviderId`] (a spec write);
+/// 3. the `status`, if it differs from the object's (a status write carrying the resourceVersion the
+///    observation was read at, so a decision made from a stale read cannot reach a host);
+/// 4. host calls: [`Effect::CreateMicrovm`], [`Effect::DeleteMicrovm`];
+/// 5. [`Effect::Event`]s;
+/// 6. [`Effect::RemoveFinalizer`] (never in the same plan as a host call).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan<S> {
+    /// Effects, in the order above.
+    pub effects: Vec<Effect>,
+    /// The desired status; `None` leaves the status alone (for example, an externally managed object).
+    pub status: Option<S>,
+    /// When to decide again.
+    pub requeue: Requeue,
+}
+
+impl<S> Plan<S> {
+    /// The host calls of this plan.
+    pub fn host_calls(&self) -> impl Iterator<Item = &Effect> {
+        self.effects.iter().filter(|e| {
+            matches!(
+                e,
+                Effect::CreateMicrovm { .. } | Effect::DeleteMicrovm { .. }
+            )
+        })
+    }
+
+    /// The events of this plan.
+    pub fn events(&self) -> impl Iterator<Item = &Event> {
+        self.effects.iter().filter_map(|e| match e {
+            Effect::Event(ev) => Some(ev),
+            _ => None,
+        })
+    }
+}
+
+/// One thing to do.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Effect {
+    /// Add the MicrovmMachine finalizer.
+    AddFinalizer,
+    /// Remove the MicrovmMachine finalizer: the microVM is gone (or was never created, or abandoned).
+    RemoveFinalizer,
+    /// Set `spec.providerID`.
+    SetProviderId(String),
+    /// Create a microVM on a host. The status recording `host` is written first.
+    CreateMicrovm {
+        /// Where.
+        host: HostEndpoint,
+        /// What.
+        spec: Box<MicrovmSpec>,
+    },
+    /// Delete a microVM from a host.
+    DeleteMicrovm {
+        /// Where.
+        host: HostEndpoint,
+        /// Flintlock's uid.
+        uid: String,
+    },
+    /// Record an event on the object.
+    Event(Event),
+}
+
+/// When to decide again.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Requeue {
+    /// When something watched changes (the object, its owners, its host's microVMs).
+    Await,
+    /// At once, after carrying out this plan and observing again: a multi-step action is under way
+    /// (record the host, then create, then adopt the created microVM).
+    Immediately,
+    /// After a delay, as a safety net where no watch would wake us.
+    After(Duration),
+}
+
+/// An event on the reconciled object (events.k8s.io/v1).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Event {
+    /// Normal or Warning.
+    pub kind: EventKind,
+    /// CamelCase reason, one of [`reasons`].
+    pub reason: &'static str,
+    /// What was done, CamelCase (events.k8s.io `action`).
+    pub action: &'static str,
+    /// Human-readable note; never holds secrets.
+    pub note: String,
+}
+
+/// Event type.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventKind {
+    /// Expected transitions.
+    Normal,
+    /// Something an operator should look at.
+    Warning,
+}
+
+/// Event reasons.
+pub mod reasons {
+    /// A microVM was asked for.
+    pub const MICROVM_CREATED: &str = "MicrovmCreated";
+    /// The microVM reached CREATED.
+    pub const MICROVM_READY: &str = "MicrovmReady";
+    /// Flintlock gave up on the microVM.
+    pub const MICROVM_FAILED: &str = "MicrovmFailed";
+    /// The microVM vanished from its host.
+    pub const MICROVM_NOT_FOUND: &str = "MicrovmNotFound";
+    /// A microVM deletion was asked for.
+    pub const MICROVM_DELETING: &str = "MicrovmDeleting";
+    /// The microVM is gone and the finalizer released.
+    pub const MICROVM_DELETED: &str = "MicrovmDeleted";
+    /// The finalizer was released without confirming the microVM is gone (abandon annotation).
+    pub const MICROVM_ABANDONED: &str = "MicrovmAbandoned";
+    /// A second microVM carrying this machine's uid was found and is being deleted.
+    pub const DUPLICATE_MICROVM: &str = "DuplicateMicrovm";
+    /// The spec is invalid.
+    pub const INVALID_SPEC: &str = "InvalidSpec";
+    /// The host stopped answering.
+    pub const HOST_UNREACHABLE: &str = "HostUnreachable";
+    /// A host call failed.
+    pub const HOST_CALL_FAILED: &str = "HostCallFailed";
+    /// Basic-auth tokens go to hosts without TLS.
+    pub const INSECURE_TRANSPORT: &str = "InsecureTransport";
+}

@@ -1,0 +1,643 @@
+//! Table tests of the MicrovmMachine decision: every gate, state, placement rule and deletion path.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use capmvm_api::VmState as ApiVmState;
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::{ABANDON_MICROVM_ANNOTATION, MACHINE_FINALIZER, PAUSED_ANNOTATION};
+use capmvm_reconcile::*;
+use support::*;
+
+/// One gate: a change to the open observation, and the Ready reason and message fragment it must give.
+struct Gate {
+    name: &'static str,
+    change: fn(&mut ObservedMachine),
+    reason: &'static str,
+    message: &'static str,
+}
+
+#[test]
+fn each_waiting_gate_has_its_own_reason_and_no_host_effect() {
+    let gates = [
+        Gate {
+            name: "no owner Machine",
+            change: |o| o.owner = None,
+            reason: reasons::WAITING_FOR_OWNER,
+            message: "Cluster API Machine",
+        },
+        Gate {
+            name: "no Cluster",
+            change: |o| o.cluster = None,
+            reason: reasons::WAITING_FOR_CLUSTER,
+            message: "Cluster \"demo\" not found",
+        },
+        Gate {
+            name: "paused by annotation",
+            change: |o| {
+                o.machine.metadata.annotations =
+                    Some([(PAUSED_ANNOTATION.to_string(), String::new())].into());
+            },
+            reason: reasons::PAUSED,
+            message: "annotation cluster.x-k8s.io/paused",
+        },
+        Gate {
+            name: "paused by Cluster",
+            change: |o| o.cluster.as_mut().unwrap().spec.paused = Some(true),
+            reason: reasons::PAUSED,
+            message: "Cluster spec.paused",
+        },
+        Gate {
+            name: "infrastructure not provisioned",
+            change: |o| o.cluster.as_mut().unwrap().status = None,
+            reason: reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            message: "to be provisioned",
+        },
+        Gate {
+            name: "MicrovmCluster missing",
+            change: |o| o.infra_cluster = None,
+            reason: reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+            message: "MicrovmCluster",
+        },
+        Gate {
+            name: "invalid spec",
+            change: |o| o.machine.spec.vcpu = 99,
+            reason: reasons::INVALID_SPEC,
+            message: "spec.vcpu: 99 is out of range",
+        },
+        Gate {
+            name: "no bootstrap secret named",
+            change: |o| o.owner.as_mut().unwrap().spec.bootstrap.data_secret_name = None,
+            reason: reasons::WAITING_FOR_BOOTSTRAP_DATA,
+            message: "no bootstrap data secret yet",
+        },
+        Gate {
+            name: "bootstrap secret missing",
+            change: |o| o.bootstrap = BootstrapData::SecretNotFound,
+            reason: reasons::WAITING_FOR_BOOTSTRAP_DATA,
+            message: "\"m1-bootstrap\" not found",
+        },
+        Gate {
+            name: "bootstrap secret without value",
+            change: |o| {
+                o.bootstrap = BootstrapData::Found {
+                    value: None,
+                    format: None,
+                }
+            },
+            reason: reasons::WAITING_FOR_BOOTSTRAP_DATA,
+            message: "no key \"value\"",
+        },
+        Gate {
+            name: "ignition bootstrap data",
+            change: |o| {
+                o.bootstrap = BootstrapData::Found {
+                    value: Some(Sensitive::new(b"{}".to_vec())),
+                    format: Some("ignition".into()),
+                }
+            },
+            reason: reasons::INVALID_BOOTSTRAP_FORMAT,
+            message: "format \"ignition\"",
+        },
+        Gate {
+            name: "no eligible host",
+            change: |o| o.hosts.clear(),
+            reason: reasons::NO_ELIGIBLE_HOST,
+            message: "not observed yet",
+        },
+    ];
+    for gate in gates {
+        let mut obs = observed();
+        (gate.change)(&mut obs);
+        let plan = decide(&obs, now());
+        let (status, reason, message) = ready(&plan);
+        assert_eq!(status, "False", "{}", gate.name);
+        assert_eq!(reason, gate.reason, "{}: {message}", gate.name);
+        assert!(
+            message.contains(gate.message),
+            "{}: {message:?} lacks {:?}",
+            gate.name,
+            gate.message
+        );
+        assert_eq!(
+            plan.host_calls().count(),
+            0,
+            "{}: no host call while a gate is closed",
+            gate.name
+        );
+    }
+}
+
+#[test]
+fn invalid_spec_lists_every_field_error() {
+    let mut obs = observed();
+    obs.machine.spec.vcpu = 0;
+    obs.machine.spec.network_interfaces[0].guest_mac = Some("zz".into());
+    let (_, reason, message) = ready(&decide(&obs, now()));
+    assert_eq!(reason, reasons::INVALID_SPEC);
+    assert!(
+        message.contains("spec.vcpu: 0 is out of range"),
+        "{message}"
+    );
+    assert!(
+        message.contains("spec.networkInterfaces[0].guestMac: \"zz\" is not a MAC address"),
+        "{message}"
+    );
+    assert!(event_reasons(&decide(&obs, now())).contains(&"InvalidSpec"));
+}
+
+#[test]
+fn finalizer_is_added_only_once_an_owner_exists() {
+    let mut obs = observed();
+    obs.machine.metadata.finalizers = None;
+    obs.owner = None;
+    assert!(!decide(&obs, now()).effects.contains(&Effect::AddFinalizer));
+    obs.owner = Some(owner());
+    assert_eq!(
+        decide(&obs, now()).effects.first(),
+        Some(&Effect::AddFinalizer)
+    );
+}
+
+#[test]
+fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let running = decide(&obs, now());
+    assert_eq!(ready(&running).0, "True");
+    obs.machine.status = running.status;
+    obs.cluster.as_mut().unwrap().spec.paused = Some(true);
+    let plan = decide(&obs, later());
+    assert_eq!(
+        ready(&plan).0,
+        "True",
+        "clusterctl move must not flip machines to not ready"
+    );
+    let paused = plan
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Paused")
+        .unwrap();
+    assert_eq!(
+        (paused.status.as_str(), paused.reason.as_str()),
+        ("True", "Paused")
+    );
+    assert!(plan.effects.is_empty());
+}
+
+#[test]
+fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
+    let obs = observed();
+    let plan = decide(&obs, now());
+    let created = creates(&plan);
+    assert_eq!(created.len(), 1);
+    let status = plan.status.as_ref().unwrap();
+    assert_eq!(
+        status.host.as_deref(),
+        Some(created[0].0.as_str()),
+        "the host is recorded with the create"
+    );
+    assert!(status.failure_domain.is_some());
+    assert_eq!(status.vm_state, Some(ApiVmState::Pending));
+    assert_eq!(
+        plan.requeue,
+        Requeue::Immediately,
+        "adopt the created microVM right after"
+    );
+    assert_eq!(event_reasons(&plan), ["MicrovmCreated"]);
+    // The request is the Go provider's mapping.
+    let spec = &created[0].1;
+    assert_eq!(
+        (spec.id.as_str(), spec.namespace.as_str()),
+        ("m1", "default")
+    );
+    assert_eq!((spec.vcpu, spec.memory_mb), (2, 2048));
+    assert_eq!(
+        spec.labels.get("cluster-name").map(String::as_str),
+        Some("demo")
+    );
+    assert!(
+        obs.machine.spec.labels.is_empty(),
+        "the object's labels are not mutated"
+    );
+    assert!(spec.kernel.add_network_config);
+    assert_eq!(spec.kernel.filename.as_deref(), Some("boot/vmlinux"));
+    let nic = &spec.interfaces[0];
+    assert_eq!(
+        nic.guest_mac.as_deref(),
+        Some(capmvm_reconcile::microvm::derived_mac(MACHINE_UID, 0).as_str())
+    );
+    assert_eq!(
+        nic.address.as_ref().unwrap().gateway.as_deref(),
+        Some("10.0.0.1/24")
+    );
+    assert_eq!(
+        capmvm_reconcile::cloudinit::machine_uid_from_metadata(&spec.metadata).as_deref(),
+        Some(MACHINE_UID)
+    );
+    assert!(
+        !format!("{spec:?}").contains("kubeadm"),
+        "Debug never shows bootstrap data"
+    );
+}
+
+#[test]
+fn placement_honours_failure_domain_control_plane_and_load() {
+    // Control-plane machine in r1: host-b refuses control planes, so host-a even though it is busier.
+    let mut obs = observed();
+    obs.owner = Some(control_plane_owner());
+    obs.owner.as_mut().unwrap().spec.failure_domain = Some("r1".into());
+    obs.hosts.get_mut(HOSTS[0]).unwrap().allocated_vcpu = 30;
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[0]);
+    // A worker goes to the least allocated host.
+    let mut obs = observed();
+    obs.hosts.get_mut(HOSTS[0]).unwrap().allocated_memory_mb = 8192;
+    obs.hosts.get_mut(HOSTS[2]).unwrap().allocated_memory_mb = 4096;
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
+    // Unreachable hosts are skipped.
+    let mut obs = observed();
+    obs.hosts.get_mut(HOSTS[1]).unwrap().reachability = Reachability::Unreachable("refused".into());
+    obs.hosts.get_mut(HOSTS[2]).unwrap().reachability = Reachability::Unreachable("refused".into());
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[0]);
+    // A failure domain with no usable host waits, naming why.
+    let mut obs = observed();
+    obs.owner = Some(control_plane_owner());
+    obs.owner.as_mut().unwrap().spec.failure_domain = Some("r1".into());
+    obs.hosts.get_mut(HOSTS[0]).unwrap().reachability = Reachability::Unreachable("refused".into());
+    let plan = decide(&obs, now());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::NO_ELIGIBLE_HOST);
+    assert!(
+        message.contains("host-a: unreachable")
+            && message.contains("host-b: control planes not allowed"),
+        "{message}"
+    );
+    assert!(creates(&plan).is_empty());
+}
+
+#[test]
+fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            vm("01B", VmState::Pending, true),
+            vm("01A", VmState::Created, true),
+            vm("01C", VmState::Created, false), // same name, someone else's: left alone
+        ],
+    };
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
+    assert_eq!(
+        deletes(&plan),
+        [(HOSTS[1].to_string(), "01B".to_string())],
+        "the newer duplicate goes"
+    );
+    assert!(event_reasons(&plan).contains(&"DuplicateMicrovm"));
+    assert_eq!(ready(&plan).0, "True");
+}
+
+#[test]
+fn a_recorded_machine_with_nothing_on_its_host_creates_there() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[2]);
+    obs.hosts.get_mut(HOSTS[2]).unwrap().allocated_vcpu = 60; // busiest, but recorded: no re-placement
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01C", VmState::Created, false)],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(creates(&plan)[0].0, HOSTS[2]);
+}
+
+#[test]
+fn a_recorded_machine_waits_for_an_unreachable_or_unasked_host() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Unreachable("connection refused".into());
+    let plan = decide(&obs, now());
+    assert_eq!(ready(&plan).1, reasons::HOST_UNREACHABLE);
+    assert!(plan.host_calls().next().is_none());
+    obs.recorded_host = HostLookup::NotAsked;
+    let plan = decide(&obs, now());
+    assert!(plan.host_calls().next().is_none());
+    assert!(matches!(plan.requeue, Requeue::After(_)));
+}
+
+#[test]
+fn missing_credentials_is_a_condition_not_a_call() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.hosts.get_mut(HOSTS[0]).unwrap().credentials_problem =
+        Some("Secret \"tokens\" not found".into());
+    let plan = decide(&obs, now());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::MISSING_CREDENTIALS);
+    assert!(message.contains("Secret \"tokens\" not found"));
+    assert!(creates(&plan).is_empty());
+}
+
+#[test]
+fn states_map_to_status() {
+    let cases = [
+        (
+            VmState::Pending,
+            "False",
+            reasons::MICROVM_PENDING,
+            ApiVmState::Pending,
+            false,
+        ),
+        (
+            VmState::Created,
+            "True",
+            reasons::READY,
+            ApiVmState::Running,
+            true,
+        ),
+        (
+            VmState::Failed,
+            "False",
+            reasons::MICROVM_PROVISION_FAILED,
+            ApiVmState::Failed,
+            false,
+        ),
+        (
+            VmState::Deleting,
+            "False",
+            reasons::MICROVM_DELETING,
+            ApiVmState::Deleting,
+            false,
+        ),
+        (
+            VmState::Unknown(7),
+            "False",
+            reasons::MICROVM_UNKNOWN_STATE,
+            ApiVmState::Unknown,
+            false,
+        ),
+    ];
+    for (state, ready_status, reason, vm_state, provisioned) in cases {
+        let mut obs = observed();
+        with_provider_id(&mut obs, HOSTS[0], "01A");
+        let mut v = vm("01A", state, true);
+        v.retry = 11;
+        obs.recorded_host = HostLookup::Answered { vms: vec![v] };
+        let plan = decide(&obs, now());
+        let (s, r, message) = ready(&plan);
+        assert_eq!(
+            (s.as_str(), r.as_str()),
+            (ready_status, reason),
+            "{state:?}"
+        );
+        let status = plan.status.as_ref().unwrap();
+        assert_eq!(status.vm_state, Some(vm_state));
+        assert_eq!(
+            status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true),
+            provisioned
+        );
+        if state == VmState::Failed {
+            assert!(message.contains("after 11 retries"), "{message}");
+        }
+        assert!(
+            plan.host_calls().next().is_none(),
+            "{state:?}: observing makes no host call"
+        );
+    }
+}
+
+#[test]
+fn ready_reports_addresses_and_failure_domain() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[2], "01A");
+    obs.machine.status.as_mut().unwrap().failure_domain = None; // e.g. after clusterctl move
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    let status = plan.status.as_ref().unwrap();
+    assert_eq!(status.failure_domain.as_deref(), Some("host-c"));
+    let addrs: Vec<_> = status
+        .addresses
+        .iter()
+        .map(|a| a.address.as_str())
+        .collect();
+    assert_eq!(addrs, ["m1", "10.0.0.50"]);
+    assert_eq!(event_reasons(&plan), ["MicrovmReady"]);
+}
+
+#[test]
+fn provisioned_is_never_unset() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    obs.machine.status = decide(&obs, now()).status;
+    obs.recorded_host = HostLookup::Unreachable("timeout".into());
+    let status = decide(&obs, later()).status.unwrap();
+    assert_eq!(status.initialization.unwrap().provisioned, Some(true));
+}
+
+#[test]
+fn a_vanished_microvm_is_reported_and_never_recreated() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    assert_eq!(ready(&plan).1, reasons::MICROVM_NOT_FOUND);
+    assert!(creates(&plan).is_empty());
+    assert_eq!(event_reasons(&plan), ["MicrovmNotFound"]);
+}
+
+#[test]
+fn a_duplicate_next_to_the_provider_id_vm_is_deleted() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            vm("01A", VmState::Created, true),
+            vm("01B", VmState::Created, true),
+        ],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(deletes(&plan), [(HOSTS[0].to_string(), "01B".to_string())]);
+}
+
+// --- deletion ---
+
+#[test]
+fn deletion_deletes_the_vm_then_waits_then_releases() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(deletes(&plan), [(HOSTS[0].to_string(), "01A".to_string())]);
+    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+    assert_eq!(ready(&plan).1, reasons::DELETING);
+
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Deleting, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(deletes(&plan).is_empty(), "no second delete while DELETING");
+    assert!(
+        !plan.effects.contains(&Effect::RemoveFinalizer),
+        "the finalizer stays until the VM is gone"
+    );
+
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    assert_eq!(
+        plan.effects
+            .iter()
+            .filter(|e| **e == Effect::RemoveFinalizer)
+            .count(),
+        1
+    );
+    assert!(plan.host_calls().next().is_none());
+    assert_eq!(event_reasons(&plan), ["MicrovmDeleted"]);
+}
+
+#[test]
+fn deletion_of_a_never_created_machine_releases_at_once() {
+    let mut obs = observed();
+    deleting(&mut obs);
+    obs.owner = None;
+    obs.cluster = None;
+    let plan = decide(&obs, now());
+    assert_eq!(plan.effects, [Effect::RemoveFinalizer]);
+}
+
+#[test]
+fn deletion_of_a_placed_machine_without_provider_id_deletes_what_carries_its_uid() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            vm("01A", VmState::Pending, true),
+            vm("01Z", VmState::Created, false),
+        ],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(
+        deletes(&plan),
+        [(HOSTS[1].to_string(), "01A".to_string())],
+        "only ours"
+    );
+}
+
+#[test]
+fn deletion_keeps_the_finalizer_while_the_host_is_unreachable() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Unreachable("connection refused".into());
+    let plan = decide(&obs, now());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::HOST_UNREACHABLE);
+    assert!(
+        message.contains(HOSTS[0]) && message.contains(ABANDON_MICROVM_ANNOTATION),
+        "{message}"
+    );
+    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+    assert!(plan.host_calls().next().is_none());
+}
+
+#[test]
+fn the_abandon_annotation_releases_with_a_warning() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Unreachable("no route to host".into());
+    obs.machine.metadata.annotations =
+        Some([(ABANDON_MICROVM_ANNOTATION.to_string(), "true".to_string())].into());
+    let plan = decide(&obs, now());
+    assert!(plan.effects.contains(&Effect::RemoveFinalizer));
+    let ev = plan.events().next().unwrap();
+    assert_eq!(
+        (ev.kind, ev.reason),
+        (EventKind::Warning, "MicrovmAbandoned")
+    );
+    assert!(ev.note.contains("01A") && ev.note.contains(HOSTS[0]));
+}
+
+#[test]
+fn deletion_without_our_finalizer_does_nothing() {
+    let mut obs = observed();
+    deleting(&mut obs);
+    obs.machine.metadata.finalizers = Some(vec!["other".into()]);
+    assert!(decide(&obs, now()).effects.is_empty());
+}
+
+#[test]
+fn paused_deletion_waits() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    obs.machine.metadata.annotations =
+        Some([(PAUSED_ANNOTATION.to_string(), String::new())].into());
+    assert!(decide(&obs, now()).effects.is_empty());
+}
+
+#[test]
+fn conditions_carry_generation_and_stable_transition_times() {
+    let mut obs = observed();
+    obs.machine.metadata.generation = Some(4);
+    obs.hosts.clear();
+    let first = decide(&obs, now());
+    obs.machine.status = first.status.clone();
+    let second = decide(&obs, later());
+    assert_eq!(
+        first.status, second.status,
+        "same observation, same status, whatever the time"
+    );
+    let ready = second
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.observed_generation, Some(4));
+    assert_eq!(ready.last_transition_time.0, now());
+}
+
+#[test]
+fn helpers_tell_the_operator_what_to_gather() {
+    use capmvm_reconcile::machine::{recorded_host, wants_bootstrap_data, wants_fresh_lookup};
+    let mut obs = observed();
+    assert_eq!(recorded_host(&obs.machine), None);
+    assert!(wants_fresh_lookup(&obs.machine));
+    assert_eq!(
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref()),
+        Some("m1-bootstrap")
+    );
+    with_provider_id(&mut obs, HOSTS[2], "01A");
+    assert_eq!(recorded_host(&obs.machine).unwrap().to_string(), HOSTS[2]);
+    assert!(!wants_fresh_lookup(&obs.machine));
+    assert_eq!(wants_bootstrap_data(&obs.machine, obs.owner.as_ref()), None);
+    assert!(
+        obs.machine
+            .finalizers()
+            .contains(&MACHINE_FINALIZER.to_string())
+    );
+}
+
+use kube::ResourceExt as _;

@@ -1,0 +1,360 @@
+//! Properties of the machine decision, against a simulated operator and simulated hosts:
+//!
+//! - a plan applied to the observation it came from, re-decided, converges with no further effects;
+//! - with the operator crashing between any two steps of any plan, no machine ever has two microVMs;
+//! - no plan creates when a providerID exists or a microVM carrying the machine's uid is there;
+//! - deciding is deterministic.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+
+use capmvm_api::keys::MACHINE_FINALIZER;
+use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
+use capmvm_reconcile::machine::{provider_id, recorded_host};
+use capmvm_reconcile::*;
+use proptest::prelude::*;
+use support::*;
+
+/// Simulated flintlock hosts: what they hold, and whether each answers.
+#[derive(Clone, Debug)]
+struct World {
+    vms: BTreeMap<String, Vec<ObservedVm>>,
+    reachable: BTreeMap<String, bool>,
+    next_uid: u32,
+}
+
+impl World {
+    fn new(reachable: [bool; 3]) -> Self {
+        Self {
+            vms: HOSTS.iter().map(|h| (h.to_string(), Vec::new())).collect(),
+            reachable: HOSTS
+                .iter()
+                .zip(reachable)
+                .map(|(h, r)| (h.to_string(), r))
+                .collect(),
+            next_uid: 0,
+        }
+    }
+
+    /// The machine's microVMs that are alive (not being deleted), on every host.
+    fn ours_alive(&self) -> Vec<&ObservedVm> {
+        self.vms
+            .values()
+            .flatten()
+            .filter(|v| {
+                v.machine_uid.as_deref() == Some(MACHINE_UID) && v.state != VmState::Deleting
+            })
+            .collect()
+    }
+
+    /// What the operator would observe: reachability of every host, and a fresh answer from the
+    /// machine's recorded host.
+    fn observe(&self, obs: &mut ObservedMachine) {
+        for (host, facts) in &mut obs.hosts {
+            facts.reachability = if self.reachable[host] {
+                Reachability::Reachable
+            } else {
+                Reachability::Unreachable("connection refused".into())
+            };
+        }
+        obs.recorded_host = match recorded_host(&obs.machine) {
+            None => HostLookup::NotAsked,
+            Some(host) if !self.reachable[&host.to_string()] => {
+                HostLookup::Unreachable("connection refused".into())
+            }
+            Some(host) => {
+                let pid = provider_id(&obs.machine).map(|p| p.uid);
+                let vms = self.vms[&host.to_string()]
+                    .iter()
+                    .filter(|v| {
+                        (v.namespace == "default" && v.name == "m1")
+                            || pid.as_deref() == Some(v.uid.as_str())
+                    })
+                    .cloned()
+                    .collect();
+                HostLookup::Answered { vms }
+            }
+        };
+    }
+}
+
+/// Carries out `plan` in the operator's order, stopping after `crash_after` steps (a crash).
+/// Returns false once the machine is gone (finalizer released while deleting).
+fn execute(
+    obs: &mut ObservedMachine,
+    world: &mut World,
+    plan: &Plan<capmvm_api::MicrovmMachineStatus>,
+    crash_after: usize,
+) -> bool {
+    let mut steps = 0;
+    let mut step = || {
+        steps += 1;
+        steps <= crash_after
+    };
+    for effect in &plan.effects {
+        if *effect == Effect::AddFinalizer {
+            if !step() {
+                return true;
+            }
+            obs.machine
+                .metadata
+                .finalizers
+                .get_or_insert_with(Vec::new)
+                .push(MACHINE_FINALIZER.into());
+        }
+    }
+    for effect in &plan.effects {
+        if let Effect::SetProviderId(id) = effect {
+            if !step() {
+                return true;
+            }
+            obs.machine.spec.provider_id = Some(id.clone());
+        }
+    }
+    if plan.status.is_some() && plan.status != obs.machine.status {
+        if !step() {
+            return true;
+        }
+        obs.machine.status = plan.status.clone();
+    }
+    for effect in &plan.effects {
+        match effect {
+            Effect::CreateMicrovm { host, spec } => {
+                if !step() {
+                    return true;
+                }
+                world.next_uid += 1;
+                let vm = ObservedVm {
+                    // Zero-padded so lexical order is creation order, like ULIDs.
+                    uid: format!("01{:08}", world.next_uid),
+                    namespace: spec.namespace.clone(),
+                    name: spec.id.clone(),
+                    state: VmState::Pending,
+                    retry: 0,
+                    machine_uid: machine_uid_from_metadata(&spec.metadata),
+                };
+                world.vms.get_mut(&host.to_string()).unwrap().push(vm);
+            }
+            Effect::DeleteMicrovm { host, uid } => {
+                if !step() {
+                    return true;
+                }
+                for v in world.vms.get_mut(&host.to_string()).unwrap() {
+                    if v.uid == *uid {
+                        v.state = VmState::Deleting;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    if plan.effects.contains(&Effect::RemoveFinalizer) {
+        if !step() {
+            return true;
+        }
+        obs.machine
+            .metadata
+            .finalizers
+            .get_or_insert_with(Vec::new)
+            .retain(|f| f != MACHINE_FINALIZER);
+        if obs.machine.metadata.deletion_timestamp.is_some() {
+            return false;
+        }
+    }
+    true
+}
+
+/// Flintlock finishes what it was asked: PENDING becomes CREATED, DELETING disappears.
+fn hosts_progress(world: &mut World) {
+    for vms in world.vms.values_mut() {
+        vms.retain(|v| v.state != VmState::Deleting);
+        for v in vms.iter_mut() {
+            if v.state == VmState::Pending {
+                v.state = VmState::Created;
+            }
+        }
+    }
+}
+
+/// A plan that changes nothing: no effects and the status already written.
+fn is_quiet(obs: &ObservedMachine, plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> bool {
+    plan.effects.is_empty() && (plan.status.is_none() || plan.status == obs.machine.status)
+}
+
+fn arb_lookup_vm() -> impl Strategy<Value = ObservedVm> {
+    (
+        prop_oneof![Just("01A"), Just("01B"), Just("01C")],
+        prop_oneof![
+            Just(VmState::Pending),
+            Just(VmState::Created),
+            Just(VmState::Failed),
+            Just(VmState::Deleting),
+            Just(VmState::Unknown(9))
+        ],
+        any::<bool>(),
+    )
+        .prop_map(|(uid, state, ours)| vm(uid, state, ours))
+}
+
+prop_compose! {
+    /// Any observation: gates open or closed, any host answers, any microVMs.
+    fn arb_observation()(
+        has_owner in any::<bool>(),
+        has_cluster in any::<bool>(),
+        paused in any::<bool>(),
+        provisioned in any::<bool>(),
+        bootstrap_variant in 0..4u8,
+        has_finalizer in any::<bool>(),
+        is_deleting in any::<bool>(),
+        recorded in prop::option::of(0..3usize),
+        pid_uid in prop::option::of(prop_oneof![Just("01A"), Just("01B")]),
+        reach in prop::array::uniform3(0..3u8),
+        lookup_kind in 0..3u8,
+        vms in prop::collection::vec(arb_lookup_vm(), 0..4),
+    ) -> ObservedMachine {
+        let mut obs = observed();
+        if !has_owner { obs.owner = None; }
+        if !has_cluster { obs.cluster = None; }
+        if paused { obs.cluster.iter_mut().for_each(|c| c.spec.paused = Some(true)); }
+        if !provisioned { obs.cluster.iter_mut().for_each(|c| c.status = None); }
+        obs.bootstrap = match bootstrap_variant {
+            0 => bootstrap(),
+            1 => BootstrapData::SecretNotFound,
+            2 => BootstrapData::NotAsked,
+            _ => BootstrapData::Found { value: None, format: None },
+        };
+        if !has_finalizer { obs.machine.metadata.finalizers = None; }
+        if is_deleting { deleting(&mut obs); }
+        if let Some(i) = recorded {
+            match pid_uid {
+                Some(uid) => with_provider_id(&mut obs, HOSTS[i], uid),
+                None => with_recorded_host(&mut obs, HOSTS[i]),
+            }
+        }
+        for (host, r) in HOSTS.iter().zip(reach) {
+            obs.hosts.get_mut(*host).unwrap().reachability = match r {
+                0 => Reachability::Reachable,
+                1 => Reachability::Unreachable("refused".into()),
+                _ => Reachability::Unknown,
+            };
+        }
+        obs.recorded_host = match lookup_kind {
+            0 => HostLookup::Answered { vms },
+            1 => HostLookup::Unreachable("refused".into()),
+            _ => HostLookup::NotAsked,
+        };
+        obs
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn deciding_is_deterministic(obs in arb_observation()) {
+        prop_assert_eq!(decide(&obs, now()), decide(&obs.clone(), now()));
+    }
+
+    #[test]
+    fn no_create_when_a_provider_id_or_our_vm_exists(obs in arb_observation()) {
+        // The operator asks a host only when one is recorded; an answer without one is not an observation.
+        let ours_listed = recorded_host(&obs.machine).is_some()
+            && matches!(&obs.recorded_host, HostLookup::Answered { vms }
+                if vms.iter().any(|v| v.machine_uid.as_deref() == Some(MACHINE_UID)));
+        let plan = decide(&obs, now());
+        if obs.machine.spec.provider_id.is_some() || ours_listed {
+            prop_assert!(creates(&plan).is_empty(), "created with providerID or our VM present: {:?}", plan);
+        }
+        // And never a create together with a finalizer release, nor a create while deleting.
+        if obs.machine.metadata.deletion_timestamp.is_some() {
+            prop_assert!(creates(&plan).is_empty());
+        }
+        prop_assert!(creates(&plan).len() <= 1);
+        if plan.host_calls().next().is_some() {
+            prop_assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+        }
+    }
+
+    #[test]
+    fn a_plan_applied_and_re_decided_converges(obs in arb_observation()) {
+        // The world the observation describes: the recorded host holds the listed microVMs.
+        let mut world = World::new([true, true, true]);
+        if let (Some(host), HostLookup::Answered { vms }) = (recorded_host(&obs.machine), &obs.recorded_host) {
+            world.vms.insert(host.to_string(), vms.clone());
+        }
+        let mut obs = obs;
+        world.observe(&mut obs);
+        let mut converged = false;
+        for _ in 0..8 {
+            let plan = decide(&obs, now());
+            if is_quiet(&obs, &plan) {
+                converged = true;
+                break;
+            }
+            if !execute(&mut obs, &mut world, &plan, usize::MAX) {
+                converged = true; // the machine is gone
+                break;
+            }
+            world.observe(&mut obs);
+        }
+        prop_assert!(converged, "no fixed point after 8 rounds: {:?}", decide(&obs, now()));
+    }
+
+    #[test]
+    fn crashes_anywhere_never_give_a_machine_two_microvms(
+        crashes in prop::collection::vec(0..8usize, 12),
+        reach in prop::array::uniform3(any::<bool>()),
+        delete_at in prop::option::of(0..12usize),
+    ) {
+        let mut world = World::new(reach);
+        let mut obs = observed();
+        obs.machine.metadata.finalizers = None;
+        world.observe(&mut obs);
+        let mut alive = true;
+        for (round, crash_after) in crashes.iter().enumerate() {
+            if delete_at == Some(round) {
+                deleting(&mut obs);
+                // The API server removes an object without finalizers at once.
+                if obs.machine.metadata.finalizers.as_ref().is_none_or(Vec::is_empty) {
+                    alive = false;
+                    break;
+                }
+            }
+            let plan = decide(&obs, now());
+            alive = execute(&mut obs, &mut world, &plan, *crash_after);
+            prop_assert!(world.ours_alive().len() <= 1, "two microVMs: {:?}", world.vms);
+            if !alive {
+                break;
+            }
+            if round % 3 == 2 {
+                hosts_progress(&mut world);
+            }
+            world.observe(&mut obs);
+        }
+        // Finish without crashes, with every host back, and check the end state.
+        world.reachable.values_mut().for_each(|r| *r = true);
+        for _ in 0..12 {
+            if !alive {
+                break;
+            }
+            world.observe(&mut obs);
+            let plan = decide(&obs, now());
+            alive = execute(&mut obs, &mut world, &plan, usize::MAX);
+            hosts_progress(&mut world);
+            prop_assert!(world.ours_alive().len() <= 1, "two microVMs: {:?}", world.vms);
+        }
+        if alive {
+            // Never deleted: exactly one microVM, and the providerID names it.
+            let ours = world.ours_alive();
+            prop_assert_eq!(ours.len(), 1, "{:?}", world.vms);
+            let pid = provider_id(&obs.machine).expect("providerID set");
+            prop_assert_eq!(&pid.uid, &ours[0].uid);
+        } else {
+            // Deleted: the finalizer went only after every microVM of the machine was gone.
+            prop_assert!(world.ours_alive().is_empty(), "released with a VM left: {:?}", world.vms);
+        }
+    }
+}

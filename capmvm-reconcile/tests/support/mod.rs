@@ -1,0 +1,275 @@
+//! Builders for observations: a valid, fully gated-open machine that tests then bend one way.
+
+#![allow(dead_code, unreachable_pub, clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+
+use capmvm_api::capi::{
+    Bootstrap, Cluster, ClusterInitialization, ClusterSpec, ClusterStatus,
+    ContractVersionedObjectReference, Machine, MachineSpec,
+};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, MACHINE_FINALIZER};
+use capmvm_api::*;
+use capmvm_reconcile::VmState;
+use capmvm_reconcile::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+
+pub const MACHINE_UID: &str = "8c1e1d2a-5b8e-4b1e-9a51-0d6a3f1c2b7e";
+pub const HOSTS: [&str; 3] = ["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090"];
+
+pub fn now() -> Timestamp {
+    Timestamp::from_second(1_800_000_000).unwrap()
+}
+
+pub fn later() -> Timestamp {
+    Timestamp::from_second(1_800_000_100).unwrap()
+}
+
+pub fn machine_spec() -> MicrovmMachineSpec {
+    MicrovmMachineSpec {
+        provider: None,
+        vcpu: 2,
+        memory_mb: 2048,
+        root_volume: Volume {
+            id: "root".into(),
+            image: Some("ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.23.5".into()),
+            ..Default::default()
+        },
+        volumes: vec![],
+        kernel: Kernel {
+            image: "ghcr.io/liquidmetal-dev/kernel-bin:5.10.77".into(),
+            filename: "boot/vmlinux".into(),
+        },
+        kernel_cmdline: BTreeMap::new(),
+        initrd: None,
+        network_interfaces: vec![NetworkInterface {
+            guest_device_name: "eth1".into(),
+            guest_mac: None,
+            iface_type: IfaceType::Tap,
+            address: Some("10.0.0.50/24".into()),
+            gateway: Some("10.0.0.1".into()),
+            nameservers: vec![],
+        }],
+        labels: BTreeMap::new(),
+        ssh_public_keys: vec![],
+        provider_id: None,
+    }
+}
+
+pub fn microvm_machine() -> MicrovmMachine {
+    let mut m = MicrovmMachine::new("m1", machine_spec());
+    m.metadata = ObjectMeta {
+        name: Some("m1".into()),
+        namespace: Some("default".into()),
+        uid: Some(MACHINE_UID.into()),
+        generation: Some(1),
+        labels: Some(BTreeMap::from([(
+            CLUSTER_NAME_LABEL.to_string(),
+            "demo".to_string(),
+        )])),
+        finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
+        ..Default::default()
+    };
+    m
+}
+
+pub fn owner() -> Machine {
+    let mut m = Machine::new(
+        "m1",
+        MachineSpec {
+            cluster_name: "demo".into(),
+            bootstrap: Bootstrap {
+                config_ref: None,
+                data_secret_name: Some("m1-bootstrap".into()),
+            },
+            infrastructure_ref: ContractVersionedObjectReference {
+                api_group: GROUP.into(),
+                kind: "MicrovmMachine".into(),
+                name: "m1".into(),
+            },
+            ..Default::default()
+        },
+    );
+    m.metadata.namespace = Some("default".into());
+    m
+}
+
+pub fn control_plane_owner() -> Machine {
+    let mut m = owner();
+    m.metadata.labels = Some(BTreeMap::from([(
+        CONTROL_PLANE_LABEL.to_string(),
+        String::new(),
+    )]));
+    m
+}
+
+pub fn cluster() -> Cluster {
+    let mut c = Cluster::new(
+        "demo",
+        ClusterSpec {
+            infrastructure_ref: Some(ContractVersionedObjectReference {
+                api_group: GROUP.into(),
+                kind: "MicrovmCluster".into(),
+                name: "demo".into(),
+            }),
+            ..Default::default()
+        },
+    );
+    c.metadata.namespace = Some("default".into());
+    c.status = Some(ClusterStatus {
+        initialization: Some(ClusterInitialization {
+            infrastructure_provisioned: Some(true),
+            control_plane_initialized: None,
+        }),
+        ..Default::default()
+    });
+    c
+}
+
+pub fn microvm_cluster() -> MicrovmCluster {
+    let mut mc = MicrovmCluster::new(
+        "demo",
+        MicrovmClusterSpec {
+            control_plane_endpoint: Some(ApiEndpoint {
+                host: Some("10.0.0.100".into()),
+                port: Some(6443),
+            }),
+            ssh_public_keys: vec![SshPublicKey {
+                user: "ubuntu".into(),
+                authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+            }],
+            placement: Placement {
+                static_pool: Some(StaticPoolPlacement {
+                    hosts: vec![
+                        MicrovmHost {
+                            name: Some("host-a".into()),
+                            endpoint: HOSTS[0].into(),
+                            controlplane_allowed: true,
+                            failure_domain: Some("r1".into()),
+                        },
+                        MicrovmHost {
+                            name: Some("host-b".into()),
+                            endpoint: HOSTS[1].into(),
+                            controlplane_allowed: false,
+                            failure_domain: Some("r1".into()),
+                        },
+                        MicrovmHost {
+                            name: Some("host-c".into()),
+                            endpoint: HOSTS[2].into(),
+                            controlplane_allowed: true,
+                            failure_domain: None,
+                        },
+                    ],
+                    basic_auth_secret: None,
+                }),
+            },
+            microvm_proxy: None,
+            tls_secret_ref: None,
+        },
+    );
+    mc.metadata.namespace = Some("default".into());
+    mc.metadata.generation = Some(1);
+    mc
+}
+
+pub fn reachable_hosts() -> BTreeMap<String, HostFacts> {
+    HOSTS
+        .iter()
+        .map(|h| {
+            (
+                h.to_string(),
+                HostFacts {
+                    reachability: Reachability::Reachable,
+                    ..Default::default()
+                },
+            )
+        })
+        .collect()
+}
+
+pub fn bootstrap() -> BootstrapData {
+    BootstrapData::Found {
+        value: Some(Sensitive::new(
+            b"#cloud-config\nruncmd: [kubeadm join]\n".to_vec(),
+        )),
+        format: Some("cloud-config".into()),
+    }
+}
+
+/// A machine whose every gate is open and which has no microVM and no recorded host yet.
+pub fn observed() -> ObservedMachine {
+    ObservedMachine {
+        machine: microvm_machine(),
+        owner: Some(owner()),
+        cluster: Some(cluster()),
+        infra_cluster: Some(microvm_cluster()),
+        bootstrap: bootstrap(),
+        hosts: reachable_hosts(),
+        recorded_host: HostLookup::NotAsked,
+    }
+}
+
+pub fn vm(uid: &str, state: VmState, ours: bool) -> ObservedVm {
+    ObservedVm {
+        uid: uid.into(),
+        namespace: "default".into(),
+        name: "m1".into(),
+        state,
+        retry: 0,
+        machine_uid: ours.then(|| MACHINE_UID.to_string()),
+    }
+}
+
+/// Sets status.host (the machine was placed) without providerID.
+pub fn with_recorded_host(obs: &mut ObservedMachine, host: &str) {
+    obs.machine.status.get_or_insert_with(Default::default).host = Some(host.into());
+}
+
+pub fn with_provider_id(obs: &mut ObservedMachine, host: &str, uid: &str) {
+    obs.machine.spec.provider_id = Some(format!("microvm://{host}/{uid}"));
+    with_recorded_host(obs, host);
+}
+
+pub fn deleting(obs: &mut ObservedMachine) {
+    obs.machine.metadata.deletion_timestamp = Some(Time(now()));
+}
+
+pub fn ready(plan: &Plan<MicrovmMachineStatus>) -> (String, String, String) {
+    let c = plan
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .expect("Ready is always set")
+        .clone();
+    (c.status, c.reason, c.message)
+}
+
+pub fn creates(
+    plan: &Plan<MicrovmMachineStatus>,
+) -> Vec<(String, Box<capmvm_reconcile::microvm::MicrovmSpec>)> {
+    plan.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::CreateMicrovm { host, spec } => Some((host.to_string(), spec.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn deletes(plan: &Plan<MicrovmMachineStatus>) -> Vec<(String, String)> {
+    plan.effects
+        .iter()
+        .filter_map(|e| match e {
+            Effect::DeleteMicrovm { host, uid } => Some((host.to_string(), uid.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+pub fn event_reasons(plan: &Plan<MicrovmMachineStatus>) -> Vec<&'static str> {
+    plan.events().map(|e| e.reason).collect()
+}
