@@ -1,0 +1,918 @@
+//! The flintlock client: a pool with one gRPC channel per host configuration, and cheap per-host
+//! handles that make the calls.
+//!
+//! Each channel dials through our own connector: TCP (optionally through an HTTP CONNECT proxy),
+//! then TLS 1.3 with rustls/ring when TLS material is given. Doing TLS ourselves (instead of tonic's
+//! TLS feature) fixes the protocol version and the server name, and keeps the crate independent of
+//! which tonic TLS features other crates in a build enable. The channel therefore always uses an
+//! `http://` URI; the `:scheme` pseudo-header reads `http` even over TLS, which gRPC servers
+//! (flintlock's grpc-go included) ignore.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures::Stream;
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+use tonic::metadata::{AsciiMetadataValue, MetadataValue};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::error::{Error, ErrorKind};
+use crate::proto::services as svc;
+use crate::proto::services::micro_vm_client::MicroVmClient;
+use crate::secret::{SecretBytes, SecretString};
+use crate::types::{Microvm, MicrovmSpec, microvm_from_response};
+
+/// Everything needed to reach one flintlock host. Two equal configurations share one channel; any
+/// difference (a rotated token or certificate included) gives a new one.
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+pub struct HostConfig {
+    /// `host:port` of flintlockd's gRPC listener; IPv6 literals as `[addr]:port`.
+    pub endpoint: String,
+    /// TLS material; `None` means plaintext (flintlockd `--insecure`).
+    pub tls: Option<TlsMaterial>,
+    /// The `--basic-auth-token` of the host. An empty token is treated as no token.
+    pub basic_auth_token: Option<SecretString>,
+    /// An HTTP CONNECT proxy to tunnel through: `host:port` or `http://host:port`.
+    pub proxy: Option<String>,
+}
+
+impl HostConfig {
+    /// A plaintext, unauthenticated, direct configuration for `endpoint`.
+    pub fn new(endpoint: impl Into<String>) -> Self {
+        HostConfig {
+            endpoint: endpoint.into(),
+            tls: None,
+            basic_auth_token: None,
+            proxy: None,
+        }
+    }
+}
+
+/// PEM-encoded TLS material, as found in a Secret (`ca.crt`, `tls.crt`, `tls.key`).
+#[derive(Clone, PartialEq, Eq, Hash, Default)]
+pub struct TlsMaterial {
+    /// The CA bundle that signed the host's certificate (`ca.crt`). Required when TLS is used:
+    /// flintlock hosts carry private CAs, and no system roots are consulted.
+    pub ca_pem: Option<Vec<u8>>,
+    /// The client certificate chain for mTLS (`tls.crt`).
+    pub client_cert_pem: Option<Vec<u8>>,
+    /// The client certificate's private key (`tls.key`).
+    pub client_key_pem: Option<SecretBytes>,
+}
+
+impl fmt::Debug for TlsMaterial {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TlsMaterial")
+            .field(
+                "ca_pem",
+                &self
+                    .ca_pem
+                    .as_ref()
+                    .map(|pem| format!("<{} bytes>", pem.len())),
+            )
+            .field(
+                "client_cert_pem",
+                &self
+                    .client_cert_pem
+                    .as_ref()
+                    .map(|pem| format!("<{} bytes>", pem.len())),
+            )
+            .field("client_key_pem", &self.client_key_pem)
+            .finish()
+    }
+}
+
+/// The flintlock RPCs, for observers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    /// `CreateMicroVM`.
+    Create,
+    /// `GetMicroVM`.
+    Get,
+    /// `ListMicroVMs`.
+    List,
+    /// `ListMicroVMsStream`.
+    ListStream,
+    /// `DeleteMicroVM`.
+    Delete,
+}
+
+impl Method {
+    /// The RPC's name in the flintlock service.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::Create => "CreateMicroVM",
+            Method::Get => "GetMicroVM",
+            Method::List => "ListMicroVMs",
+            Method::ListStream => "ListMicroVMsStream",
+            Method::Delete => "DeleteMicroVM",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Told about every call a pool's clients make (for metrics), without wrapping the calls.
+pub trait CallObserver: Send + Sync {
+    /// One call to `endpoint` finished: `outcome` is `Ok` or the error's kind. For
+    /// [`Method::ListStream`] this is the opening of the stream.
+    fn observe(
+        &self,
+        endpoint: &str,
+        method: Method,
+        outcome: Result<(), ErrorKind>,
+        elapsed: Duration,
+    );
+}
+
+/// Pool settings.
+#[derive(Clone)]
+pub struct PoolOptions {
+    /// Limit for TCP connect + proxy tunnel + TLS handshake. Default 5 s.
+    pub connect_timeout: Duration,
+    /// Default deadline of each call (sent to the host as `grpc-timeout` and enforced locally).
+    /// Default 10 s.
+    pub call_timeout: Duration,
+    /// A channel not used for this long is dropped from the pool (its connection closes once no
+    /// handle uses it). Default 5 min.
+    pub idle_timeout: Duration,
+    /// Told about every call.
+    pub observer: Option<Arc<dyn CallObserver>>,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions {
+            connect_timeout: Duration::from_secs(5),
+            call_timeout: Duration::from_secs(10),
+            idle_timeout: Duration::from_secs(300),
+            observer: None,
+        }
+    }
+}
+
+impl fmt::Debug for PoolOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PoolOptions")
+            .field("connect_timeout", &self.connect_timeout)
+            .field("call_timeout", &self.call_timeout)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("observer", &self.observer.is_some())
+            .finish()
+    }
+}
+
+/// One shared gRPC channel per [`HostConfig`]. Cheap to clone; clones share the channels.
+#[derive(Clone)]
+pub struct ClientPool {
+    inner: Arc<PoolInner>,
+}
+
+struct PoolInner {
+    options: PoolOptions,
+    epoch: Instant,
+    channels: Mutex<HashMap<HostConfig, PooledChannel>>,
+}
+
+#[derive(Clone)]
+struct PooledChannel {
+    channel: Channel,
+    auth: Option<AsciiMetadataValue>,
+    /// Milliseconds since the pool's epoch of the last call (or hand-out).
+    last_used: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for ClientPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientPool")
+            .field("options", &self.inner.options)
+            .field("channels", &self.channel_count())
+            .finish()
+    }
+}
+
+impl ClientPool {
+    /// An empty pool.
+    pub fn new(options: PoolOptions) -> Self {
+        ClientPool {
+            inner: Arc::new(PoolInner {
+                options,
+                epoch: Instant::now(),
+                channels: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// A client for `host` on the pool's channel for that configuration, created on first use.
+    /// Nothing is dialled here: the channel connects on its first call and reconnects after
+    /// failures. Fails with [`ErrorKind::InvalidConfig`] for an unusable configuration, or when
+    /// called outside a Tokio runtime.
+    pub fn client(&self, host: &HostConfig) -> Result<FlintlockClient, Error> {
+        let now = self.now_millis();
+        let pooled = {
+            let mut channels = self.lock_channels();
+            self.evict_idle_locked(&mut channels, now);
+            match channels.get(host) {
+                Some(pooled) => pooled.clone(),
+                None => {
+                    let pooled = self.open(host, now)?;
+                    channels.insert(host.clone(), pooled.clone());
+                    tracing::debug!(endpoint = %host.endpoint, channels = channels.len(), "opened flintlock channel");
+                    pooled
+                }
+            }
+        };
+        pooled.last_used.store(now, Ordering::Relaxed);
+        let options = &self.inner.options;
+        Ok(FlintlockClient {
+            endpoint: Arc::from(host.endpoint.as_str()),
+            grpc: MicroVmClient::new(pooled.channel),
+            auth: pooled.auth,
+            call_timeout: options.call_timeout,
+            observer: options.observer.clone(),
+            pool_epoch: self.inner.epoch,
+            last_used: pooled.last_used,
+        })
+    }
+
+    /// Drops channels idle for longer than the idle timeout now (this also happens on every
+    /// [`client`](Self::client) call). Returns how many were dropped.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.now_millis();
+        let mut channels = self.lock_channels();
+        self.evict_idle_locked(&mut channels, now)
+    }
+
+    /// How many channels the pool holds.
+    pub fn channel_count(&self) -> usize {
+        self.lock_channels().len()
+    }
+
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<HostConfig, PooledChannel>> {
+        // A panic while holding the lock cannot leave the map inconsistent (single inserts and
+        // removals), so a poisoned lock is still usable.
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn now_millis(&self) -> u64 {
+        u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn evict_idle_locked(
+        &self,
+        channels: &mut HashMap<HostConfig, PooledChannel>,
+        now: u64,
+    ) -> usize {
+        let idle = u64::try_from(self.inner.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let before = channels.len();
+        channels.retain(|host, pooled| {
+            let keep = now.saturating_sub(pooled.last_used.load(Ordering::Relaxed)) <= idle;
+            if !keep {
+                tracing::debug!(endpoint = %host.endpoint, "dropping idle flintlock channel");
+            }
+            keep
+        });
+        before - channels.len()
+    }
+
+    fn open(&self, host: &HostConfig, now: u64) -> Result<PooledChannel, Error> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::invalid_config(
+                "flintlock clients must be created inside a Tokio runtime",
+            ));
+        }
+        let target = Authority::parse(&host.endpoint).map_err(|reason| {
+            Error::invalid_config(format!("endpoint {:?}: {reason}", host.endpoint))
+        })?;
+        let proxy = host
+            .proxy
+            .as_deref()
+            .map(parse_proxy)
+            .transpose()
+            .map_err(|reason| Error::invalid_config(format!("proxy: {reason}")))?;
+        let tls = host
+            .tls
+            .as_ref()
+            .map(|tls| tls_connector(tls, &target))
+            .transpose()?;
+        let auth = match &host.basic_auth_token {
+            Some(token) if !token.is_empty() => Some(basic_auth_header(token)?),
+            _ => None,
+        };
+        let connector = Connector {
+            target: Arc::from(target.authority.as_str()),
+            proxy: proxy.map(|proxy| Arc::from(proxy.authority.as_str())),
+            tls,
+            connect_timeout: self.inner.options.connect_timeout,
+        };
+        let endpoint = Endpoint::from_shared(format!("http://{}", target.authority))
+            .map_err(|err| Error::invalid_config(format!("endpoint {:?}: {err}", host.endpoint)))?;
+        let channel =
+            endpoint.connect_with_connector_lazy(tower::service_fn(move |_: http::Uri| {
+                let connector = connector.clone();
+                async move { connector.connect().await }
+            }));
+        Ok(PooledChannel {
+            channel,
+            auth,
+            last_used: Arc::new(AtomicU64::new(now)),
+        })
+    }
+}
+
+/// `authorization: Basic base64(token)`: flintlock compares the text after the scheme with
+/// base64 of its configured token (the raw token, not `user:password`).
+fn basic_auth_header(token: &SecretString) -> Result<AsciiMetadataValue, Error> {
+    let encoded = base64::engine::general_purpose::STANDARD.encode(token.expose().as_bytes());
+    let mut value: AsciiMetadataValue = MetadataValue::try_from(format!("Basic {encoded}"))
+        .map_err(|_| Error::invalid_config("the basic-auth token cannot be sent as a header"))?;
+    // Keeps the token out of HPACK's dynamic table and out of `Debug` output.
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// A `host:port` split into its parts.
+#[derive(Debug, Clone)]
+struct Authority {
+    /// As given: `host:port` or `[v6]:port`.
+    authority: String,
+    /// The host without brackets: the TLS server name.
+    host: String,
+}
+
+impl Authority {
+    fn parse(text: &str) -> Result<Authority, String> {
+        if text.contains("://") {
+            return Err("expected host:port without a scheme".to_owned());
+        }
+        let (host, port) = text.rsplit_once(':').ok_or("expected host:port")?;
+        if port.is_empty() || port.parse::<u16>().is_err() {
+            return Err("the port is not a number from 0 to 65535".to_owned());
+        }
+        let host = if let Some(inner) = host.strip_prefix('[') {
+            let inner = inner
+                .strip_suffix(']')
+                .ok_or("an IPv6 address needs a closing ']'")?;
+            inner
+                .parse::<std::net::Ipv6Addr>()
+                .map_err(|_| "the bracketed host is not an IPv6 address".to_owned())?;
+            inner
+        } else {
+            if host.contains(':') {
+                return Err("write IPv6 addresses as [address]:port".to_owned());
+            }
+            host
+        };
+        if host.is_empty() {
+            return Err("the host is empty".to_owned());
+        }
+        if host
+            .chars()
+            .any(|c| c.is_whitespace() || c.is_control() || matches!(c, '/' | '@' | '?' | '#'))
+        {
+            return Err("the host contains characters not allowed in a host name".to_owned());
+        }
+        Ok(Authority {
+            authority: text.to_owned(),
+            host: host.to_owned(),
+        })
+    }
+}
+
+fn parse_proxy(text: &str) -> Result<Authority, String> {
+    let rest = match text.split_once("://") {
+        Some(("http", rest)) => rest,
+        Some(_) => return Err("only http:// proxies (HTTP CONNECT) are supported".to_owned()),
+        None => text,
+    };
+    let rest = rest.strip_suffix('/').unwrap_or(rest);
+    if rest.contains('@') {
+        return Err("proxy credentials in the address are not supported".to_owned());
+    }
+    Authority::parse(rest)
+}
+
+fn tls_connector(
+    tls: &TlsMaterial,
+    target: &Authority,
+) -> Result<(tokio_rustls::TlsConnector, ServerName<'static>), Error> {
+    let ca = tls
+        .ca_pem
+        .as_deref()
+        .ok_or_else(|| Error::invalid_config("TLS needs a CA bundle (ca.crt)"))?;
+    let mut roots = rustls::RootCertStore::empty();
+    let mut found = 0usize;
+    for cert in CertificateDer::pem_slice_iter(ca) {
+        let cert =
+            cert.map_err(|err| Error::invalid_config(format!("CA bundle (ca.crt): {err}")))?;
+        roots
+            .add(cert)
+            .map_err(|err| Error::invalid_config(format!("CA bundle (ca.crt): {err}")))?;
+        found += 1;
+    }
+    if found == 0 {
+        return Err(Error::invalid_config(
+            "CA bundle (ca.crt): no PEM certificate found",
+        ));
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let builder = rustls::ClientConfig::builder_with_provider(provider)
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .map_err(|err| Error::invalid_config(format!("TLS: {err}")))?
+        .with_root_certificates(roots);
+    let mut config = match (&tls.client_cert_pem, &tls.client_key_pem) {
+        (Some(cert), Some(key)) => {
+            let chain = CertificateDer::pem_slice_iter(cert)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|err| {
+                    Error::invalid_config(format!("client certificate (tls.crt): {err}"))
+                })?;
+            if chain.is_empty() {
+                return Err(Error::invalid_config(
+                    "client certificate (tls.crt): no PEM certificate found",
+                ));
+            }
+            // The parse error of a key is not shown: it could quote key material.
+            let key = PrivateKeyDer::from_pem_slice(key.expose()).map_err(|_| {
+                Error::invalid_config("client key (tls.key): not a PEM private key")
+            })?;
+            builder.with_client_auth_cert(chain, key).map_err(|err| {
+                Error::invalid_config(format!("client certificate and key: {err}"))
+            })?
+        }
+        (None, None) => builder.with_no_client_auth(),
+        (Some(_), None) => {
+            return Err(Error::invalid_config(
+                "a client certificate (tls.crt) needs its key (tls.key)",
+            ));
+        }
+        (None, Some(_)) => {
+            return Err(Error::invalid_config(
+                "a client key (tls.key) needs its certificate (tls.crt)",
+            ));
+        }
+    };
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let server_name = ServerName::try_from(target.host.clone()).map_err(|err| {
+        Error::invalid_config(format!("TLS server name {:?}: {err}", target.host))
+    })?;
+    Ok((
+        tokio_rustls::TlsConnector::from(Arc::new(config)),
+        server_name,
+    ))
+}
+
+/// A connection to a host, plain or TLS.
+trait Io: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> Io for T {}
+
+/// Dials one host: TCP (through the proxy if any), then TLS if configured, all within the connect
+/// timeout.
+#[derive(Clone)]
+struct Connector {
+    target: Arc<str>,
+    proxy: Option<Arc<str>>,
+    tls: Option<(tokio_rustls::TlsConnector, ServerName<'static>)>,
+    connect_timeout: Duration,
+}
+
+impl Connector {
+    async fn connect(self) -> std::io::Result<TokioIo<Box<dyn Io>>> {
+        let timeout = self.connect_timeout;
+        let target = self.target.clone();
+        match tokio::time::timeout(timeout, self.dial()).await {
+            Ok(result) => result,
+            Err(_) => Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connecting to {target}: no connection within {timeout:?}"),
+            )),
+        }
+    }
+
+    async fn dial(self) -> std::io::Result<TokioIo<Box<dyn Io>>> {
+        let target = &*self.target;
+        let stream = match &self.proxy {
+            Some(proxy) => {
+                let mut stream = TcpStream::connect(&**proxy)
+                    .await
+                    .map_err(|err| annotate(err, format!("connecting to proxy {proxy}")))?;
+                stream.set_nodelay(true)?;
+                open_tunnel(&mut stream, target)
+                    .await
+                    .map_err(|err| annotate(err, format!("proxy {proxy}")))?;
+                stream
+            }
+            None => {
+                let stream = TcpStream::connect(target)
+                    .await
+                    .map_err(|err| annotate(err, format!("connecting to {target}")))?;
+                stream.set_nodelay(true)?;
+                stream
+            }
+        };
+        let io: Box<dyn Io> = match self.tls {
+            Some((connector, server_name)) => {
+                let tls = connector
+                    .connect(server_name, stream)
+                    .await
+                    .map_err(|err| annotate(err, format!("TLS handshake with {target}")))?;
+                Box::new(tls)
+            }
+            None => Box::new(stream),
+        };
+        Ok(TokioIo::new(io))
+    }
+}
+
+fn annotate(err: std::io::Error, context: String) -> std::io::Error {
+    std::io::Error::new(err.kind(), format!("{context}: {err}"))
+}
+
+/// Asks an HTTP proxy for a tunnel to `target` and reads its answer up to the blank line (byte by
+/// byte, so no byte of the tunnelled stream is consumed).
+async fn open_tunnel(stream: &mut TcpStream, target: &str) -> std::io::Result<()> {
+    const MAX_HEAD: usize = 8 * 1024;
+    let request = format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut head = Vec::with_capacity(128);
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() >= MAX_HEAD {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                "answer to CONNECT is too long",
+            ));
+        }
+        if stream.read(&mut byte).await? == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "closed the connection before answering CONNECT",
+            ));
+        }
+        head.push(byte[0]);
+    }
+    let status_line = head.split(|b| *b == b'\r').next().unwrap_or_default();
+    let status_line = String::from_utf8_lossy(status_line);
+    let mut parts = status_line.split_whitespace();
+    let version_ok = parts
+        .next()
+        .is_some_and(|version| version.starts_with("HTTP/1."));
+    let code = parts.next().and_then(|code| code.parse::<u16>().ok());
+    match code {
+        Some(200..=299) if version_ok => Ok(()),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            format!("refused the tunnel to {target}: {status_line}"),
+        )),
+    }
+}
+
+/// A handle for calls to one flintlock host over the pool's shared channel. Cheap to clone.
+#[derive(Clone)]
+pub struct FlintlockClient {
+    endpoint: Arc<str>,
+    grpc: MicroVmClient<Channel>,
+    auth: Option<AsciiMetadataValue>,
+    call_timeout: Duration,
+    observer: Option<Arc<dyn CallObserver>>,
+    pool_epoch: Instant,
+    last_used: Arc<AtomicU64>,
+}
+
+impl fmt::Debug for FlintlockClient {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlintlockClient")
+            .field("endpoint", &self.endpoint)
+            .field("basic_auth", &self.auth.is_some())
+            .field("call_timeout", &self.call_timeout)
+            .finish()
+    }
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = T> + Send>>;
+
+impl FlintlockClient {
+    /// The host's `host:port`.
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The same handle with another per-call deadline.
+    pub fn with_call_timeout(&self, call_timeout: Duration) -> FlintlockClient {
+        FlintlockClient {
+            call_timeout,
+            ..self.clone()
+        }
+    }
+
+    /// `CreateMicroVM`: the host stores the spec and answers at once with the record (version 1,
+    /// PENDING); creation goes on asynchronously. Creating the same name twice makes two microVMs.
+    pub async fn create(&self, spec: MicrovmSpec) -> Result<Microvm, Error> {
+        let request = svc::CreateMicroVmRequest {
+            microvm: Some(crate::proto::types::MicroVmSpec::from(&spec)),
+            metadata: Default::default(),
+        };
+        let response = self
+            .unary(Method::Create, request, |mut grpc, request| async move {
+                grpc.create_micro_vm(request).await
+            })
+            .await?;
+        microvm_from_response(response.microvm)
+    }
+
+    /// `GetMicroVM` by uid. An unknown uid is [`ErrorKind::NotFound`].
+    pub async fn get(&self, uid: &str) -> Result<Microvm, Error> {
+        let request = svc::GetMicroVmRequest {
+            uid: uid.to_owned(),
+        };
+        let response = self
+            .unary(Method::Get, request, |mut grpc, request| async move {
+                grpc.get_micro_vm(request).await
+            })
+            .await?;
+        microvm_from_response(response.microvm)
+    }
+
+    /// `ListMicroVMs` in `namespace` (`""` = every namespace), optionally only those named `name`
+    /// (several microVMs may share a name).
+    pub async fn list(&self, namespace: &str, name: Option<&str>) -> Result<Vec<Microvm>, Error> {
+        let request = svc::ListMicroVMsRequest {
+            namespace: namespace.to_owned(),
+            name: name.map(str::to_owned),
+        };
+        let response = self
+            .unary(Method::List, request, |mut grpc, request| async move {
+                grpc.list_micro_v_ms(request).await
+            })
+            .await?;
+        response
+            .microvm
+            .into_iter()
+            .map(Microvm::try_from)
+            .collect()
+    }
+
+    /// `ListMicroVMsStream`: one item per microVM in `namespace` (required by flintlock), then the
+    /// end. A one-shot snapshot, not a watch. The call's deadline covers the whole stream.
+    pub async fn list_stream(
+        &self,
+        namespace: &str,
+    ) -> Result<impl Stream<Item = Result<Microvm, Error>> + Send + 'static, Error> {
+        let request = svc::ListMicroVMsRequest {
+            namespace: namespace.to_owned(),
+            name: None,
+        };
+        let started = Instant::now();
+        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        let streaming = self
+            .unary(
+                Method::ListStream,
+                request,
+                |mut grpc, request| async move { grpc.list_micro_v_ms_stream(request).await },
+            )
+            .await?;
+        let call_timeout = self.call_timeout;
+        let stream: BoxStream<Result<Microvm, Error>> = Box::pin(futures::stream::unfold(
+            Some(streaming),
+            move |state| async move {
+                let mut streaming = state?;
+                let item = match tokio::time::timeout_at(deadline, streaming.message()).await {
+                    Ok(Ok(Some(message))) => microvm_from_response(message.microvm),
+                    Ok(Ok(None)) => return None,
+                    Ok(Err(status)) => Err(Error::from(status)),
+                    Err(_) => Err(Error::deadline("ListMicroVMsStream", call_timeout)),
+                };
+                // The stream ends after the first error.
+                let next = if item.is_ok() { Some(streaming) } else { None };
+                Some((item, next))
+            },
+        ));
+        tracing::trace!(endpoint = %self.endpoint, elapsed = ?started.elapsed(), "stream opened");
+        Ok(stream)
+    }
+
+    /// `DeleteMicroVM` by uid: the host marks it DELETING and answers; removal goes on
+    /// asynchronously. An unknown uid is [`ErrorKind::NotFound`] (flintlock's delete is not
+    /// idempotent).
+    pub async fn delete(&self, uid: &str) -> Result<(), Error> {
+        let request = svc::DeleteMicroVmRequest {
+            uid: uid.to_owned(),
+        };
+        self.unary(Method::Delete, request, |mut grpc, request| async move {
+            grpc.delete_micro_vm(request).await
+        })
+        .await?;
+        Ok(())
+    }
+
+    /// Runs one call with the deadline and credentials, then tells the observer.
+    async fn unary<Req, Resp, Fut>(
+        &self,
+        method: Method,
+        message: Req,
+        call: impl FnOnce(MicroVmClient<Channel>, tonic::Request<Req>) -> Fut,
+    ) -> Result<Resp, Error>
+    where
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let started = Instant::now();
+        self.touch();
+        let mut request = tonic::Request::new(message);
+        request.set_timeout(self.call_timeout);
+        if let Some(auth) = &self.auth {
+            request.metadata_mut().insert("authorization", auth.clone());
+        }
+        let result =
+            match tokio::time::timeout(self.call_timeout, call(self.grpc.clone(), request)).await {
+                Ok(Ok(response)) => Ok(response.into_inner()),
+                Ok(Err(status)) => Err(Error::from(status)),
+                Err(_) => Err(Error::deadline(method.as_str(), self.call_timeout)),
+            };
+        let elapsed = started.elapsed();
+        match &result {
+            Ok(_) => {
+                tracing::debug!(endpoint = %self.endpoint, method = method.as_str(), ?elapsed, "flintlock call")
+            }
+            Err(err) => tracing::debug!(
+                endpoint = %self.endpoint,
+                method = method.as_str(),
+                ?elapsed,
+                kind = err.kind().as_str(),
+                error = %err.message(),
+                "flintlock call failed"
+            ),
+        }
+        if let Some(observer) = &self.observer {
+            observer.observe(
+                &self.endpoint,
+                method,
+                result.as_ref().map(|_| ()).map_err(Error::kind),
+                elapsed,
+            );
+        }
+        result
+    }
+
+    fn touch(&self) {
+        let now = u64::try_from(self.pool_epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_used.store(now, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn authorities_parse() {
+        let v4 = Authority::parse("10.0.0.5:9090").unwrap();
+        assert_eq!(v4.host, "10.0.0.5");
+        let v6 = Authority::parse("[fd00::5]:9090").unwrap();
+        assert_eq!(v6.host, "fd00::5");
+        assert_eq!(v6.authority, "[fd00::5]:9090");
+        assert_eq!(
+            Authority::parse("flintlock.example:9090").unwrap().host,
+            "flintlock.example"
+        );
+        for bad in [
+            "fd00::5:9090",
+            "host",
+            "host:",
+            "host:99999",
+            ":9090",
+            "http://host:9090",
+            "[fd00::5:9090",
+            "[x]:1",
+        ] {
+            assert!(Authority::parse(bad).is_err(), "{bad} should be refused");
+        }
+    }
+
+    #[test]
+    fn proxies_parse() {
+        assert_eq!(
+            parse_proxy("http://proxy:3128").unwrap().authority,
+            "proxy:3128"
+        );
+        assert_eq!(
+            parse_proxy("http://proxy:3128/").unwrap().authority,
+            "proxy:3128"
+        );
+        assert_eq!(parse_proxy("proxy:3128").unwrap().authority, "proxy:3128");
+        assert!(parse_proxy("https://proxy:3128").is_err());
+        let err = parse_proxy("http://user:pass@proxy:3128").unwrap_err();
+        assert!(!err.contains("pass"), "{err}");
+    }
+
+    #[test]
+    fn basic_auth_is_base64_of_the_raw_token_and_sensitive() {
+        let value = basic_auth_header(&SecretString::new("s3cret")).unwrap();
+        assert!(value.is_sensitive());
+        assert_eq!(value.to_str().unwrap(), "Basic czNjcmV0");
+        assert!(!format!("{value:?}").contains("czNjcmV0"));
+    }
+
+    #[test]
+    fn host_config_debug_hides_secrets() {
+        let host = HostConfig {
+            endpoint: "h:1".into(),
+            tls: Some(TlsMaterial {
+                ca_pem: Some(b"ca".to_vec()),
+                client_cert_pem: Some(b"cert".to_vec()),
+                client_key_pem: Some(SecretBytes::new(b"PRIVATE-KEY-BYTES".to_vec())),
+            }),
+            basic_auth_token: Some(SecretString::new("tok3n")),
+            proxy: None,
+        };
+        let text = format!("{host:?}");
+        assert!(
+            !text.contains("tok3n") && !text.contains("PRIVATE-KEY-BYTES"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn client_outside_a_runtime_is_an_error_not_a_panic() {
+        let pool = ClientPool::new(PoolOptions::default());
+        let err = pool.client(&HostConfig::new("127.0.0.1:1")).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    }
+
+    #[tokio::test]
+    async fn one_channel_per_configuration() {
+        let pool = ClientPool::new(PoolOptions::default());
+        let host = HostConfig::new("127.0.0.1:1");
+        pool.client(&host).unwrap();
+        pool.client(&host).unwrap();
+        assert_eq!(pool.channel_count(), 1);
+        let rotated = HostConfig {
+            basic_auth_token: Some(SecretString::new("new")),
+            ..host.clone()
+        };
+        pool.client(&rotated).unwrap();
+        assert_eq!(pool.channel_count(), 2);
+    }
+
+    #[tokio::test]
+    async fn idle_channels_are_dropped() {
+        let pool = ClientPool::new(PoolOptions {
+            idle_timeout: Duration::from_millis(20),
+            ..PoolOptions::default()
+        });
+        pool.client(&HostConfig::new("127.0.0.1:1")).unwrap();
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        pool.client(&HostConfig::new("127.0.0.1:2")).unwrap();
+        assert_eq!(
+            pool.channel_count(),
+            1,
+            "the idle channel to :1 is gone, :2 is new"
+        );
+        tokio::time::sleep(Duration::from_millis(60)).await;
+        assert_eq!(pool.evict_idle(), 1);
+        assert_eq!(pool.channel_count(), 0);
+    }
+
+    #[tokio::test]
+    async fn bad_configurations_are_refused_up_front() {
+        let pool = ClientPool::new(PoolOptions::default());
+        let cases = [
+            HostConfig::new("no-port"),
+            HostConfig {
+                proxy: Some("socks5://p:1".into()),
+                ..HostConfig::new("h:1")
+            },
+            HostConfig {
+                tls: Some(TlsMaterial::default()),
+                ..HostConfig::new("h:1")
+            },
+            HostConfig {
+                tls: Some(TlsMaterial {
+                    ca_pem: Some(b"not pem".to_vec()),
+                    ..TlsMaterial::default()
+                }),
+                ..HostConfig::new("h:1")
+            },
+        ];
+        for host in cases {
+            let err = pool.client(&host).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::InvalidConfig, "{host:?}: {err}");
+        }
+    }
+}
