@@ -1,0 +1,205 @@
+//! Command-line flags, named as CAPI providers name them so operators' muscle memory works.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Parser, Subcommand, ValueEnum};
+
+/// The capmvm operator: a Cluster API infrastructure provider for microVMs on flintlock hosts.
+#[derive(Parser, Debug, Clone)]
+#[command(version, about)]
+pub struct Flags {
+    /// Path to a kubeconfig. Without it: $KUBECONFIG, ~/.kube/config, then the in-cluster service account.
+    #[arg(long, env = "KUBECONFIG")]
+    pub kubeconfig: Option<PathBuf>,
+
+    /// Watch only this namespace (default: all namespaces).
+    #[arg(long, default_value = "")]
+    pub namespace: String,
+
+    /// Reconcile only objects labelled cluster.x-k8s.io/watch-filter=<value> (default: all).
+    #[arg(long, default_value = "")]
+    pub watch_filter: String,
+
+    /// Run the controllers only while holding the leader Lease.
+    #[arg(long)]
+    pub leader_elect: bool,
+
+    /// How long a leader's Lease is valid without renewal.
+    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    pub leader_elect_lease_duration: Duration,
+
+    /// How long the leader keeps trying to renew before it gives up (and exits).
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub leader_elect_renew_deadline: Duration,
+
+    /// How often candidates try to acquire, and the leader renews, the Lease.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub leader_elect_retry_period: Duration,
+
+    /// Namespace of the leader Lease (default: --namespace, else the pod's namespace, else default).
+    #[arg(long, default_value = "")]
+    pub leader_election_namespace: String,
+
+    /// Name of the leader Lease.
+    #[arg(long, default_value = "controller-leader-elect-capmvm")]
+    pub leader_election_id: String,
+
+    /// MicrovmClusters reconciled at once.
+    #[arg(long, default_value_t = 10)]
+    pub microvmcluster_concurrency: u16,
+
+    /// MicrovmMachines reconciled at once.
+    #[arg(long, default_value_t = 50)]
+    pub microvmmachine_concurrency: u16,
+
+    /// MicrovmMachineTemplates reconciled at once.
+    #[arg(long, default_value_t = 10)]
+    pub microvmmachinetemplate_concurrency: u16,
+
+    /// Reconcile every object at least this often, even without a change.
+    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    pub sync_period: Duration,
+
+    /// How often each flintlock host is listed.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub host_poll_interval: Duration,
+
+    /// How often a host is listed while a microVM on it is being created or deleted.
+    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    pub host_poll_interval_busy: Duration,
+
+    /// Deadline of each flintlock call.
+    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    pub flintlock_call_timeout: Duration,
+
+    /// Address of the Prometheus /metrics endpoint (plain HTTP; empty disables it).
+    #[arg(long, default_value = ":8443")]
+    pub diagnostics_address: String,
+
+    /// Accepted for compatibility with CAPI providers' manifests; metrics are served over plain HTTP.
+    #[arg(long, hide = true)]
+    pub insecure_diagnostics: bool,
+
+    /// Address of /healthz and /readyz (empty disables it).
+    #[arg(long, default_value = ":9440")]
+    pub health_addr: String,
+
+    /// Log format.
+    #[arg(long, value_enum, default_value_t = LogFormat::Json)]
+    pub log_format: LogFormat,
+
+    /// Log level or tracing filter (for example `info`, `debug`, `capmvm_operator=debug,info`).
+    #[arg(long, default_value = "info", env = "CAPMVM_LOG")]
+    pub log_level: String,
+
+    /// Generate manifests instead of running.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// Subcommands.
+#[derive(Subcommand, Debug, Clone)]
+pub enum Command {
+    /// Print the ClusterRole with exactly the permissions the operator uses.
+    Rbac,
+}
+
+/// Log output format.
+#[derive(ValueEnum, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogFormat {
+    /// One JSON object per line.
+    Json,
+    /// Human-readable lines.
+    Text,
+}
+
+/// Parses `90s`, `15m`, `1h`, `500ms`, `1h30m` or a number of seconds.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    if let Ok(secs) = s.parse::<u64>() {
+        return Ok(Duration::from_secs(secs));
+    }
+    let mut total = Duration::ZERO;
+    let mut rest = s;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit() && c != '.')
+            .unwrap_or(rest.len());
+        let (number, tail) = rest.split_at(digits);
+        let unit_len = tail
+            .find(|c: char| c.is_ascii_digit())
+            .unwrap_or(tail.len());
+        let (unit, tail) = tail.split_at(unit_len);
+        let n: f64 = number
+            .parse()
+            .map_err(|_| format!("{s:?} is not a duration; write for example 30s, 10m or 1h30m"))?;
+        let secs = match unit {
+            "ms" => n / 1000.0,
+            "s" => n,
+            "m" => n * 60.0,
+            "h" => n * 3600.0,
+            _ => return Err(format!("{s:?} has unit {unit:?}; use ms, s, m or h")),
+        };
+        total += Duration::from_secs_f64(secs);
+        rest = tail;
+    }
+    Ok(total)
+}
+
+/// Parses `:8443`, `0.0.0.0:8443` or `127.0.0.1:0` into a socket address; empty means disabled.
+pub fn parse_listen_addr(s: &str) -> Result<Option<SocketAddr>, String> {
+    if s.is_empty() {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_string()
+    };
+    full.parse()
+        .map(Some)
+        .map_err(|_| format!("{s:?} is not a listen address; write :PORT or HOST:PORT"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("15s"), Ok(Duration::from_secs(15)));
+        assert_eq!(parse_duration("10m"), Ok(Duration::from_secs(600)));
+        assert_eq!(parse_duration("1h30m"), Ok(Duration::from_secs(5400)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert!(parse_duration("10 minutes").is_err());
+        assert!(parse_duration("x").is_err());
+    }
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(parse_listen_addr(":9440").unwrap().unwrap().port(), 9440);
+        assert_eq!(parse_listen_addr("").unwrap(), None);
+        assert!(parse_listen_addr("nope").is_err());
+    }
+
+    #[test]
+    fn flags_parse_like_capi_providers() {
+        let f = Flags::try_parse_from([
+            "capmvm-operator",
+            "--leader-elect",
+            "--watch-filter=team-a",
+            "--microvmmachine-concurrency=5",
+            "--sync-period=5m",
+            "--log-format=text",
+        ])
+        .unwrap();
+        assert!(f.leader_elect);
+        assert_eq!(f.watch_filter, "team-a");
+        assert_eq!(f.microvmmachine_concurrency, 5);
+        assert_eq!(f.sync_period, Duration::from_secs(300));
+        assert_eq!(f.log_format, LogFormat::Text);
+    }
+}

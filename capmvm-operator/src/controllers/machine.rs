@@ -1,0 +1,429 @@
+//! The MicrovmMachine controller: gather an observation, let the engine decide, carry out the plan.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use capmvm_api::capi::{CAPI_GROUP, Cluster};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER};
+use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
+use capmvm_flintlock::{ErrorKind, HostConfig};
+use capmvm_reconcile::machine::{
+    provider_id, record_host_call_failure, recorded_host, wants_bootstrap_data, wants_fresh_lookup,
+};
+use capmvm_reconcile::{
+    BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
+    decide,
+};
+use k8s_openapi::jiff::Timestamp;
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Api, Resource, ResourceExt};
+use tracing::{debug, info, instrument, warn};
+
+use super::{Error, publish};
+use crate::context::Ctx;
+use crate::convert::to_flintlock;
+use crate::fault::Point;
+use crate::hosts::observed_vm;
+use crate::metrics::ReconcileResult;
+use crate::{credentials, patch};
+
+/// Controller name in metrics and events.
+pub const CONTROLLER: &str = "microvmmachine";
+
+/// Most decide-and-carry-out rounds in one reconcile (place+create, adopt, and one spare).
+const MAX_ROUNDS: usize = 4;
+
+/// Reconciles one MicrovmMachine.
+#[instrument(skip_all, fields(machine = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())))]
+pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    let started = Instant::now();
+    let key = super::key(obj.as_ref());
+    let result = reconcile_rounds(obj.as_ref().clone(), &ctx).await;
+    let outcome = match &result {
+        Ok(_) => {
+            ctx.backoff.reset(&key);
+            ReconcileResult::Success
+        }
+        Err(_) => ReconcileResult::Error,
+    };
+    ctx.metrics
+        .reconciled(CONTROLLER, outcome, started.elapsed());
+    result
+}
+
+/// Decides and carries out until the engine waits for the world.
+async fn reconcile_rounds(mut machine: MicrovmMachine, ctx: &Ctx) -> Result<Action, Error> {
+    let mut known_after_create: Option<Vec<ObservedVm>> = None;
+    for round in 0..MAX_ROUNDS {
+        let obs = gather(ctx, &machine, known_after_create.take()).await?;
+        let plan = decide(&obs, Timestamp::now());
+        debug!(round, effects = plan.effects.len(), requeue = ?plan.requeue, "decided");
+        let outcome = execute(ctx, &mut machine, &obs, &plan).await?;
+        let Some(created) = outcome else {
+            return Ok(Action::await_change()); // gone: the finalizer was the last thing holding it
+        };
+        if !created.is_empty() {
+            // The host just answered the create; with the fresh list before it, that is a fresh answer.
+            let mut vms = match obs.recorded_host {
+                HostLookup::Answered { vms } => vms,
+                _ => Vec::new(),
+            };
+            vms.extend(created);
+            known_after_create = Some(vms);
+        }
+        match plan.requeue {
+            Requeue::Immediately if round + 1 < MAX_ROUNDS => continue,
+            Requeue::Immediately => return Ok(Action::requeue(Duration::from_secs(1))),
+            Requeue::Await => return Ok(Action::requeue(ctx.sync_period)),
+            Requeue::After(d) => return Ok(Action::requeue(d.min(ctx.sync_period))),
+        }
+    }
+    Ok(Action::requeue(Duration::from_secs(1)))
+}
+
+/// Gathers everything the engine needs, from caches where possible.
+async fn gather(
+    ctx: &Ctx,
+    machine: &MicrovmMachine,
+    known_after_create: Option<Vec<ObservedVm>>,
+) -> Result<ObservedMachine, Error> {
+    let ns = machine.namespace().unwrap_or_default();
+    let owner = machine
+        .owner_references()
+        .iter()
+        .find(|o| o.kind == "Machine" && crate::watch::api_group(&o.api_version) == CAPI_GROUP)
+        .and_then(|o| {
+            ctx.stores
+                .capi_machines
+                .get(&ObjectRef::new(&o.name).within(&ns))
+        })
+        .map(|m| m.as_ref().clone());
+    let cluster_name = machine
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .cloned()
+        .or_else(|| owner.as_ref().map(|o| o.spec.cluster_name.clone()))
+        .unwrap_or_default();
+    let cluster = ctx
+        .stores
+        .clusters
+        .get(&ObjectRef::new(&cluster_name).within(&ns))
+        .map(|c| c.as_ref().clone());
+    let infra = infra_cluster(ctx, &ns, &cluster_name, cluster.as_ref());
+
+    // The bootstrap Secret is read only when a microVM may be created now.
+    let gates_open = cluster
+        .as_ref()
+        .is_some_and(|c| c.infrastructure_provisioned() && !c.is_paused())
+        && infra.is_some();
+    let bootstrap = match wants_bootstrap_data(machine, owner.as_ref()) {
+        Some(secret) if gates_open => credentials::bootstrap_data(&ctx.client, &ns, secret).await?,
+        _ => BootstrapData::NotAsked,
+    };
+
+    let recorded = recorded_host(machine);
+    let mut hosts = BTreeMap::new();
+    let mut recorded_config = None;
+    if let Some(mc) = &infra {
+        let mut configs = ctx.credentials.host_configs(mc).await?;
+        if let Some(host) = &recorded
+            && !configs.contains_key(&host.to_string())
+        {
+            configs.insert(
+                host.to_string(),
+                ctx.credentials.host_config(mc, host).await?,
+            );
+        }
+        for (endpoint, config) in configs {
+            let facts = match &config {
+                Ok(c) => {
+                    ctx.hosts.ensure(c);
+                    ctx.hosts.facts(&endpoint)
+                }
+                Err(problem) => HostFacts {
+                    credentials_problem: Some(problem.clone()),
+                    ..ctx.hosts.facts(&endpoint)
+                },
+            };
+            if recorded.as_ref().is_some_and(|h| h.to_string() == endpoint) {
+                recorded_config = Some(config);
+            }
+            hosts.insert(endpoint, facts);
+        }
+    }
+
+    let recorded_host = match (&recorded, recorded_config) {
+        (None, _) | (Some(_), None) => HostLookup::NotAsked,
+        (Some(_), Some(Err(problem))) => HostLookup::Unreachable(problem),
+        (Some(host), Some(Ok(config))) => match known_after_create {
+            Some(vms) => HostLookup::Answered { vms },
+            None => lookup(ctx, machine, host, &config).await,
+        },
+    };
+
+    Ok(ObservedMachine {
+        machine: machine.clone(),
+        owner,
+        cluster,
+        infra_cluster: infra,
+        bootstrap,
+        hosts,
+        recorded_host,
+    })
+}
+
+/// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is gone, as
+/// during teardown) the one owned by or labelled for that cluster name.
+fn infra_cluster(
+    ctx: &Ctx,
+    ns: &str,
+    cluster_name: &str,
+    cluster: Option<&Cluster>,
+) -> Option<MicrovmCluster> {
+    if let Some(r) = cluster.and_then(|c| c.spec.infrastructure_ref.as_ref())
+        && r.api_group == GROUP
+        && r.kind == "MicrovmCluster"
+    {
+        return ctx
+            .stores
+            .microvm_clusters
+            .get(&ObjectRef::new(&r.name).within(ns))
+            .map(|mc| mc.as_ref().clone());
+    }
+    ctx.stores
+        .microvm_clusters
+        .state()
+        .into_iter()
+        .find(|mc| {
+            mc.namespace().as_deref() == Some(ns)
+                && crate::watch::owner_cluster_name(mc).as_deref() == Some(cluster_name)
+        })
+        .map(|mc| mc.as_ref().clone())
+}
+
+/// Asks the recorded host about this machine's microVMs: freshly while it has no providerID (that
+/// answer decides whether to create), else from the host observer's last list, confirming with a
+/// direct get before reporting the microVM missing.
+async fn lookup(
+    ctx: &Ctx,
+    machine: &MicrovmMachine,
+    host: &HostEndpoint,
+    config: &HostConfig,
+) -> HostLookup {
+    let client = match ctx.hosts.client(config) {
+        Ok(c) => c,
+        Err(e) => return HostLookup::Unreachable(e.to_string()),
+    };
+    let ns = machine.namespace().unwrap_or_default();
+    let name = machine.name_any();
+    if wants_fresh_lookup(machine) {
+        return match client.list(&ns, Some(&name)).await {
+            Ok(vms) => HostLookup::Answered {
+                vms: vms
+                    .iter()
+                    .map(|vm| {
+                        observed_vm(
+                            vm,
+                            capmvm_reconcile::cloudinit::machine_uid_from_metadata(
+                                &vm.spec.metadata,
+                            ),
+                        )
+                    })
+                    .collect(),
+            },
+            Err(e) => HostLookup::Unreachable(e.to_string()),
+        };
+    }
+    let uid = provider_id(machine).map(|p| p.uid).unwrap_or_default();
+    let snapshot = ctx.hosts.snapshot(&host.to_string()).unwrap_or_default();
+    let mut vms: Vec<ObservedVm> = match &snapshot.reachability {
+        capmvm_reconcile::Reachability::Unreachable(why) => {
+            return HostLookup::Unreachable(why.clone());
+        }
+        capmvm_reconcile::Reachability::Unknown => Vec::new(),
+        capmvm_reconcile::Reachability::Reachable => snapshot
+            .vms
+            .iter()
+            .filter(|hv| hv.vm.uid == uid || (hv.vm.namespace == ns && hv.vm.name == name))
+            .map(|hv| hv.vm.clone())
+            .collect(),
+    };
+    if !vms.iter().any(|v| v.uid == uid) {
+        // Missing from a list that may predate it (or no list yet): ask the host directly.
+        match client.get(&uid).await {
+            Ok(vm) => vms.push(observed_vm(
+                &vm,
+                capmvm_reconcile::cloudinit::machine_uid_from_metadata(&vm.spec.metadata),
+            )),
+            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Err(e) => return HostLookup::Unreachable(e.to_string()),
+        }
+    }
+    HostLookup::Answered { vms }
+}
+
+/// Carries out a plan in the engine's order. Returns the microVMs created, or `None` if the object is
+/// gone (the finalizer was released on a deleted object).
+async fn execute(
+    ctx: &Ctx,
+    machine: &mut MicrovmMachine,
+    obs: &ObservedMachine,
+    plan: &Plan<capmvm_api::MicrovmMachineStatus>,
+) -> Result<Option<Vec<ObservedVm>>, Error> {
+    let api: Api<MicrovmMachine> =
+        Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+    if plan.effects.contains(&Effect::AddFinalizer) {
+        *machine = patch::add_finalizer(&api, machine, MACHINE_FINALIZER).await?;
+    }
+    for effect in &plan.effects {
+        if let Effect::SetProviderId(id) = effect {
+            *machine = patch::provider_id(&api, machine, id).await?;
+            info!(provider_id = %id, "providerID set");
+        }
+    }
+    let host_before = machine.status.as_ref().and_then(|s| s.host.clone());
+    if let Some(status) = &plan.status
+        && let Some(updated) = patch::status(&api, machine, machine.status.as_ref(), status).await?
+    {
+        *machine = updated;
+    }
+    let host_after = machine.status.as_ref().and_then(|s| s.host.clone());
+    if let (None, Some(host)) = (&host_before, &host_after) {
+        // Count the placement on the host until its microVM shows up in a list.
+        ctx.hosts.reserve(
+            host,
+            machine.metadata.uid.as_deref().unwrap_or_default(),
+            machine.spec.vcpu,
+            machine.spec.memory_mb,
+        );
+        if plan.host_calls().next().is_some() {
+            ctx.fault.reached(Point::AfterHostRecorded);
+        }
+    }
+
+    let mut created = Vec::new();
+    for effect in plan.host_calls() {
+        let (host, result) = match effect {
+            Effect::CreateMicrovm { host, spec } => {
+                let result = match host_client(ctx, obs, host).await {
+                    Ok(client) => client.create(to_flintlock(spec)).await.map(|vm| {
+                        info!(host = %host, uid = vm.uid(), "microVM created");
+                        ctx.hosts.record_created(&host.to_string(), &vm);
+                        created.push(observed_vm(
+                            &vm,
+                            capmvm_reconcile::cloudinit::machine_uid_from_metadata(
+                                &vm.spec.metadata,
+                            ),
+                        ));
+                    }),
+                    Err(e) => Err(e),
+                };
+                if result.is_ok() {
+                    ctx.fault.reached(Point::AfterCreate);
+                }
+                (host, result)
+            }
+            Effect::DeleteMicrovm { host, uid } => {
+                let result = match host_client(ctx, obs, host).await {
+                    Ok(client) => match client.delete(uid).await {
+                        Ok(()) => Ok(()),
+                        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+                        Err(e) => Err(e),
+                    },
+                    Err(e) => Err(e),
+                };
+                if result.is_ok() {
+                    info!(host = %host, uid = %uid, "microVM delete requested");
+                    ctx.hosts.record_deleting(&host.to_string(), uid);
+                }
+                (host, result)
+            }
+            _ => continue,
+        };
+        if let Err(e) = result {
+            return Err(host_call_failed(ctx, &api, machine, host, &e).await);
+        }
+    }
+
+    for event in plan.events() {
+        publish(ctx, machine, event).await;
+    }
+
+    if plan.effects.contains(&Effect::RemoveFinalizer) {
+        let deleting = machine.meta().deletion_timestamp.is_some();
+        if let Some(updated) = patch::remove_finalizer(&api, machine, MACHINE_FINALIZER).await? {
+            *machine = updated;
+        }
+        if deleting {
+            info!("finalizer released");
+            return Ok(None);
+        }
+    }
+    Ok(Some(created))
+}
+
+/// A client for `host` with the credentials the observation resolved (or resolves now).
+async fn host_client(
+    ctx: &Ctx,
+    obs: &ObservedMachine,
+    host: &HostEndpoint,
+) -> Result<capmvm_flintlock::FlintlockClient, capmvm_flintlock::Error> {
+    let config = match &obs.infra_cluster {
+        Some(mc) => match ctx.credentials.host_config(mc, host).await {
+            Ok(Ok(config)) => config,
+            Ok(Err(problem)) => {
+                return Err(capmvm_flintlock::Error::new(
+                    ErrorKind::InvalidConfig,
+                    problem,
+                ));
+            }
+            Err(e) => {
+                return Err(capmvm_flintlock::Error::new(
+                    ErrorKind::InvalidConfig,
+                    format!("reading credentials: {e}"),
+                ));
+            }
+        },
+        None => HostConfig::new(host.to_string()),
+    };
+    ctx.hosts.client(&config)
+}
+
+/// Shows a failed host call on `Ready` and as a Warning event; the error goes to the backoff.
+async fn host_call_failed(
+    ctx: &Ctx,
+    api: &Api<MicrovmMachine>,
+    machine: &mut MicrovmMachine,
+    host: &HostEndpoint,
+    error: &capmvm_flintlock::Error,
+) -> Error {
+    warn!(host = %host, error = %error, "host call failed");
+    let unreachable = matches!(
+        error.kind(),
+        ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
+    );
+    let message = format!("host {host}: {error}");
+    let mut status = machine.status.clone().unwrap_or_default();
+    record_host_call_failure(
+        &mut status,
+        machine.metadata.generation,
+        unreachable,
+        &message,
+        Timestamp::now(),
+    );
+    match patch::status(api, machine, machine.status.as_ref(), &status).await {
+        Ok(Some(updated)) => *machine = updated,
+        Ok(None) => {}
+        Err(e) => debug!(error = %e, "could not record the failed host call in status"),
+    }
+    let event = capmvm_reconcile::Event {
+        kind: capmvm_reconcile::EventKind::Warning,
+        reason: capmvm_reconcile::plan::reasons::HOST_CALL_FAILED,
+        action: "Reconcile",
+        note: message.clone(),
+    };
+    publish(ctx, machine, &event).await;
+    Error::HostCall(message)
+}

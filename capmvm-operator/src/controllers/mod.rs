@@ -1,0 +1,76 @@
+//! The controllers and what they share: the error type, error policy and event publishing.
+
+pub mod cluster;
+pub mod machine;
+pub mod template;
+
+use std::sync::Arc;
+
+use kube::runtime::controller::Action;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+use tracing::{debug, warn};
+
+use crate::context::Ctx;
+
+/// Why a reconcile failed; it is retried with per-object backoff.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A Kubernetes API call failed (a 409 Conflict means a newer version exists: read it and retry).
+    #[error("kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    /// A flintlock call failed; the message is safe to show (no secrets).
+    #[error("{0}")]
+    HostCall(String),
+}
+
+impl Error {
+    /// A short, stable name for logs.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Kube(kube::Error::Api(e)) if e.code == 409 => "conflict",
+            Self::Kube(_) => "kube",
+            Self::HostCall(_) => "host_call",
+        }
+    }
+}
+
+/// Retries a failed object after its exponential backoff (never a hot loop).
+pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Ctx>) -> Action {
+    let delay = ctx.backoff.next(&key(obj.as_ref()));
+    if error.kind() == "conflict" {
+        debug!(object = %key(obj.as_ref()), "write conflict; retrying on the newer version");
+    } else {
+        warn!(object = %key(obj.as_ref()), kind = error.kind(), error = %error, retry_in = ?delay, "reconcile failed");
+    }
+    Action::requeue(delay)
+}
+
+/// `namespace/name` of an object.
+pub fn key<K: Resource>(obj: &K) -> String {
+    format!(
+        "{}/{}",
+        obj.meta().namespace.as_deref().unwrap_or_default(),
+        obj.meta().name.as_deref().unwrap_or_default()
+    )
+}
+
+/// Publishes an engine event on `obj`. A failure to record an event is logged, never fatal.
+pub async fn publish<K>(ctx: &Ctx, obj: &K, event: &capmvm_reconcile::Event)
+where
+    K: Resource<DynamicType = ()>,
+{
+    let ev = Event {
+        type_: match event.kind {
+            capmvm_reconcile::EventKind::Normal => EventType::Normal,
+            capmvm_reconcile::EventKind::Warning => EventType::Warning,
+        },
+        reason: event.reason.to_string(),
+        note: Some(event.note.clone()),
+        action: event.action.to_string(),
+        secondary: None,
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
+        debug!(object = %obj.name_any(), error = %e, "could not publish event");
+    }
+}

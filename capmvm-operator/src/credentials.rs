@@ -1,0 +1,163 @@
+//! How to reach each host of a MicrovmCluster: endpoint, basic-auth token, TLS material, proxy.
+//!
+//! Secrets are read with GET and kept for a short time, so Secret reads grow with clusters, not with
+//! machines, and no cluster-wide Secret informer (and its RBAC) is needed. Problems are reported as
+//! text naming the Secret and key, never their content.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use capmvm_api::keys::{
+    BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
+};
+use capmvm_api::{HostEndpoint, MicrovmCluster};
+use capmvm_flintlock::{HostConfig, SecretBytes, SecretString, TlsMaterial};
+use capmvm_reconcile::{BootstrapData, Sensitive};
+use k8s_openapi::api::core::v1::Secret;
+use kube::{Api, ResourceExt};
+
+/// How long a Secret read is reused.
+const SECRET_TTL: Duration = Duration::from_secs(15);
+
+type SecretKey = (String, String);
+
+/// Reads and caches the Secrets named by MicrovmClusters.
+pub struct Credentials {
+    client: kube::Client,
+    cache: Mutex<HashMap<SecretKey, (Instant, Option<Secret>)>>,
+}
+
+impl Credentials {
+    /// A reader using `client`.
+    pub fn new(client: kube::Client) -> Self {
+        Self {
+            client,
+            cache: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The connection config of every valid host endpoint of `mc`'s pool, or why it cannot be built.
+    pub async fn host_configs(
+        &self,
+        mc: &MicrovmCluster,
+    ) -> Result<BTreeMap<String, Result<HostConfig, String>>, kube::Error> {
+        let mut out = BTreeMap::new();
+        let Some(pool) = &mc.spec.placement.static_pool else {
+            return Ok(out);
+        };
+        for host in &pool.hosts {
+            if let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>() {
+                let config = self.host_config(mc, &endpoint).await?;
+                out.insert(endpoint.to_string(), config);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The connection config for `endpoint` under `mc`'s credentials (the host need not be in the pool
+    /// any more: a machine may still live on a removed host).
+    pub async fn host_config(
+        &self,
+        mc: &MicrovmCluster,
+        endpoint: &HostEndpoint,
+    ) -> Result<Result<HostConfig, String>, kube::Error> {
+        let ns = mc.namespace().unwrap_or_default();
+        let mut config = HostConfig::new(endpoint.to_string());
+        config.proxy = mc.spec.microvm_proxy.as_ref().map(|p| p.endpoint.clone());
+        if let Some(name) = mc
+            .spec
+            .placement
+            .static_pool
+            .as_ref()
+            .and_then(|p| p.basic_auth_secret.as_ref())
+        {
+            let Some(secret) = self.secret(&ns, name).await? else {
+                return Ok(Err(format!("basic-auth Secret {name:?} not found")));
+            };
+            let key = endpoint.secret_key();
+            let Some(token) = secret_value(&secret, &key) else {
+                return Ok(Err(format!(
+                    "basic-auth Secret {name:?} has no key {key:?}"
+                )));
+            };
+            // Tokens written with `--from-file` often end in a newline that flintlock would not match.
+            let token = String::from_utf8_lossy(&token)
+                .trim_end_matches(['\r', '\n'])
+                .to_string();
+            config.basic_auth_token = Some(SecretString::new(token));
+        }
+        if let Some(name) = &mc.spec.tls_secret_ref {
+            let Some(secret) = self.secret(&ns, name).await? else {
+                return Ok(Err(format!("TLS Secret {name:?} not found")));
+            };
+            let Some(ca) = secret_value(&secret, TLS_CA_KEY) else {
+                return Ok(Err(format!(
+                    "TLS Secret {name:?} has no key {TLS_CA_KEY:?}"
+                )));
+            };
+            let cert = secret_value(&secret, TLS_CERT_KEY);
+            let key = secret_value(&secret, TLS_KEY_KEY);
+            if cert.is_some() != key.is_some() {
+                return Ok(Err(format!(
+                    "TLS Secret {name:?} needs both {TLS_CERT_KEY:?} and {TLS_KEY_KEY:?} for a client certificate, or neither"
+                )));
+            }
+            config.tls = Some(TlsMaterial {
+                ca_pem: Some(ca),
+                client_cert_pem: cert,
+                client_key_pem: key.map(SecretBytes::new),
+            });
+        }
+        Ok(Ok(config))
+    }
+
+    /// Reads a Secret, reusing a read younger than [`SECRET_TTL`]. `None` if it does not exist.
+    async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
+        let key = (namespace.to_string(), name.to_string());
+        if let Ok(cache) = self.cache.lock()
+            && let Some((at, secret)) = cache.get(&key)
+            && at.elapsed() < SECRET_TTL
+        {
+            return Ok(secret.clone());
+        }
+        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?;
+        if let Ok(mut cache) = self.cache.lock() {
+            cache.retain(|_, (at, _)| at.elapsed() < SECRET_TTL);
+            cache.insert(key, (Instant::now(), secret.clone()));
+        }
+        Ok(secret)
+    }
+}
+
+/// Reads a bootstrap data Secret (uncached: read once, while a microVM is created).
+pub async fn bootstrap_data(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> Result<BootstrapData, kube::Error> {
+    let Some(secret) = Api::<Secret>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await?
+    else {
+        return Ok(BootstrapData::SecretNotFound);
+    };
+    Ok(BootstrapData::Found {
+        value: secret_value(&secret, BOOTSTRAP_DATA_KEY).map(Sensitive::new),
+        format: secret_value(&secret, BOOTSTRAP_FORMAT_KEY)
+            .map(|f| String::from_utf8_lossy(&f).trim().to_string()),
+    })
+}
+
+fn secret_value(secret: &Secret, key: &str) -> Option<Vec<u8>> {
+    if let Some(v) = secret.data.as_ref().and_then(|d| d.get(key)) {
+        return Some(v.0.clone());
+    }
+    secret
+        .string_data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .map(|s| s.as_bytes().to_vec())
+}

@@ -1,0 +1,437 @@
+//! The host observer: one task per flintlock host lists all its microVMs at a poll interval (faster while
+//! a microVM there is being created or deleted), keeps the answer, reports reachability, and wakes the
+//! objects whose microVM or host changed. Steady-state reconciles read these snapshots, so flintlock
+//! traffic grows with hosts, not machines.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use capmvm_flintlock::{ClientPool, FlintlockClient, HostConfig, Microvm, MicrovmState};
+use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
+use capmvm_reconcile::{HostFacts, ObservedVm, Reachability, VmState};
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tracing::{debug, info, warn};
+
+use crate::metrics::Metrics;
+
+/// How long after a create or delete a host is polled at the busy interval, even if its list shows
+/// nothing in flight yet.
+const BUSY_AFTER_CALL: Duration = Duration::from_secs(30);
+
+/// How long a placement not yet visible on its host counts towards the host's allocation.
+const RESERVATION_TTL: Duration = Duration::from_secs(300);
+
+/// Who to wake when a host's microVMs or reachability change.
+pub trait Wake: Send + Sync {
+    /// The microVM named `namespace/name` changed (appeared, changed state, or vanished).
+    fn microvm_changed(&self, namespace: &str, name: &str);
+    /// The host's reachability changed, or it answered for the first time.
+    fn host_changed(&self, endpoint: &str);
+}
+
+/// One microVM on a host, with the resources it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostVm {
+    /// The microVM as the engine sees it.
+    pub vm: ObservedVm,
+    /// vCPUs.
+    pub vcpu: i64,
+    /// Memory in MiB.
+    pub memory_mb: i64,
+}
+
+/// What a host answered last.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    /// Whether the last list answered.
+    pub reachability: Reachability,
+    /// Every microVM on the host (all namespaces), as of the last successful list.
+    pub vms: Arc<Vec<HostVm>>,
+}
+
+struct HostState {
+    snapshot: RwLock<Snapshot>,
+    busy_until: Mutex<Instant>,
+    kick: Notify,
+}
+
+struct HostEntry {
+    config: HostConfig,
+    state: Arc<HostState>,
+    task: JoinHandle<()>,
+    wanted_at: Instant,
+}
+
+/// A machine placed on a host, counted towards its allocation until its microVM is listed.
+struct Reservation {
+    vcpu: i64,
+    memory_mb: i64,
+    since: Instant,
+}
+
+/// The registry of observed hosts.
+pub struct Hosts {
+    pool: ClientPool,
+    metrics: Arc<Metrics>,
+    wake: Arc<dyn Wake>,
+    poll: Duration,
+    busy_poll: Duration,
+    entries: Mutex<HashMap<String, HostEntry>>,
+    /// Machines placed on a host whose microVM the host does not list yet: endpoint → machine uid →
+    /// (vcpu, memory, since). Keeps a burst of placements from piling onto one host.
+    reservations: Mutex<HashMap<String, HashMap<String, Reservation>>>,
+}
+
+impl Hosts {
+    /// A registry polling every `poll`, or every `busy_poll` while something is in flight.
+    pub fn new(
+        pool: ClientPool,
+        metrics: Arc<Metrics>,
+        wake: Arc<dyn Wake>,
+        poll: Duration,
+        busy_poll: Duration,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            pool,
+            metrics,
+            wake,
+            poll,
+            busy_poll,
+            entries: Mutex::new(HashMap::new()),
+            reservations: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A client for `config` on the shared channel pool.
+    pub fn client(&self, config: &HostConfig) -> Result<FlintlockClient, capmvm_flintlock::Error> {
+        self.pool.client(config)
+    }
+
+    /// Makes sure `config.endpoint` is observed with `config`; restarts its observer if the config
+    /// (a rotated token or certificate) changed.
+    pub fn ensure(self: &Arc<Self>, config: &HostConfig) {
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        if let Some(entry) = entries.get_mut(&config.endpoint) {
+            entry.wanted_at = Instant::now();
+            if entry.config == *config {
+                return;
+            }
+            info!(host = %config.endpoint, "host credentials changed; restarting its observer");
+            entry.task.abort();
+            let state = entry.state.clone();
+            entry.task = self.spawn(config.clone(), state);
+            entry.config = config.clone();
+            return;
+        }
+        let state = Arc::new(HostState {
+            snapshot: RwLock::new(Snapshot::default()),
+            busy_until: Mutex::new(Instant::now()),
+            kick: Notify::new(),
+        });
+        let task = self.spawn(config.clone(), state.clone());
+        entries.insert(
+            config.endpoint.clone(),
+            HostEntry {
+                config: config.clone(),
+                state,
+                task,
+                wanted_at: Instant::now(),
+            },
+        );
+    }
+
+    /// Stops observing hosts nobody asked for since `older_than` ago.
+    pub fn forget_unwanted(&self, older_than: Duration) {
+        if let Ok(mut entries) = self.entries.lock() {
+            entries.retain(|endpoint, entry| {
+                let keep = entry.wanted_at.elapsed() < older_than;
+                if !keep {
+                    info!(host = %endpoint, "no longer observing host");
+                    entry.task.abort();
+                }
+                keep
+            });
+        }
+    }
+
+    /// The last answer of `endpoint`, if it is observed.
+    pub fn snapshot(&self, endpoint: &str) -> Option<Snapshot> {
+        let entries = self.entries.lock().ok()?;
+        let entry = entries.get(endpoint)?;
+        entry.state.snapshot.read().ok().map(|s| s.clone())
+    }
+
+    /// Reachability and allocation of `endpoint` (credentials are the caller's to fill in).
+    pub fn facts(&self, endpoint: &str) -> HostFacts {
+        let Some(snapshot) = self.snapshot(endpoint) else {
+            return HostFacts::default();
+        };
+        let mut facts = HostFacts {
+            reachability: snapshot.reachability.clone(),
+            ..Default::default()
+        };
+        let mut listed_machines = HashSet::new();
+        for hv in snapshot
+            .vms
+            .iter()
+            .filter(|hv| hv.vm.state != VmState::Deleting)
+        {
+            facts.allocated_vcpu += hv.vcpu;
+            facts.allocated_memory_mb += hv.memory_mb;
+            if let Some(uid) = &hv.vm.machine_uid {
+                listed_machines.insert(uid.clone());
+            }
+        }
+        if let Ok(mut reservations) = self.reservations.lock()
+            && let Some(host) = reservations.get_mut(endpoint)
+        {
+            host.retain(|uid, r| {
+                !listed_machines.contains(uid) && r.since.elapsed() < RESERVATION_TTL
+            });
+            for r in host.values() {
+                facts.allocated_vcpu += r.vcpu;
+                facts.allocated_memory_mb += r.memory_mb;
+            }
+        }
+        facts
+    }
+
+    /// Counts a machine just placed on `endpoint` towards its allocation until its microVM shows up.
+    pub fn reserve(&self, endpoint: &str, machine_uid: &str, vcpu: i64, memory_mb: i64) {
+        if let Ok(mut reservations) = self.reservations.lock() {
+            reservations
+                .entry(endpoint.to_string())
+                .or_default()
+                .insert(
+                    machine_uid.to_string(),
+                    Reservation {
+                        vcpu,
+                        memory_mb,
+                        since: Instant::now(),
+                    },
+                );
+        }
+    }
+
+    /// Records a microVM this operator just created, so cache readers see it before the next list, and
+    /// polls the host fast while it starts.
+    pub fn record_created(&self, endpoint: &str, vm: &Microvm) {
+        let hv = host_vm(vm, machine_uid_from_metadata(&vm.spec.metadata));
+        self.update(endpoint, |vms| {
+            vms.retain(|v| v.vm.uid != hv.vm.uid);
+            vms.push(hv);
+        });
+    }
+
+    /// Records a delete this operator just asked for.
+    pub fn record_deleting(&self, endpoint: &str, uid: &str) {
+        self.update(endpoint, |vms| {
+            for v in vms.iter_mut().filter(|v| v.vm.uid == uid) {
+                v.vm.state = VmState::Deleting;
+            }
+        });
+    }
+
+    fn update(&self, endpoint: &str, change: impl FnOnce(&mut Vec<HostVm>)) {
+        let Ok(entries) = self.entries.lock() else {
+            return;
+        };
+        let Some(entry) = entries.get(endpoint) else {
+            return;
+        };
+        if let Ok(mut snapshot) = entry.state.snapshot.write() {
+            let mut vms = snapshot.vms.as_ref().clone();
+            change(&mut vms);
+            snapshot.vms = Arc::new(vms);
+        }
+        if let Ok(mut busy) = entry.state.busy_until.lock() {
+            *busy = Instant::now() + BUSY_AFTER_CALL;
+        }
+        entry.state.kick.notify_one();
+    }
+
+    fn spawn(self: &Arc<Self>, config: HostConfig, state: Arc<HostState>) -> JoinHandle<()> {
+        let this = Arc::clone(self);
+        tokio::spawn(async move { this.observe(config, state).await })
+    }
+
+    async fn observe(self: Arc<Self>, config: HostConfig, state: Arc<HostState>) {
+        let endpoint = config.endpoint.clone();
+        // The machine uid a microVM carries never changes: parse each microVM's meta-data once.
+        let mut machine_uids: HashMap<String, Option<String>> = HashMap::new();
+        let mut first = true;
+        loop {
+            if !first {
+                let busy = state
+                    .busy_until
+                    .lock()
+                    .map(|b| Instant::now() < *b)
+                    .unwrap_or(false)
+                    || state.snapshot.read().is_ok_and(|s| {
+                        s.vms
+                            .iter()
+                            .any(|v| matches!(v.vm.state, VmState::Pending | VmState::Deleting))
+                    });
+                let interval = if busy { self.busy_poll } else { self.poll };
+                tokio::select! {
+                    () = tokio::time::sleep(interval) => {}
+                    () = state.kick.notified() => {
+                        // Let a burst of creates land before listing again.
+                        tokio::time::sleep(self.busy_poll.min(Duration::from_millis(200))).await;
+                    }
+                }
+            }
+            first = false;
+            let listed = match self.pool.client(&config) {
+                Ok(client) => client.list("", None).await,
+                Err(e) => Err(e),
+            };
+            let (reachability, vms) = match listed {
+                Ok(vms) => {
+                    let mut seen = HashSet::new();
+                    let vms: Vec<HostVm> = vms
+                        .iter()
+                        .map(|vm| {
+                            seen.insert(vm.uid().to_string());
+                            let uid = machine_uids
+                                .entry(vm.uid().to_string())
+                                .or_insert_with(|| machine_uid_from_metadata(&vm.spec.metadata))
+                                .clone();
+                            host_vm(vm, uid)
+                        })
+                        .collect();
+                    machine_uids.retain(|uid, _| seen.contains(uid));
+                    (Reachability::Reachable, Some(vms))
+                }
+                Err(e) => {
+                    debug!(host = %endpoint, error = %e, "host list failed");
+                    (Reachability::Unreachable(e.to_string()), None)
+                }
+            };
+            self.publish(&endpoint, &state, reachability, vms);
+        }
+    }
+
+    /// Stores a list result and wakes whoever it concerns.
+    fn publish(
+        &self,
+        endpoint: &str,
+        state: &HostState,
+        reachability: Reachability,
+        vms: Option<Vec<HostVm>>,
+    ) {
+        let (old_reachability, old_vms) = match state.snapshot.read() {
+            Ok(s) => (s.reachability.clone(), s.vms.clone()),
+            Err(_) => return,
+        };
+        let reachable_now = reachability == Reachability::Reachable;
+        let reachability_changed =
+            std::mem::discriminant(&old_reachability) != std::mem::discriminant(&reachability);
+        if reachability_changed {
+            match &reachability {
+                Reachability::Reachable => info!(host = %endpoint, "host reachable"),
+                Reachability::Unreachable(why) => {
+                    warn!(host = %endpoint, reason = %why, "host unreachable")
+                }
+                Reachability::Unknown => {}
+            }
+        }
+        let mut changed: Vec<(String, String)> = Vec::new();
+        if let Some(new_vms) = &vms {
+            let before: HashMap<&str, &HostVm> =
+                old_vms.iter().map(|v| (v.vm.uid.as_str(), v)).collect();
+            let after: HashMap<&str, &HostVm> =
+                new_vms.iter().map(|v| (v.vm.uid.as_str(), v)).collect();
+            for (uid, v) in &after {
+                let moved = before
+                    .get(uid)
+                    .is_none_or(|b| b.vm.state != v.vm.state || b.vm.retry != v.vm.retry);
+                if moved && v.vm.machine_uid.is_some() {
+                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                }
+            }
+            for (uid, v) in &before {
+                if !after.contains_key(uid) && v.vm.machine_uid.is_some() {
+                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                }
+            }
+            let mut by_state: BTreeMap<&'static str, i64> =
+                ["pending", "created", "failed", "deleting", "unknown"]
+                    .into_iter()
+                    .map(|s| (s, 0))
+                    .collect();
+            for v in new_vms {
+                *by_state.entry(state_label(v.vm.state)).or_default() += 1;
+            }
+            self.metrics
+                .host_observed(endpoint, true, &by_state.into_iter().collect::<Vec<_>>());
+        } else {
+            self.metrics.host_observed(endpoint, false, &[]);
+        }
+        if let Ok(mut s) = state.snapshot.write() {
+            s.reachability = reachability;
+            if let Some(vms) = vms {
+                s.vms = Arc::new(vms);
+            }
+        }
+        changed.sort();
+        changed.dedup();
+        for (ns, name) in changed {
+            self.wake.microvm_changed(&ns, &name);
+        }
+        if reachability_changed {
+            debug!(host = %endpoint, reachable = reachable_now, "waking objects of host");
+            self.wake.host_changed(endpoint);
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        if let Ok(entries) = self.entries.lock() {
+            for entry in entries.values() {
+                entry.task.abort();
+            }
+        }
+    }
+}
+
+/// Converts a host's microVM into the engine's view.
+pub fn observed_vm(vm: &Microvm, machine_uid: Option<String>) -> ObservedVm {
+    ObservedVm {
+        uid: vm.uid().to_string(),
+        namespace: vm.spec.namespace.clone(),
+        name: vm.spec.id.clone(),
+        state: match vm.status.state {
+            MicrovmState::Pending => VmState::Pending,
+            MicrovmState::Created => VmState::Created,
+            MicrovmState::Failed => VmState::Failed,
+            MicrovmState::Deleting => VmState::Deleting,
+            MicrovmState::Unknown(n) => VmState::Unknown(n),
+        },
+        retry: vm.status.retry,
+        machine_uid,
+    }
+}
+
+fn host_vm(vm: &Microvm, machine_uid: Option<String>) -> HostVm {
+    HostVm {
+        vm: observed_vm(vm, machine_uid),
+        vcpu: i64::from(vm.spec.vcpu),
+        memory_mb: i64::from(vm.spec.memory_mb),
+    }
+}
+
+fn state_label(state: VmState) -> &'static str {
+    match state {
+        VmState::Pending => "pending",
+        VmState::Created => "created",
+        VmState::Failed => "failed",
+        VmState::Deleting => "deleting",
+        VmState::Unknown(_) => "unknown",
+    }
+}

@@ -1,0 +1,199 @@
+//! Writes: merge patches computed from the difference (nothing sent when nothing changed), carrying the
+//! resourceVersion the decision was based on; finalizers by JSON patch with `test` ops.
+
+use std::fmt::Debug;
+
+use json_patch::{AddOperation, PatchOperation, RemoveOperation, TestOperation};
+use kube::api::{Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Map, Value, json};
+
+/// Field manager of every write (shows in managedFields).
+pub const FIELD_MANAGER: &str = "capmvm-operator";
+
+/// The RFC 7386 merge patch that turns `old` into `new`, or `None` if they are equal. Objects are
+/// diffed key by key; anything else (arrays included) is replaced whole.
+pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
+    if old == new {
+        return None;
+    }
+    match (old, new) {
+        (Value::Object(o), Value::Object(n)) => {
+            let mut patch = Map::new();
+            for (k, nv) in n {
+                match o.get(k) {
+                    Some(ov) => {
+                        if let Some(p) = merge_diff(ov, nv) {
+                            patch.insert(k.clone(), p);
+                        }
+                    }
+                    None => {
+                        patch.insert(k.clone(), nv.clone());
+                    }
+                }
+            }
+            for k in o.keys() {
+                if !n.contains_key(k) {
+                    patch.insert(k.clone(), Value::Null);
+                }
+            }
+            Some(Value::Object(patch))
+        }
+        _ => Some(new.clone()),
+    }
+}
+
+/// Writes `desired` as the object's status if it differs, conditional on `obj`'s resourceVersion.
+/// Returns the updated object, or `None` if nothing needed writing.
+pub async fn status<K, S>(
+    api: &Api<K>,
+    obj: &K,
+    current: Option<&S>,
+    desired: &S,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+    S: Serialize,
+{
+    let old = current
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(kube::Error::SerdeError)?;
+    let new = serde_json::to_value(desired).map_err(kube::Error::SerdeError)?;
+    let Some(diff) = merge_diff(old.as_ref().unwrap_or(&Value::Null), &new) else {
+        return Ok(None);
+    };
+    let body = json!({
+        "metadata": {"resourceVersion": obj.resource_version()},
+        "status": diff,
+    });
+    api.patch_status(&obj.name_any(), &params(), &Patch::Merge(&body))
+        .await
+        .map(Some)
+}
+
+/// Sets `spec.providerID`, conditional on `obj`'s resourceVersion.
+pub async fn provider_id<K>(api: &Api<K>, obj: &K, provider_id: &str) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let body = json!({
+        "metadata": {"resourceVersion": obj.resource_version()},
+        "spec": {"providerID": provider_id},
+    });
+    api.patch(&obj.name_any(), &params(), &Patch::Merge(&body))
+        .await
+}
+
+/// Adds `finalizer`, failing (409/422) if the finalizers changed since `obj` was read.
+pub async fn add_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<K, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let ops = if obj.finalizers().is_empty() {
+        vec![
+            PatchOperation::Test(TestOperation {
+                path: jsonptr("/metadata/resourceVersion"),
+                value: json!(obj.resource_version()),
+            }),
+            PatchOperation::Add(AddOperation {
+                path: jsonptr("/metadata/finalizers"),
+                value: json!([finalizer]),
+            }),
+        ]
+    } else {
+        vec![
+            PatchOperation::Test(TestOperation {
+                path: jsonptr("/metadata/finalizers"),
+                value: json!(obj.finalizers()),
+            }),
+            PatchOperation::Add(AddOperation {
+                path: jsonptr("/metadata/finalizers/-"),
+                value: json!(finalizer),
+            }),
+        ]
+    };
+    api.patch(
+        &obj.name_any(),
+        &params(),
+        &Patch::<()>::Json(json_patch::Patch(ops)),
+    )
+    .await
+}
+
+/// Removes `finalizer`, failing if it moved since `obj` was read. `None` if it was not there.
+pub async fn remove_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<Option<K>, kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let Some(index) = obj.finalizers().iter().position(|f| f == finalizer) else {
+        return Ok(None);
+    };
+    let path = format!("/metadata/finalizers/{index}");
+    let ops = vec![
+        PatchOperation::Test(TestOperation {
+            path: jsonptr(&path),
+            value: json!(finalizer),
+        }),
+        PatchOperation::Remove(RemoveOperation {
+            path: jsonptr(&path),
+        }),
+    ];
+    api.patch(
+        &obj.name_any(),
+        &params(),
+        &Patch::<()>::Json(json_patch::Patch(ops)),
+    )
+    .await
+    .map(Some)
+}
+
+/// Plain (not server-side apply) patch parameters that still name the field manager.
+fn params() -> PatchParams {
+    PatchParams {
+        field_manager: Some(FIELD_MANAGER.to_string()),
+        ..PatchParams::default()
+    }
+}
+
+fn jsonptr(path: &str) -> json_patch::jsonptr::PointerBuf {
+    // The paths above are constant and well formed.
+    json_patch::jsonptr::PointerBuf::parse(path).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merge_diff_sends_only_what_changed() {
+        let old = json!({"host": "a", "vmState": "pending", "conditions": [{"type": "Ready"}], "gone": 1});
+        let new = json!({"host": "a", "vmState": "running", "conditions": [{"type": "Ready", "status": "True"}]});
+        assert_eq!(
+            merge_diff(&old, &new),
+            Some(
+                json!({"vmState": "running", "conditions": [{"type": "Ready", "status": "True"}], "gone": null})
+            )
+        );
+        assert_eq!(merge_diff(&old, &old), None);
+        assert_eq!(
+            merge_diff(&Value::Null, &json!({"a": 1})),
+            Some(json!({"a": 1}))
+        );
+    }
+
+    #[test]
+    fn applying_the_diff_gives_the_new_value() {
+        let old = json!({"a": {"b": 1, "c": [1, 2]}, "d": "x"});
+        let new = json!({"a": {"b": 2, "c": [3]}, "e": true});
+        let mut patched = old.clone();
+        json_patch::merge(&mut patched, &merge_diff(&old, &new).unwrap());
+        assert_eq!(patched, new);
+    }
+}

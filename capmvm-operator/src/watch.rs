@@ -1,0 +1,369 @@
+//! Watch caches and mappers: one watch per kind feeds a cache (read by reconciles instead of GETs) and
+//! wakes the objects a change concerns:
+//!
+//! - MicrovmMachine → itself;
+//! - Machine → its infrastructure MicrovmMachine;
+//! - Cluster → its MicrovmCluster, and its MicrovmMachines on pause and provisioned transitions;
+//! - MicrovmCluster → itself, and its MicrovmMachines when its spec changes;
+//! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters.
+//!
+//! Status-only updates (our own writes among them) wake nobody: each cache keeps a fingerprint of the
+//! parts that matter and compares.
+
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
+use std::sync::Mutex;
+
+use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
+use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
+use futures::StreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use tokio::sync::mpsc::UnboundedSender;
+use tokio::task::JoinHandle;
+use tracing::warn;
+
+use crate::hosts::Wake;
+
+/// The watch caches reconciles read from.
+#[derive(Clone)]
+pub struct Stores {
+    /// MicrovmMachines.
+    pub machines: Store<MicrovmMachine>,
+    /// CAPI Machines.
+    pub capi_machines: Store<Machine>,
+    /// CAPI Clusters.
+    pub clusters: Store<Cluster>,
+    /// MicrovmClusters.
+    pub microvm_clusters: Store<MicrovmCluster>,
+}
+
+impl Stores {
+    /// Waits until every cache has its first full list.
+    pub async fn wait_until_ready(&self) -> Result<(), reflector::store::WriterDropped> {
+        self.machines.wait_until_ready().await?;
+        self.capi_machines.wait_until_ready().await?;
+        self.clusters.wait_until_ready().await?;
+        self.microvm_clusters.wait_until_ready().await
+    }
+
+    /// The MicrovmMachines of Cluster `namespace/cluster`.
+    pub fn machines_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachine>> {
+        self.machines
+            .state()
+            .iter()
+            .filter(|m| m.namespace().as_deref() == Some(namespace))
+            .filter(|m| m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
+            .map(|m| ObjectRef::from_obj(m.as_ref()))
+            .collect()
+    }
+}
+
+/// Where wake-ups go: the controllers' `reconcile_on` streams.
+#[derive(Clone)]
+pub struct Triggers {
+    /// MicrovmMachines to reconcile.
+    pub machine: UnboundedSender<ObjectRef<MicrovmMachine>>,
+    /// MicrovmClusters to reconcile.
+    pub cluster: UnboundedSender<ObjectRef<MicrovmCluster>>,
+}
+
+impl Triggers {
+    fn machine(&self, r: ObjectRef<MicrovmMachine>) {
+        // A closed channel means the controller stopped (shutdown): nothing to wake.
+        let _ = self.machine.send(r);
+    }
+
+    fn cluster(&self, r: ObjectRef<MicrovmCluster>) {
+        let _ = self.cluster.send(r);
+    }
+}
+
+/// Which objects the operator sees: one namespace or all, and the watch-filter label.
+#[derive(Clone, Debug, Default)]
+pub struct Scope {
+    /// Namespace, or empty for all.
+    pub namespace: String,
+    /// Value of `cluster.x-k8s.io/watch-filter`, or empty for no filter.
+    pub watch_filter: String,
+}
+
+impl Scope {
+    /// The Api for `K` in scope.
+    pub fn api<K>(&self, client: &kube::Client) -> Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        if self.namespace.is_empty() {
+            Api::all(client.clone())
+        } else {
+            Api::namespaced(client.clone(), &self.namespace)
+        }
+    }
+
+    fn watcher_config(&self) -> watcher::Config {
+        let config = watcher::Config::default().any_semantic();
+        if self.watch_filter.is_empty() {
+            config
+        } else {
+            config.labels(&format!("{WATCH_FILTER_LABEL}={}", self.watch_filter))
+        }
+    }
+}
+
+/// Starts the watches; returns the caches and the tasks feeding them.
+pub fn start(
+    client: &kube::Client,
+    scope: &Scope,
+    triggers: &Triggers,
+) -> (Stores, Vec<JoinHandle<()>>) {
+    let (machines, machines_w) = reflector::store();
+    let (capi_machines, capi_machines_w) = reflector::store();
+    let (clusters, clusters_w) = reflector::store();
+    let (microvm_clusters, microvm_clusters_w) = reflector::store();
+    let stores = Stores {
+        machines,
+        capi_machines,
+        clusters,
+        microvm_clusters,
+    };
+    let mut tasks = Vec::new();
+
+    // MicrovmMachine → itself.
+    {
+        let t = triggers.clone();
+        let seen = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<MicrovmMachine>(client),
+            scope,
+            machines_w,
+            move |m: &MicrovmMachine| {
+                if seen.changed(m, fingerprint(m, &["spec"])) {
+                    t.machine(ObjectRef::from_obj(m));
+                }
+            },
+        ));
+    }
+    // Machine → its MicrovmMachine.
+    {
+        let t = triggers.clone();
+        let seen = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<Machine>(client),
+            scope,
+            capi_machines_w,
+            move |m: &Machine| {
+                let infra = &m.spec.infrastructure_ref;
+                if infra.api_group == GROUP
+                    && infra.kind == "MicrovmMachine"
+                    && seen.changed(m, fingerprint(m, &["spec"]))
+                {
+                    t.machine(
+                        ObjectRef::new(&infra.name).within(&m.namespace().unwrap_or_default()),
+                    );
+                }
+            },
+        ));
+    }
+    // Cluster → its MicrovmCluster; its MicrovmMachines on pause or provisioned transitions.
+    {
+        let t = triggers.clone();
+        let s = stores.clone();
+        let seen = Fingerprints::default();
+        let transitions = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<Cluster>(client),
+            scope,
+            clusters_w,
+            move |c: &Cluster| {
+                let ns = c.namespace().unwrap_or_default();
+                if seen.changed(c, fingerprint(c, &["spec"]))
+                    && let Some(infra) = &c.spec.infrastructure_ref
+                    && infra.api_group == GROUP
+                    && infra.kind == "MicrovmCluster"
+                {
+                    t.cluster(ObjectRef::new(&infra.name).within(&ns));
+                }
+                let gates = hash_of(&(
+                    c.is_paused(),
+                    c.infrastructure_provisioned(),
+                    c.meta().deletion_timestamp.is_some(),
+                ));
+                if transitions.changed(c, gates) {
+                    for m in s.machines_of(&ns, &c.name_any()) {
+                        t.machine(m);
+                    }
+                }
+            },
+        ));
+    }
+    // MicrovmCluster → itself; its MicrovmMachines when its spec changes.
+    {
+        let t = triggers.clone();
+        let s = stores.clone();
+        let seen = Fingerprints::default();
+        let specs = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<MicrovmCluster>(client),
+            scope,
+            microvm_clusters_w,
+            move |mc: &MicrovmCluster| {
+                if seen.changed(mc, fingerprint(mc, &["spec"])) {
+                    t.cluster(ObjectRef::from_obj(mc));
+                }
+                if specs.changed(mc, hash_of(&mc.meta().generation))
+                    && let Some(cluster) = owner_cluster_name(mc)
+                {
+                    for m in s.machines_of(&mc.namespace().unwrap_or_default(), &cluster) {
+                        t.machine(m);
+                    }
+                }
+            },
+        ));
+    }
+    (stores, tasks)
+}
+
+/// Routes host observations to the objects they concern.
+pub struct HostWake {
+    /// Where to send wake-ups.
+    pub triggers: Triggers,
+    /// The caches, to find who lives on a host.
+    pub stores: Stores,
+}
+
+impl Wake for HostWake {
+    fn microvm_changed(&self, namespace: &str, name: &str) {
+        self.triggers
+            .machine(ObjectRef::new(name).within(namespace));
+    }
+
+    fn host_changed(&self, endpoint: &str) {
+        // Machines recorded on the host, and machines still waiting for a host.
+        for m in self.stores.machines.state() {
+            let recorded = capmvm_reconcile::machine::recorded_host(&m).map(|h| h.to_string());
+            if recorded.as_deref() == Some(endpoint) || recorded.is_none() {
+                self.triggers.machine(ObjectRef::from_obj(m.as_ref()));
+            }
+        }
+        for mc in self.stores.microvm_clusters.state() {
+            let uses = mc
+                .spec
+                .placement
+                .static_pool
+                .iter()
+                .flat_map(|p| &p.hosts)
+                .any(|h| {
+                    h.endpoint
+                        .parse::<HostEndpoint>()
+                        .is_ok_and(|e| e.to_string() == endpoint)
+                });
+            if uses {
+                self.triggers.cluster(ObjectRef::from_obj(mc.as_ref()));
+            }
+        }
+    }
+}
+
+/// The name of the CAPI Cluster owning `mc` (ownerReference kind Cluster), else its cluster-name label.
+pub fn owner_cluster_name(mc: &MicrovmCluster) -> Option<String> {
+    mc.owner_references()
+        .iter()
+        .find(|o| o.kind == "Cluster" && api_group(&o.api_version) == CAPI_GROUP)
+        .map(|o| o.name.clone())
+        .or_else(|| mc.labels().get(CLUSTER_NAME_LABEL).cloned())
+}
+
+/// The group of an `apiVersion` (`group/version`, or `version` for the core group).
+pub fn api_group(api_version: &str) -> &str {
+    api_version.rsplit_once('/').map_or("", |(g, _)| g)
+}
+
+fn spawn_watch<K>(
+    api: Api<K>,
+    scope: &Scope,
+    writer: reflector::store::Writer<K>,
+    on_change: impl Fn(&K) + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
+    let stream = watcher(api, scope.watcher_config())
+        .default_backoff()
+        .reflect(writer)
+        .touched_objects();
+    tokio::spawn(async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(obj) => on_change(&obj),
+                // The watcher retries with backoff; the error is worth a line, not a stop.
+                Err(e) => warn!(kind = %K::kind(&Default::default()), error = %e, "watch error"),
+            }
+        }
+    })
+}
+
+/// Fingerprints of what matters about each object, to skip changes that do not.
+#[derive(Default)]
+struct Fingerprints(Mutex<HashMap<String, u64>>);
+
+impl Fingerprints {
+    /// Whether `fingerprint` differs from the one last seen for `obj` (and remembers it).
+    fn changed<K: Resource>(&self, obj: &K, fingerprint: u64) -> bool {
+        let key = obj
+            .meta()
+            .uid
+            .clone()
+            .unwrap_or_else(|| obj.meta().name.clone().unwrap_or_default());
+        let Ok(mut seen) = self.0.lock() else {
+            return true;
+        };
+        if obj.meta().deletion_timestamp.is_some()
+            && obj.meta().finalizers.as_ref().is_none_or(Vec::is_empty)
+        {
+            // Gone (or about to be): forget it.
+            seen.remove(&key);
+            return true;
+        }
+        seen.insert(key, fingerprint) != Some(fingerprint)
+    }
+}
+
+/// A hash of the object's metadata that matters (not resourceVersion, managedFields or timestamps of
+/// writes) and of the named top-level fields.
+fn fingerprint<K: Resource + serde::Serialize>(obj: &K, fields: &[&str]) -> u64 {
+    let meta = obj.meta();
+    let mut h = DefaultHasher::new();
+    meta.generation.hash(&mut h);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.as_second())
+        .hash(&mut h);
+    format!(
+        "{:?}{:?}{:?}",
+        meta.labels, meta.annotations, meta.finalizers
+    )
+    .hash(&mut h);
+    for o in meta.owner_references.iter().flatten() {
+        (&o.kind, &o.name, &o.uid).hash(&mut h);
+    }
+    if let Ok(Value::Object(map)) = serde_json::to_value(obj) {
+        for f in fields {
+            map.get(*f).map(Value::to_string).hash(&mut h);
+        }
+    }
+    h.finish()
+}
+
+fn hash_of<T: Hash>(value: &T) -> u64 {
+    let mut h = DefaultHasher::new();
+    value.hash(&mut h);
+    h.finish()
+}
