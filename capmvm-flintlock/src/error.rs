@@ -145,19 +145,33 @@ impl From<tonic::Status> for Error {
 /// `core/application/commands.go`); see `flintlock-and-reference.md` A2.9.
 fn classify(status: &tonic::Status) -> ErrorKind {
     let message = status.message();
+    let local_source = std::error::Error::source(status);
     match status.code() {
         Code::NotFound => ErrorKind::NotFound,
         Code::Unauthenticated | Code::PermissionDenied => ErrorKind::Unauthenticated,
         Code::InvalidArgument => ErrorKind::InvalidArgument,
         Code::Unavailable => ErrorKind::Unavailable,
         Code::DeadlineExceeded => ErrorKind::DeadlineExceeded,
-        // A status built locally from a broken connection (reset mid-call, GOAWAY) has a source;
-        // one sent by the host never does.
-        Code::Unknown if std::error::Error::source(status).is_some() => ErrorKind::Unavailable,
+        // Statuses the client builds itself carry their cause as a source; the host's never do.
+        // tonic's own enforcement of the `grpc-timeout` we send is a local `Cancelled`.
+        Code::Cancelled if local_source.is_some_and(is_timeout) => ErrorKind::DeadlineExceeded,
+        // A connection that broke under a call (reset, closed, GOAWAY).
+        Code::Cancelled | Code::Unknown if local_source.is_some() => ErrorKind::Unavailable,
         Code::Unknown if is_not_found_text(message) => ErrorKind::NotFound,
         Code::Unknown if is_spec_rejection_text(message) => ErrorKind::InvalidArgument,
         _ => ErrorKind::Other,
     }
+}
+
+fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(error);
+    while let Some(error) = source {
+        if error.is::<tonic::TimeoutExpired>() {
+            return true;
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// Flintlock's Get/Delete of an unknown uid: `... microvm spec //<uid> not found`.
@@ -241,6 +255,22 @@ mod tests {
             ErrorKind::DeadlineExceeded
         );
         assert_eq!(kind_of(Code::Internal, "boom"), ErrorKind::Other);
+    }
+
+    #[test]
+    fn local_transport_failures_map_by_their_cause() {
+        let timeout = tonic::Status::from_error(Box::new(tonic::TimeoutExpired(())));
+        assert_eq!(timeout.code(), Code::Cancelled);
+        assert_eq!(Error::from(timeout).kind(), ErrorKind::DeadlineExceeded);
+        let broken = tonic::Status::from_error(Box::new(std::io::Error::other("connection reset")));
+        let broken = Error::from(broken);
+        assert_eq!(broken.kind(), ErrorKind::Unavailable);
+        assert!(broken.message().contains("connection reset"), "{broken}");
+        // The same codes sent by a host (no local cause) are not transport failures.
+        assert_eq!(
+            kind_of(Code::Cancelled, "client went away"),
+            ErrorKind::Other
+        );
     }
 
     #[test]

@@ -1,0 +1,608 @@
+//! The client against hollow hosts over loopback TCP: every call, flintlock's semantics as a client
+//! sees them, every error kind, the lifecycle switches of the hollow host.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine as _;
+use capmvm_flintlock::hollow::{Capacity, is_ulid};
+use capmvm_flintlock::{
+    CallObserver, ClientPool, ErrorKind, HostConfig, IfaceType, Method, MicrovmState, PoolOptions,
+    StaticAddress,
+};
+use futures::StreamExt as _;
+use support::*;
+use tonic::Code;
+
+#[tokio::test]
+async fn create_answers_pending_v1_with_flintlocks_defaults_and_additions() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    let mut spec = valid_spec("m1");
+    spec.namespace = String::new();
+    spec.vcpu = 0;
+    spec.memory_mb = 0;
+    spec.labels = BTreeMap::from([("cluster-name".to_owned(), "c1".to_owned())]);
+    spec.provider = Some("firecracker".to_owned());
+    spec.uid = Some("client-chosen-uid-is-ignored".to_owned());
+    spec.additional_volumes = vec![capmvm_flintlock::Volume {
+        id: "data".to_owned(),
+        mount_point: Some("/data".to_owned()),
+        ..capmvm_flintlock::Volume::default()
+    }];
+    let created = client.create(spec).await.unwrap();
+
+    assert_eq!(created.version, 1);
+    assert_eq!(created.status.state, MicrovmState::Pending);
+    assert_eq!(created.status.retry, 0);
+    assert!(is_ulid(created.uid()), "uid {:?}", created.uid());
+    let spec = &created.spec;
+    assert_eq!(
+        (spec.namespace.as_str(), spec.vcpu, spec.memory_mb),
+        ("default", 2, 1024)
+    );
+    assert!(spec.labels.is_empty(), "labels are dropped");
+    assert_eq!(spec.provider, None, "provider is not echoed");
+    assert_eq!(
+        spec.additional_volumes[0].mount_point, None,
+        "mount_point is not echoed"
+    );
+    assert_eq!(spec.additional_volumes[0].partition_id.as_deref(), Some(""));
+    assert_eq!(spec.additional_volumes[0].size_in_mb, Some(0));
+
+    // Firecracker mode: flintlock's metadata interface first, then ours (with guest_mac present).
+    let eth0 = &spec.interfaces[0];
+    assert_eq!(eth0.device_id, "eth0");
+    assert_eq!(eth0.iface_type, IfaceType::Tap);
+    assert_eq!(eth0.guest_mac.as_deref(), Some("AA:FF:00:00:00:01"));
+    assert_eq!(
+        eth0.address,
+        Some(StaticAddress {
+            address: "169.254.0.1/16".to_owned(),
+            gateway: None,
+            nameservers: vec![]
+        })
+    );
+    assert_eq!(spec.interfaces[1].device_id, "eth1");
+    assert_eq!(spec.interfaces[1].guest_mac.as_deref(), Some(""));
+
+    // instance_id injected into meta-data, the rest kept.
+    let meta = base64::engine::general_purpose::STANDARD
+        .decode(&spec.metadata["meta-data"])
+        .unwrap();
+    let meta = String::from_utf8(meta).unwrap();
+    assert!(
+        meta.contains(&format!("instance_id: {}", created.uid())),
+        "{meta}"
+    );
+    assert!(meta.contains("local_hostname: m1"), "{meta}");
+    assert_eq!(
+        spec.metadata["user-data"],
+        b64("#cloud-config\nbootstrap: s3cret-join-token\n")
+    );
+}
+
+#[tokio::test]
+async fn lifecycle_pending_created_deleting_gone() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    let created = client.create(valid_spec("m1")).await.unwrap();
+    let uid = created.uid().to_owned();
+    let ready = wait_for_state(&client, &uid, MicrovmState::Created, Duration::from_secs(5)).await;
+    assert_eq!(ready.version, 2, "one save on reaching CREATED");
+    assert_eq!(ready.status.retry, 0);
+    assert!(
+        ready.status.network_interfaces.contains_key("eth1"),
+        "{:?}",
+        ready.status
+    );
+    assert!(ready.status.volumes.contains_key("root"));
+
+    client.delete(&uid).await.unwrap();
+    let deleting = client.get(&uid).await;
+    // Removal takes the scaled delete time (1 ms here), so the record may already be gone.
+    if let Ok(deleting) = deleting {
+        assert_eq!(deleting.status.state, MicrovmState::Deleting);
+        assert_eq!(deleting.version, 3);
+    }
+    let err = wait_for_removal(&client, &uid, Duration::from_secs(5)).await;
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+    assert_eq!(
+        err.code(),
+        Some(Code::Unknown),
+        "flintlock says Unknown; the client reads it as NotFound"
+    );
+    assert_eq!(
+        err.message(),
+        format!(
+            "getting microvm: error attempting to locate microvm with uid: {uid}: microvm spec //{uid} not found"
+        )
+    );
+
+    let err = client.delete(&uid).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::NotFound, "delete is not idempotent");
+    assert_eq!(
+        err.message(),
+        format!("deleting microvm: checking to see if spec exists: microvm spec //{uid} not found")
+    );
+}
+
+#[tokio::test]
+async fn list_filters_by_namespace_and_name_and_allows_duplicates() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    let a1 = client.create(valid_spec("a")).await.unwrap();
+    let a2 = client.create(valid_spec("a")).await.unwrap();
+    assert_ne!(a1.uid(), a2.uid(), "the same name twice gives two microVMs");
+    let mut other = valid_spec("b");
+    other.namespace = "ns2".to_owned();
+    client.create(other).await.unwrap();
+
+    assert_eq!(
+        client.list("", None).await.unwrap().len(),
+        3,
+        "empty namespace = all"
+    );
+    assert_eq!(client.list("ns1", None).await.unwrap().len(), 2);
+    let named: Vec<String> = client
+        .list("ns1", Some("a"))
+        .await
+        .unwrap()
+        .iter()
+        .map(|vm| vm.uid().to_owned())
+        .collect();
+    assert_eq!(named, vec![a1.uid().to_owned(), a2.uid().to_owned()]);
+    assert!(client.list("ns1", Some("zzz")).await.unwrap().is_empty());
+    assert!(client.list("nowhere", None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn list_stream_needs_a_namespace_and_ignores_the_name() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    for name in ["a", "b", "c"] {
+        client.create(valid_spec(name)).await.unwrap();
+    }
+    let mut elsewhere = valid_spec("d");
+    elsewhere.namespace = "ns2".to_owned();
+    client.create(elsewhere).await.unwrap();
+
+    let streamed: Vec<_> = client.list_stream("ns1").await.unwrap().collect().await;
+    let names: Vec<String> = streamed
+        .into_iter()
+        .map(|item| item.unwrap().spec.id)
+        .collect();
+    assert_eq!(names, vec!["a", "b", "c"]);
+
+    let err = match client.list_stream("").await {
+        Ok(mut stream) => stream.next().await.unwrap().unwrap_err(),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(err.message(), "invalid request");
+    assert_eq!(host.control().counters().list_stream, 2);
+}
+
+#[tokio::test]
+async fn create_rejections_are_invalid_argument_with_flintlocks_texts() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    let mut nameless = valid_spec("");
+    nameless.id = String::new();
+    let err = client.create(nameless).await.unwrap_err();
+    assert_eq!(
+        (err.kind(), err.code()),
+        (ErrorKind::InvalidArgument, Some(Code::Unknown))
+    );
+    assert_eq!(
+        err.message(),
+        "converting request: creating vmid from spec: name is required"
+    );
+
+    let mut too_big = valid_spec("big");
+    too_big.vcpu = 65;
+    too_big.memory_mb = 40000;
+    let err = client.create(too_big).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "creating microvm: an error occurred when attempting to validate microvm spec: validation failures found: \
+         Key: 'MicroVM.Spec.VCPU' Error:Field validation for 'VCPU' failed on the 'lte' tag\n\
+         Key: 'MicroVM.Spec.MemoryInMb' Error:Field validation for 'MemoryInMb' failed on the 'lte' tag"
+    );
+
+    let mut macvtap = valid_spec("mv");
+    macvtap.interfaces[0].iface_type = IfaceType::Macvtap;
+    let err = client.create(macvtap).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidArgument);
+    assert_eq!(
+        err.message(),
+        "creating microvm: macvtap network interfaces not supported by the microvm provider"
+    );
+
+    let mut unknown_provider = valid_spec("p");
+    unknown_provider.provider = Some("qemu".to_owned());
+    let err = client.create(unknown_provider).await.unwrap_err();
+    assert_eq!(
+        err.message(),
+        "creating microvm: microvm provider qemu isn't available"
+    );
+
+    // Cloud Hypervisor accepts macvtap and adds no eth0.
+    let mut ch = valid_spec("ch");
+    ch.provider = Some("cloudhypervisor".to_owned());
+    ch.interfaces[0].iface_type = IfaceType::Macvtap;
+    let created = client.create(ch).await.unwrap();
+    assert_eq!(created.spec.interfaces.len(), 1);
+    assert_eq!(
+        host.control().vm(created.uid()).unwrap().provider,
+        "cloudhypervisor"
+    );
+
+    let err = client.get("").await.unwrap_err();
+    assert_eq!(
+        (err.kind(), err.message()),
+        (ErrorKind::InvalidArgument, "invalid request")
+    );
+    let err = client.delete("").await.unwrap_err();
+    assert_eq!(
+        (err.kind(), err.message()),
+        (ErrorKind::InvalidArgument, "invalid request")
+    );
+    assert_eq!(
+        host.control().vms().len(),
+        1,
+        "nothing stored for rejected creates"
+    );
+}
+
+#[tokio::test]
+async fn failing_creates_end_failed_after_the_retry_budget() {
+    let host = start(fast_config()).await;
+    let control = host.control();
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    control.fail_next_creates(1);
+    let doomed = client.create(valid_spec("doomed")).await.unwrap();
+    let fine = client.create(valid_spec("fine")).await.unwrap();
+    // 11 failures with 20, 40, ... 220 ms backoff (20 s scaled by 0.001): about 1.3 s.
+    let failed = wait_for_state(
+        &client,
+        doomed.uid(),
+        MicrovmState::Failed,
+        Duration::from_secs(10),
+    )
+    .await;
+    assert_eq!(failed.status.retry, 11);
+    assert_eq!(
+        failed.version,
+        1 + 11 + 1,
+        "each failed attempt and the final FAILED are saves"
+    );
+    let snapshot = control.vm(doomed.uid()).unwrap();
+    assert!(snapshot.last_failure.unwrap().contains("fail_next_creates"));
+    wait_for_state(
+        &client,
+        fine.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    // A transient failure is retried after the backoff and succeeds.
+    control.fail_next_attempts(2);
+    let flaky = client.create(valid_spec("flaky")).await.unwrap();
+    let created = wait_for_state(
+        &client,
+        flaky.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(created.status.retry, 0, "success resets retry");
+    assert_eq!(created.version, 1 + 2 + 1);
+}
+
+#[tokio::test]
+async fn creates_beyond_capacity_end_failed_with_a_clear_reason() {
+    let mut config = fast_config();
+    config.capacity = Some(Capacity {
+        vcpu: 4,
+        memory_mb: 8192,
+    });
+    let host = start(config).await;
+    let control = host.control();
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    let first = client.create(valid_spec("one")).await.unwrap();
+    wait_for_state(
+        &client,
+        first.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(5),
+    )
+    .await;
+    let second = client.create(valid_spec("two")).await.unwrap();
+    wait_for_state(
+        &client,
+        second.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(5),
+    )
+    .await;
+    assert_eq!(
+        control.used(),
+        Capacity {
+            vcpu: 4,
+            memory_mb: 4096
+        }
+    );
+
+    let third = client.create(valid_spec("three")).await.unwrap();
+    assert_eq!(
+        third.status.state,
+        MicrovmState::Pending,
+        "the create itself succeeds"
+    );
+    wait_for_state(
+        &client,
+        third.uid(),
+        MicrovmState::Failed,
+        Duration::from_secs(10),
+    )
+    .await;
+    let reason = control.vm(third.uid()).unwrap().last_failure.unwrap();
+    assert!(
+        reason.starts_with("insufficient capacity: needs 2 vCPU and 2048 MiB"),
+        "{reason}"
+    );
+}
+
+#[tokio::test]
+async fn hanging_deletes_stay_deleting_until_released() {
+    let host = start(fast_config()).await;
+    let control = host.control();
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    let created = client.create(valid_spec("m")).await.unwrap();
+    wait_for_state(
+        &client,
+        created.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(5),
+    )
+    .await;
+
+    control.hang_deletes(true);
+    client.delete(created.uid()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let stuck = client.get(created.uid()).await.unwrap();
+    assert_eq!(stuck.status.state, MicrovmState::Deleting);
+    client.delete(created.uid()).await.unwrap();
+    assert_eq!(
+        client.get(created.uid()).await.unwrap().version,
+        stuck.version + 1,
+        "a repeated delete is a save"
+    );
+
+    control.hang_deletes(false);
+    let err = wait_for_removal(&client, created.uid(), Duration::from_secs(5)).await;
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+}
+
+#[tokio::test]
+async fn deadline_exceeded_when_the_host_is_slow() {
+    let host = start(fast_config()).await;
+    host.control().set_latency(Duration::from_millis(800));
+    let pool = ClientPool::new(PoolOptions {
+        call_timeout: Duration::from_millis(150),
+        ..PoolOptions::default()
+    });
+    let client = pool.client(&HostConfig::new(host.endpoint())).unwrap();
+    let started = std::time::Instant::now();
+    let err = client.list("", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded, "{err}");
+    assert!(
+        started.elapsed() < Duration::from_millis(700),
+        "gave up after {:?}",
+        started.elapsed()
+    );
+
+    // A longer deadline on the same channel succeeds.
+    let patient = client.with_call_timeout(Duration::from_secs(3));
+    assert!(patient.list("", None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn deadline_covers_the_whole_stream() {
+    let host = start(fast_config()).await;
+    let pool = ClientPool::new(PoolOptions {
+        call_timeout: Duration::from_millis(150),
+        ..PoolOptions::default()
+    });
+    let client = pool.client(&HostConfig::new(host.endpoint())).unwrap();
+    host.control().set_latency(Duration::from_millis(800));
+    let err = match client.list_stream("ns1").await {
+        Ok(mut stream) => stream.next().await.unwrap().unwrap_err(),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind(), ErrorKind::DeadlineExceeded);
+}
+
+#[tokio::test]
+async fn unreachable_host_is_unavailable_and_the_shared_channel_recovers() {
+    let host = start(fast_config()).await;
+    let control = host.control();
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    let created = client.create(valid_spec("m")).await.unwrap();
+
+    control.set_reachable(false).await.unwrap();
+    assert!(!control.is_reachable().await);
+    for _ in 0..3 {
+        let err = client.get(created.uid()).await.unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    }
+
+    control.set_reachable(true).await.unwrap();
+    let back = client.get(created.uid()).await.unwrap();
+    assert_eq!(
+        back.uid(),
+        created.uid(),
+        "same host, same records, same port"
+    );
+    assert_eq!(
+        pool.channel_count(),
+        1,
+        "the channel was reused, not replaced"
+    );
+}
+
+#[tokio::test]
+async fn host_that_never_existed_is_unavailable() {
+    // Bind and drop: a loopback port with nothing listening.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let pool = pool();
+    let client = client(&pool, &format!("127.0.0.1:{port}"));
+    let err = client.get("x").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(
+        err.message().contains(&format!("127.0.0.1:{port}")),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn ipv6_endpoints_work() {
+    let mut config = fast_config();
+    config.bind = "[::1]:0".parse().unwrap();
+    let host = start(config).await;
+    assert!(host.endpoint().starts_with("[::1]:"), "{}", host.endpoint());
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    assert!(client.list("", None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn one_connection_serves_every_caller() {
+    let host = start(fast_config()).await;
+    let proxy =
+        capmvm_flintlock::hollow::proxy::ConnectProxy::start("127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+    let pool = pool();
+    let config = HostConfig {
+        proxy: Some(proxy.endpoint()),
+        ..HostConfig::new(host.endpoint())
+    };
+    let mut calls = Vec::new();
+    for i in 0..40 {
+        // A fresh handle per call, as a reconcile loop would take one.
+        let client = pool.client(&config).unwrap();
+        calls.push(tokio::spawn(async move {
+            if i % 2 == 0 {
+                client.list("", None).await.map(|_| ())
+            } else {
+                client.get("nope").await.map(|_| ())
+            }
+        }));
+    }
+    for call in calls {
+        let result = call.await.unwrap();
+        assert!(result.is_ok() || result.unwrap_err().kind() == ErrorKind::NotFound);
+    }
+    assert_eq!(
+        proxy.tunnels(),
+        1,
+        "all 40 calls went over one TCP connection"
+    );
+    assert_eq!(pool.channel_count(), 1);
+    let counters = host.control().counters();
+    assert_eq!(
+        (counters.list, counters.get, counters.total()),
+        (20, 20, 40)
+    );
+}
+
+type Observation = (String, Method, Result<(), ErrorKind>);
+
+#[derive(Default)]
+struct Recorder(Mutex<Vec<Observation>>);
+
+impl CallObserver for Recorder {
+    fn observe(
+        &self,
+        endpoint: &str,
+        method: Method,
+        outcome: Result<(), ErrorKind>,
+        _elapsed: Duration,
+    ) {
+        self.0
+            .lock()
+            .unwrap()
+            .push((endpoint.to_owned(), method, outcome));
+    }
+}
+
+#[tokio::test]
+async fn observer_sees_every_call_with_its_outcome() {
+    let host = start(fast_config()).await;
+    let recorder = Arc::new(Recorder::default());
+    let pool = ClientPool::new(PoolOptions {
+        observer: Some(recorder.clone()),
+        ..PoolOptions::default()
+    });
+    let client = pool.client(&HostConfig::new(host.endpoint())).unwrap();
+    let created = client.create(valid_spec("m")).await.unwrap();
+    client.get(created.uid()).await.unwrap();
+    client.get("missing").await.unwrap_err();
+    client.list("", None).await.unwrap();
+    let _opened = client.list_stream("ns1").await.unwrap();
+    client.delete(created.uid()).await.unwrap();
+
+    let seen = recorder.0.lock().unwrap().clone();
+    let endpoint = host.endpoint();
+    assert_eq!(
+        seen,
+        vec![
+            (endpoint.clone(), Method::Create, Ok(())),
+            (endpoint.clone(), Method::Get, Ok(())),
+            (endpoint.clone(), Method::Get, Err(ErrorKind::NotFound)),
+            (endpoint.clone(), Method::List, Ok(())),
+            (endpoint.clone(), Method::ListStream, Ok(())),
+            (endpoint.clone(), Method::Delete, Ok(())),
+        ]
+    );
+}
+
+#[tokio::test]
+async fn forgotten_records_are_not_found() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    let created = client.create(valid_spec("m")).await.unwrap();
+    assert!(host.control().forget(created.uid()));
+    assert_eq!(
+        client.get(created.uid()).await.unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+}

@@ -1,0 +1,386 @@
+//! Basic auth, TLS, mTLS and the CONNECT proxy, against hollow hosts over loopback TCP.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use std::time::Duration;
+
+use capmvm_flintlock::hollow::pki::TestPki;
+use capmvm_flintlock::hollow::proxy::ConnectProxy;
+use capmvm_flintlock::proto::services::micro_vm_client::MicroVmClient;
+use capmvm_flintlock::proto::services::{CreateMicroVmRequest, ListMicroVMsRequest};
+use capmvm_flintlock::{ClientPool, ErrorKind, HostConfig, PoolOptions, SecretString, TlsMaterial};
+use support::*;
+use tonic::Code;
+
+const TOKEN: &str = "f1intl0ck-t0ken";
+
+fn with_token(endpoint: &str, token: Option<&str>) -> HostConfig {
+    HostConfig {
+        basic_auth_token: token.map(SecretString::new),
+        ..HostConfig::new(endpoint)
+    }
+}
+
+#[tokio::test]
+async fn basic_auth_right_token_passes_wrong_or_missing_token_is_unauthenticated() {
+    let mut config = fast_config();
+    config.basic_auth_token = Some(SecretString::new(TOKEN));
+    let host = start(config).await;
+    let pool = pool();
+
+    let good = pool
+        .client(&with_token(&host.endpoint(), Some(TOKEN)))
+        .unwrap();
+    good.create(valid_spec("m")).await.unwrap();
+    assert_eq!(good.list("", None).await.unwrap().len(), 1);
+
+    let wrong = pool
+        .client(&with_token(&host.endpoint(), Some("not-the-token")))
+        .unwrap();
+    let err = wrong.list("", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
+    assert_eq!(
+        err.message(),
+        "invalid auth token: failed basic authentication. Check the token supplied"
+    );
+    assert!(
+        !err.to_string().contains("not-the-token") && !format!("{err:?}").contains("not-the-token")
+    );
+
+    let none = pool.client(&with_token(&host.endpoint(), None)).unwrap();
+    let err = none.get("x").await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
+    assert_eq!(
+        err.message(),
+        "could not extract token from request header: rpc error: code = Unauthenticated desc = Request unauthenticated with basic"
+    );
+    // Every method is guarded, the stream included.
+    let err = match none.list_stream("ns1").await {
+        Ok(_) => panic!("stream opened without credentials"),
+        Err(err) => err,
+    };
+    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
+    assert_eq!(pool.channel_count(), 3, "one channel per token");
+}
+
+/// The header forms flintlock's middleware distinguishes, sent raw.
+#[tokio::test]
+async fn malformed_authorization_headers_get_flintlocks_texts() {
+    let mut config = fast_config();
+    config.basic_auth_token = Some(SecretString::new(TOKEN));
+    let host = start(config).await;
+    let mut raw = MicroVmClient::connect(format!("http://{}", host.endpoint()))
+        .await
+        .unwrap();
+    let prefix =
+        "could not extract token from request header: rpc error: code = Unauthenticated desc = ";
+    let cases = [
+        ("Basic", format!("{prefix}Bad authorization string")),
+        (
+            "Bearer abc",
+            format!("{prefix}Request unauthenticated with basic"),
+        ),
+        (
+            "Basic ",
+            "invalid auth token: empty authentication token".to_owned(),
+        ),
+        ("basic ZjFpbnRsMGNrLXQwa2Vu", String::new()), // scheme is case-insensitive; base64(TOKEN)
+    ];
+    for (header, expected) in cases {
+        let mut request = tonic::Request::new(ListMicroVMsRequest {
+            namespace: String::new(),
+            name: None,
+        });
+        request
+            .metadata_mut()
+            .insert("authorization", header.parse().unwrap());
+        match raw.list_micro_v_ms(request).await {
+            Ok(_) => assert!(expected.is_empty(), "{header:?} was accepted"),
+            Err(status) => {
+                assert_eq!(status.code(), Code::Unauthenticated, "{header:?}");
+                assert_eq!(status.message(), expected, "{header:?}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn create_without_a_spec_is_invalid_argument() {
+    let host = start(fast_config()).await;
+    let mut raw = MicroVmClient::connect(format!("http://{}", host.endpoint()))
+        .await
+        .unwrap();
+    let status = raw
+        .create_micro_vm(CreateMicroVmRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    assert_eq!(
+        status.message(),
+        "invalid create microvm request: MicroVMSpec required"
+    );
+
+    // flintlockd panics on `overrides {}` without bridge_name; the hollow host refuses it.
+    let mut spec = capmvm_flintlock::proto::types::MicroVmSpec::from(&valid_spec("m"));
+    spec.interfaces[0].overrides = Some(Default::default());
+    let status = raw
+        .create_micro_vm(CreateMicroVmRequest {
+            microvm: Some(spec),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), Code::InvalidArgument);
+    // And it is still serving.
+    raw.list_micro_v_ms(ListMicroVMsRequest::default())
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn tls_with_the_right_ca_works_and_with_another_ca_or_plaintext_fails() {
+    let pki = TestPki::generate().unwrap();
+    let mut config = fast_config();
+    config.tls = Some(pki.server_tls(false));
+    let host = start(config).await;
+    let pool = pool();
+
+    let tls = HostConfig {
+        tls: Some(pki.client_tls(false)),
+        ..HostConfig::new(host.endpoint())
+    };
+    let client = pool.client(&tls).unwrap();
+    client.create(valid_spec("m")).await.unwrap();
+    assert_eq!(client.list("", None).await.unwrap().len(), 1);
+
+    // The server name is the endpoint's host: "localhost" is in the certificate too.
+    let port = host.endpoint().rsplit_once(':').unwrap().1.to_owned();
+    let by_name = HostConfig {
+        tls: Some(pki.client_tls(false)),
+        ..HostConfig::new(format!("localhost:{port}"))
+    };
+    pool.client(&by_name).unwrap().list("", None).await.unwrap();
+
+    let stranger = TestPki::generate().unwrap();
+    let wrong_ca = HostConfig {
+        tls: Some(stranger.client_tls(false)),
+        ..HostConfig::new(host.endpoint())
+    };
+    let err = pool
+        .client(&wrong_ca)
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.message().contains("TLS handshake"), "{err}");
+
+    let plaintext = pool.client(&HostConfig::new(host.endpoint())).unwrap();
+    let err = plaintext.list("", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+}
+
+#[tokio::test]
+async fn tls_to_an_ipv6_literal_uses_the_address_as_server_name() {
+    let pki = TestPki::generate().unwrap();
+    let mut config = fast_config();
+    config.bind = "[::1]:0".parse().unwrap();
+    config.tls = Some(pki.server_tls(false));
+    let host = start(config).await;
+    let pool = pool();
+    let tls = HostConfig {
+        tls: Some(pki.client_tls(false)),
+        ..HostConfig::new(host.endpoint())
+    };
+    assert!(
+        pool.client(&tls)
+            .unwrap()
+            .list("", None)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[tokio::test]
+async fn mtls_accepts_our_client_certificate_and_refuses_others() {
+    let pki = TestPki::generate().unwrap();
+    let mut config = fast_config();
+    config.tls = Some(pki.server_tls(true));
+    config.basic_auth_token = Some(SecretString::new(TOKEN));
+    let host = start(config).await;
+    let pool = pool();
+
+    let ours = HostConfig {
+        tls: Some(pki.client_tls(true)),
+        basic_auth_token: Some(SecretString::new(TOKEN)),
+        ..HostConfig::new(host.endpoint())
+    };
+    let client = pool.client(&ours).unwrap();
+    client.create(valid_spec("m")).await.unwrap();
+
+    // A certificate from another CA: the host refuses the handshake.
+    let stranger = TestPki::generate().unwrap();
+    let foreign = HostConfig {
+        tls: Some(TlsMaterial {
+            ca_pem: Some(pki.ca_cert_pem.clone().into_bytes()),
+            client_cert_pem: Some(stranger.client_cert_pem.clone().into_bytes()),
+            client_key_pem: Some(stranger.client_key_pem.clone()),
+        }),
+        ..ours.clone()
+    };
+    let err = pool
+        .client(&foreign)
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+
+    // No certificate at all.
+    let anonymous = HostConfig {
+        tls: Some(pki.client_tls(false)),
+        ..ours.clone()
+    };
+    let err = pool
+        .client(&anonymous)
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+
+    assert_eq!(
+        host.control().counters().list,
+        0,
+        "refused connections never reach the service"
+    );
+}
+
+#[tokio::test]
+async fn unusable_tls_material_is_invalid_config_and_keys_never_show() {
+    let pki = TestPki::generate().unwrap();
+    let pool = pool();
+    let half = HostConfig {
+        tls: Some(TlsMaterial {
+            client_key_pem: Some(pki.client_key_pem.clone()),
+            ..pki.client_tls(false)
+        }),
+        ..HostConfig::new("127.0.0.1:1")
+    };
+    let err = pool.client(&half).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+
+    let garbage_key = capmvm_flintlock::SecretBytes::new(
+        b"-----BEGIN PRIVATE KEY-----\nc2VjcmV0\n-----END PRIVATE KEY-----\n".to_vec(),
+    );
+    let bad = HostConfig {
+        tls: Some(TlsMaterial {
+            client_key_pem: Some(garbage_key),
+            ..pki.client_tls(true)
+        }),
+        ..HostConfig::new("127.0.0.1:1")
+    };
+    let err = pool.client(&bad).unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::InvalidConfig);
+    assert!(!err.to_string().contains("c2VjcmV0"), "{err}");
+    let key_text = String::from_utf8(pki.client_key_pem.expose().to_vec()).unwrap();
+    let debug = format!(
+        "{:?}",
+        HostConfig {
+            tls: Some(pki.client_tls(true)),
+            ..HostConfig::new("h:1")
+        }
+    );
+    assert!(!debug.contains(key_text.lines().nth(1).unwrap()), "{debug}");
+}
+
+#[tokio::test]
+async fn connect_timeout_when_the_host_never_answers_the_handshake() {
+    // A listener that is never accepted from: TCP connects (kernel backlog), TLS never starts.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = silent.local_addr().unwrap().to_string();
+    let pki = TestPki::generate().unwrap();
+    let pool = ClientPool::new(PoolOptions {
+        connect_timeout: Duration::from_millis(200),
+        call_timeout: Duration::from_secs(5),
+        ..PoolOptions::default()
+    });
+    let client = pool
+        .client(&HostConfig {
+            tls: Some(pki.client_tls(false)),
+            ..HostConfig::new(&endpoint)
+        })
+        .unwrap();
+    let started = std::time::Instant::now();
+    let err = client.list("", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    assert!(err.message().contains("no connection within"), "{err}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "took {:?}",
+        started.elapsed()
+    );
+    drop(silent);
+}
+
+#[tokio::test]
+async fn calls_go_through_the_connect_proxy_with_tls_and_auth() {
+    let pki = TestPki::generate().unwrap();
+    let mut config = fast_config();
+    config.tls = Some(pki.server_tls(true));
+    config.basic_auth_token = Some(SecretString::new(TOKEN));
+    let host = start(config).await;
+    let proxy = ConnectProxy::start("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let pool = pool();
+
+    let through_proxy = HostConfig {
+        endpoint: host.endpoint(),
+        tls: Some(pki.client_tls(true)),
+        basic_auth_token: Some(SecretString::new(TOKEN)),
+        proxy: Some(format!("http://{}", proxy.endpoint())),
+    };
+    let client = pool.client(&through_proxy).unwrap();
+    let created = client.create(valid_spec("m")).await.unwrap();
+    client.get(created.uid()).await.unwrap();
+    let streamed: Vec<_> =
+        futures::StreamExt::collect::<Vec<_>>(client.list_stream("ns1").await.unwrap()).await;
+    assert_eq!(streamed.len(), 1);
+    assert_eq!(proxy.tunnels(), 1, "one tunnel carried every call");
+
+    // A proxy that is not there: Unavailable, naming the proxy.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dead_proxy = HostConfig {
+        proxy: Some(format!("127.0.0.1:{port}")),
+        ..through_proxy.clone()
+    };
+    let err = pool
+        .client(&dead_proxy)
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(err.message().contains("proxy"), "{err}");
+
+    // The proxy cannot reach the host: it answers 502 and the client reports Unavailable.
+    let nowhere = HostConfig {
+        endpoint: format!("127.0.0.1:{port}"),
+        ..through_proxy
+    };
+    let err = pool
+        .client(&nowhere)
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable);
+    assert!(err.message().contains("502"), "{err}");
+}
