@@ -214,6 +214,9 @@ impl<'a> Decision<'a> {
             );
             return Requeue::Await;
         };
+        if self.missing_credentials(&pid.host) {
+            return Requeue::Await;
+        }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => Requeue::After(NOT_OBSERVED_RECHECK),
             HostLookup::Unreachable(why) => {
@@ -334,6 +337,9 @@ impl<'a> Decision<'a> {
             }
         };
 
+        if self.missing_credentials(&host) {
+            return Requeue::Await;
+        }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => {
                 self.not_ready(
@@ -374,12 +380,7 @@ impl<'a> Decision<'a> {
         cluster_name: &str,
         infra: &MicrovmCluster,
     ) -> Requeue {
-        let facts = self.obs.hosts.get(&host.to_string());
-        if let Some(problem) = facts.and_then(|f| f.credentials_problem.as_ref()) {
-            self.not_ready(
-                reasons::MISSING_CREDENTIALS,
-                format!("cannot call host {host}: {problem}"),
-            );
+        if self.missing_credentials(host) {
             return Requeue::Await;
         }
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
@@ -533,6 +534,9 @@ impl<'a> Decision<'a> {
             );
             return Requeue::Await;
         }
+        if self.missing_credentials(&host) {
+            return Requeue::Await;
+        }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => {
                 self.not_ready(
@@ -596,6 +600,25 @@ impl<'a> Decision<'a> {
     }
 
     // --- helpers ---
+
+    /// Reports (and returns true) when the host cannot even be called: a Secret or key is missing.
+    fn missing_credentials(&mut self, host: &HostEndpoint) -> bool {
+        let problem = self
+            .obs
+            .hosts
+            .get(&host.to_string())
+            .and_then(|f| f.credentials_problem.clone());
+        match problem {
+            Some(problem) => {
+                self.not_ready(
+                    reasons::MISSING_CREDENTIALS,
+                    format!("cannot call host {host}: {problem}"),
+                );
+                true
+            }
+            None => false,
+        }
+    }
 
     /// The microVMs that carry this machine's uid (ours), on the answering host.
     fn ours<'v>(&self, vms: &'v [ObservedVm]) -> Vec<&'v ObservedVm> {

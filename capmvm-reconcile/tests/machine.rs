@@ -348,6 +348,29 @@ fn missing_credentials_is_a_condition_not_a_call() {
 }
 
 #[test]
+fn missing_credentials_hold_every_path_that_calls_the_host() {
+    let problem = "basic-auth Secret \"tokens\" has no key \"10.0.0.1\"";
+    // Observing an existing microVM, and deleting it.
+    for delete in [false, true] {
+        let mut obs = observed();
+        with_provider_id(&mut obs, HOSTS[0], "01A");
+        if delete {
+            deleting(&mut obs);
+        }
+        obs.recorded_host = HostLookup::Unreachable(problem.into());
+        obs.hosts.get_mut(HOSTS[0]).unwrap().credentials_problem = Some(problem.into());
+        let plan = decide(&obs, now());
+        let (_, reason, message) = ready(&plan);
+        assert_eq!(reason, reasons::MISSING_CREDENTIALS, "delete={delete}");
+        assert!(message.contains(problem), "{message}");
+        assert!(
+            !plan.effects.contains(&Effect::RemoveFinalizer),
+            "the finalizer stays"
+        );
+    }
+}
+
+#[test]
 fn states_map_to_status() {
     let cases = [
         (
