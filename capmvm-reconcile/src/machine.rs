@@ -418,12 +418,10 @@ impl<'a> Decision<'a> {
             "Create",
             format!("creating microVM on host {host}"),
         );
+        // The same status the adoption right after computes, so adopting writes only the providerID.
         self.status.vm_state = Some(ApiVmState::Pending);
-        self.not_ready(
-            reasons::MICROVM_PENDING,
-            format!("creating the microVM on host {host}"),
-        );
-        // Adopt the created microVM (and so set the providerID) right after.
+        self.status.addresses = addresses(self.machine);
+        self.not_ready(reasons::MICROVM_PENDING, starting_message(host, 0));
         Requeue::Immediately
     }
 
@@ -442,15 +440,7 @@ impl<'a> Decision<'a> {
         match vm.state {
             VmState::Pending => {
                 self.status.vm_state = Some(ApiVmState::Pending);
-                let retries = if vm.retry > 0 {
-                    format!(" (flintlock retried {} times)", vm.retry)
-                } else {
-                    String::new()
-                };
-                self.not_ready(
-                    reasons::MICROVM_PENDING,
-                    format!("microVM {} is starting on host {host}{retries}", vm.uid),
-                );
+                self.not_ready(reasons::MICROVM_PENDING, starting_message(host, vm.retry));
                 Requeue::After(PENDING_RECHECK)
             }
             VmState::Created => {
@@ -740,6 +730,17 @@ impl<'a> Decision<'a> {
             after.message.clone()
         };
         self.event(kind, reason, "Reconcile", note);
+    }
+}
+
+/// The `Ready` message of a pending microVM (no uid: it must not change between create and adoption).
+fn starting_message(host: &HostEndpoint, retries: i32) -> String {
+    if retries > 0 {
+        format!(
+            "waiting for the microVM on host {host} to start (flintlock retried {retries} times)"
+        )
+    } else {
+        format!("waiting for the microVM on host {host} to start")
     }
 }
 
