@@ -11,9 +11,15 @@ struct Cli {
 }
 
 #[derive(Subcommand)]
-enum Command {}
+enum Command {
+    /// Serve N hollow flintlock hosts on 127.0.0.1 and print their endpoints, until Ctrl-C.
+    Hosts(capmvm_sim::hosts::HostsArgs),
+}
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    match cli.command {}
+    match cli.command {
+        Command::Hosts(args) => capmvm_sim::hosts::main(args)?,
+    }
+    Ok(())
 }
