@@ -606,3 +606,24 @@ async fn forgotten_records_are_not_found() {
         ErrorKind::NotFound
     );
 }
+
+#[tokio::test]
+async fn lists_larger_than_grpcs_usual_4_mib_are_received() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    // 300 microVMs with 16 KiB of user-data each: about 5 MiB in one ListMicroVMs answer.
+    let payload = b64(&"x".repeat(12 * 1024));
+    for i in 0..300 {
+        let mut spec = valid_spec(&format!("m{i}"));
+        spec.metadata
+            .insert("user-data".to_owned(), payload.clone());
+        client.create(spec).await.unwrap();
+    }
+    let all = client.list("ns1", None).await.unwrap();
+    assert_eq!(all.len(), 300);
+    assert!(
+        all.iter()
+            .all(|vm| vm.spec.metadata["user-data"] == payload)
+    );
+}
