@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::{Api, ResourceExt};
 
 /// How long a Secret read is reused.
-const SECRET_TTL: Duration = Duration::from_secs(15);
+const SECRET_TTL: Duration = Duration::from_secs(5);
 
 type SecretKey = (String, String);
 

@@ -37,6 +37,9 @@ use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
 /// safety net behind the host observer, which wakes the machine when its microVM changes.
 pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
 
+/// How long to wait before looking again at missing credentials (Secrets are not watched).
+pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
+
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
 
@@ -215,7 +218,7 @@ impl<'a> Decision<'a> {
             return Requeue::Await;
         };
         if self.missing_credentials(&pid.host) {
-            return Requeue::Await;
+            return Requeue::After(CREDENTIALS_RECHECK);
         }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => Requeue::After(NOT_OBSERVED_RECHECK),
@@ -324,8 +327,13 @@ impl<'a> Decision<'a> {
                     control_plane: owner.is_control_plane(),
                 };
                 match placement::choose(pool, &self.obs.hosts, &request) {
-                    Err(why) => {
-                        self.not_ready(reasons::NO_ELIGIBLE_HOST, why);
+                    Err(no_host) if no_host.only_credentials => {
+                        self.not_ready(reasons::MISSING_CREDENTIALS, no_host.message);
+                        // No watch fires when a Secret appears: look again soon.
+                        return Requeue::After(CREDENTIALS_RECHECK);
+                    }
+                    Err(no_host) => {
+                        self.not_ready(reasons::NO_ELIGIBLE_HOST, no_host.message);
                         return Requeue::Await;
                     }
                     Ok(chosen) => {
@@ -338,7 +346,7 @@ impl<'a> Decision<'a> {
         };
 
         if self.missing_credentials(&host) {
-            return Requeue::Await;
+            return Requeue::After(CREDENTIALS_RECHECK);
         }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => {
@@ -381,7 +389,7 @@ impl<'a> Decision<'a> {
         infra: &MicrovmCluster,
     ) -> Requeue {
         if self.missing_credentials(host) {
-            return Requeue::Await;
+            return Requeue::After(CREDENTIALS_RECHECK);
         }
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
             &infra.spec.ssh_public_keys
@@ -525,7 +533,7 @@ impl<'a> Decision<'a> {
             return Requeue::Await;
         }
         if self.missing_credentials(&host) {
-            return Requeue::Await;
+            return Requeue::After(CREDENTIALS_RECHECK);
         }
         match &self.obs.recorded_host {
             HostLookup::NotAsked => {

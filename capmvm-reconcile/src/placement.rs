@@ -31,12 +31,21 @@ pub struct Request<'a> {
     pub control_plane: bool,
 }
 
-/// Chooses a host, or explains why none fits (a message naming each host's problem).
+/// Why no host fits.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NoHost {
+    /// A message naming each host's problem.
+    pub message: String,
+    /// Every candidate host is held back only by missing credentials (a Secret or key).
+    pub only_credentials: bool,
+}
+
+/// Chooses a host, or explains why none fits.
 pub fn choose(
     pool: &StaticPoolPlacement,
     facts: &BTreeMap<String, HostFacts>,
     request: &Request<'_>,
-) -> Result<Placement, String> {
+) -> Result<Placement, NoHost> {
     let in_domain: Vec<&MicrovmHost> = pool
         .hosts
         .iter()
@@ -49,12 +58,14 @@ pub fn choose(
     if let Some(fd) = request.failure_domain
         && in_domain.is_empty()
     {
-        return Err(format!(
-            "failure domain {fd:?} has no hosts in the MicrovmCluster"
-        ));
+        return Err(NoHost {
+            message: format!("failure domain {fd:?} has no hosts in the MicrovmCluster"),
+            only_credentials: false,
+        });
     }
 
     let mut problems = Vec::new();
+    let mut credential_problems = 0;
     let mut eligible = Vec::new();
     for host in in_domain {
         let name = host.display_name();
@@ -72,6 +83,7 @@ pub fn choose(
             .unwrap_or_default();
         if let Some(problem) = &fact.credentials_problem {
             problems.push(format!("{name}: {problem}"));
+            credential_problems += 1;
             continue;
         }
         match &fact.reachability {
@@ -100,10 +112,13 @@ pub fn choose(
                 Some(fd) => format!("in failure domain {fd:?} "),
                 None => String::new(),
             };
-            format!(
-                "no host {scope}can take the machine: {}",
-                problems.join("; ")
-            )
+            NoHost {
+                message: format!(
+                    "no host {scope}can take the machine: {}",
+                    problems.join("; ")
+                ),
+                only_credentials: credential_problems > 0 && credential_problems == problems.len(),
+            }
         })
 }
 
@@ -195,11 +210,15 @@ mod tests {
                 },
             ),
         ]);
-        let err = choose(&pool(), &facts, &req(None, false)).unwrap_err();
+        let err = choose(&pool(), &facts, &req(None, false))
+            .unwrap_err()
+            .message;
         assert!(err.contains("a: unreachable (connection refused)"), "{err}");
         assert!(err.contains("b: Secret \"tokens\" has no key"), "{err}");
         assert!(err.contains("c: not observed yet"), "{err}");
-        let err = choose(&pool(), &facts, &req(Some("r9"), false)).unwrap_err();
+        let err = choose(&pool(), &facts, &req(Some("r9"), false))
+            .unwrap_err()
+            .message;
         assert!(err.contains("\"r9\" has no hosts"), "{err}");
     }
 

@@ -348,6 +348,26 @@ fn missing_credentials_is_a_condition_not_a_call() {
 }
 
 #[test]
+fn hosts_held_back_only_by_credentials_give_missing_credentials() {
+    let mut obs = observed();
+    for facts in obs.hosts.values_mut() {
+        facts.credentials_problem = Some("basic-auth Secret \"tokens\" not found".into());
+    }
+    let plan = decide(&obs, now());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::MISSING_CREDENTIALS);
+    assert!(message.contains("Secret \"tokens\" not found"), "{message}");
+    assert!(
+        matches!(plan.requeue, Requeue::After(_)),
+        "Secrets are not watched: retry"
+    );
+    // One host merely unreachable: that is not a credentials problem alone.
+    obs.hosts.get_mut(HOSTS[0]).unwrap().credentials_problem = None;
+    obs.hosts.get_mut(HOSTS[0]).unwrap().reachability = Reachability::Unreachable("refused".into());
+    assert_eq!(ready(&decide(&obs, now())).1, reasons::NO_ELIGIBLE_HOST);
+}
+
+#[test]
 fn missing_credentials_hold_every_path_that_calls_the_host() {
     let problem = "basic-auth Secret \"tokens\" has no key \"10.0.0.1\"";
     // Observing an existing microVM, and deleting it.
