@@ -627,3 +627,18 @@ async fn lists_larger_than_grpcs_usual_4_mib_are_received() {
             .all(|vm| vm.spec.metadata["user-data"] == payload)
     );
 }
+
+#[tokio::test]
+async fn requests_over_the_hosts_4_mib_limit_are_other_errors() {
+    let host = start(fast_config()).await;
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+    let mut huge = valid_spec("huge");
+    huge.metadata
+        .insert("user-data".to_owned(), "A".repeat(5 * 1024 * 1024));
+    let err = client.create(huge).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Other, "{err}");
+    assert!(host.control().vms().is_empty());
+    // The connection survives it.
+    client.create(valid_spec("small")).await.unwrap();
+}

@@ -37,6 +37,8 @@ impl ConnectProxy {
         let task = tokio::spawn(async move {
             loop {
                 let Ok((client, _)) = listener.accept().await else {
+                    // Typically out of file descriptors: back off instead of spinning.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 };
                 let counter = counter.clone();
