@@ -43,6 +43,6 @@ fn compile(
     files: &[PathBuf],
     root: &std::path::Path,
 ) -> Result<(), Box<dyn std::error::Error>> {
-    builder.compile_protos(files, &[root])?;
+    builder.compile_protos(files, &[root.to_path_buf()])?;
     Ok(())
 }
