@@ -714,6 +714,66 @@ mod tests {
         assert_eq!(Microvm::try_from(wire).unwrap(), microvm);
     }
 
+    /// Pins field numbers and wire types against flintlock's tables (A1): tag byte = number << 3 |
+    /// wire type (0 varint, 2 length-delimited).
+    #[test]
+    fn wire_encoding_uses_flintlocks_field_numbers() {
+        use prost::Message as _;
+        let spec = pb::MicroVmSpec {
+            id: "a".into(),
+            vcpu: 2,
+            uid: Some("U".into()),
+            allow_guest_agent: true,
+            ..Default::default()
+        };
+        // id=1 (0x0a), vcpu=4 (0x20), uid=15 (0x7a), allow_guest_agent=17 (0x88 0x01).
+        assert_eq!(
+            spec.encode_to_vec(),
+            vec![0x0a, 1, b'a', 0x20, 2, 0x7a, 1, b'U', 0x88, 0x01, 1]
+        );
+        let iface = pb::NetworkInterface {
+            device_id: "e".into(),
+            r#type: 1,
+            guest_mac: Some("m".into()),
+            address: Some(pb::StaticAddress {
+                address: "c".into(),
+                gateway: Some("g".into()),
+                nameservers: vec![],
+            }),
+            overrides: None,
+        };
+        // device_id=1, type=2, guest_mac=4 (0x22), address=5 (0x2a) { address=1, gateway=2 }.
+        assert_eq!(
+            iface.encode_to_vec(),
+            vec![
+                0x0a, 1, b'e', 0x10, 1, 0x22, 1, b'm', 0x2a, 6, 0x0a, 1, b'c', 0x12, 1, b'g'
+            ]
+        );
+        let volume = pb::Volume {
+            size_in_mb: Some(0),
+            partition_id: Some(String::new()),
+            ..Default::default()
+        };
+        // Explicit presence: partition_id=5 (0x2a) and size_in_mb=6 (0x30) are sent even when empty.
+        assert_eq!(volume.encode_to_vec(), vec![0x2a, 0, 0x30, 0]);
+        let status = pb::MicroVmStatus {
+            state: 3,
+            retry: 1,
+            vsock_path: "v".into(),
+            ..Default::default()
+        };
+        // state=1 (0x08), retry=6 (0x30), vsock_path=7 (0x3a).
+        assert_eq!(
+            status.encode_to_vec(),
+            vec![0x08, 3, 0x30, 1, 0x3a, 1, b'v']
+        );
+        let list = crate::proto::services::ListMicroVMsRequest {
+            namespace: "n".into(),
+            name: Some(String::new()),
+        };
+        assert_eq!(list.encode_to_vec(), vec![0x0a, 1, b'n', 0x12, 0]);
+    }
+
     #[test]
     fn unknown_enum_values_are_kept() {
         assert_eq!(MicrovmState::from(9), MicrovmState::Unknown(9));
