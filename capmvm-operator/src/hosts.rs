@@ -17,8 +17,8 @@ use tracing::{debug, info, warn};
 use crate::metrics::Metrics;
 
 /// How long after a create or delete a host is polled at the busy interval, even if its list shows
-/// nothing in flight yet.
-const BUSY_AFTER_CALL: Duration = Duration::from_secs(30);
+/// nothing in flight (the snapshot already holds the new state; this covers a list that raced it).
+const BUSY_AFTER_CALL: Duration = Duration::from_secs(5);
 
 /// How long a placement not yet visible on its host counts towards the host's allocation.
 const RESERVATION_TTL: Duration = Duration::from_secs(300);

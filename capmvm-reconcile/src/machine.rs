@@ -260,6 +260,49 @@ impl<'a> Decision<'a> {
             self.not_ready(reasons::INVALID_SPEC, errors.to_string());
             return Requeue::Await;
         }
+        let recorded = self
+            .status
+            .host
+            .as_deref()
+            .and_then(|h| h.parse::<HostEndpoint>().ok());
+
+        // A microVM already on the recorded host is adopted, whatever else is missing: the bootstrap
+        // data matters only for creating one.
+        if let Some(host) = &recorded {
+            if self.missing_credentials(host) {
+                return Requeue::After(CREDENTIALS_RECHECK);
+            }
+            match &self.obs.recorded_host {
+                HostLookup::NotAsked => {
+                    self.not_ready(
+                        reasons::MICROVM_PENDING,
+                        format!("waiting to list the microVMs of host {host}"),
+                    );
+                    return Requeue::After(NOT_OBSERVED_RECHECK);
+                }
+                HostLookup::Unreachable(why) => {
+                    self.not_ready(
+                        reasons::HOST_UNREACHABLE,
+                        format!(
+                            "host {host} is unreachable: {why}; the microVM is created when it answers"
+                        ),
+                    );
+                    return Requeue::Await;
+                }
+                HostLookup::Answered { vms } => {
+                    let mut ours = self.ours(vms);
+                    ours.sort_by(|a, b| a.uid.cmp(&b.uid));
+                    if let Some(oldest) = ours.first() {
+                        self.effects.push(Effect::SetProviderId(
+                            ProviderId::new(host.clone(), oldest.uid.clone()).to_string(),
+                        ));
+                        self.delete_duplicates(host, vms, Some(&oldest.uid));
+                        return self.follow_state(infra, host, oldest);
+                    }
+                }
+            }
+        }
+
         let Some(secret) = owner.spec.bootstrap.data_secret_name.as_deref() else {
             self.not_ready(
                 reasons::WAITING_FOR_BOOTSTRAP_DATA,
@@ -303,80 +346,44 @@ impl<'a> Decision<'a> {
             BootstrapData::Found { value: Some(v), .. } => v,
         };
 
-        let host = match self.status.host.as_deref().map(str::parse::<HostEndpoint>) {
-            Some(Ok(host)) => host,
-            Some(Err(_)) | None => {
-                // Nothing was recorded, so nothing was created: choose a host and create right away. The
-                // status write that records the host precedes the create and is conditional on the
-                // resourceVersion read, so a stale read cannot lead to a second microVM.
-                let Some(pool) = &infra.spec.placement.static_pool else {
-                    self.not_ready(
-                        reasons::NO_ELIGIBLE_HOST,
-                        "the MicrovmCluster has no placement.staticPool",
-                    );
-                    return Requeue::Await;
-                };
-                let key = format!(
-                    "{}/{}",
-                    self.machine.namespace().unwrap_or_default(),
-                    self.machine.name_any()
-                );
-                let request = Request {
-                    machine_key: &key,
-                    failure_domain: owner.spec.failure_domain.as_deref(),
-                    control_plane: owner.is_control_plane(),
-                };
-                match placement::choose(pool, &self.obs.hosts, &request) {
-                    Err(no_host) if no_host.only_credentials => {
-                        self.not_ready(reasons::MISSING_CREDENTIALS, no_host.message);
-                        // No watch fires when a Secret appears: look again soon.
-                        return Requeue::After(CREDENTIALS_RECHECK);
-                    }
-                    Err(no_host) => {
-                        self.not_ready(reasons::NO_ELIGIBLE_HOST, no_host.message);
-                        return Requeue::Await;
-                    }
-                    Ok(chosen) => {
-                        self.status.host = Some(chosen.host.to_string());
-                        self.status.failure_domain = Some(chosen.failure_domain);
-                        return self.create(&chosen.host, user_data, cluster_name, infra);
-                    }
-                }
-            }
-        };
-
-        if self.missing_credentials(&host) {
-            return Requeue::After(CREDENTIALS_RECHECK);
+        if let Some(host) = recorded {
+            // The fresh answer above showed no microVM of ours there.
+            return self.create(&host, user_data, cluster_name, infra);
         }
-        match &self.obs.recorded_host {
-            HostLookup::NotAsked => {
-                self.not_ready(
-                    reasons::MICROVM_PENDING,
-                    format!("waiting to list the microVMs of host {host}"),
-                );
-                Requeue::After(NOT_OBSERVED_RECHECK)
+        // Nothing was recorded, so nothing was created: choose a host and create right away. The status
+        // write that records the host precedes the create and is conditional on the resourceVersion
+        // read, so a stale read cannot lead to a second microVM.
+        let Some(pool) = &infra.spec.placement.static_pool else {
+            self.not_ready(
+                reasons::NO_ELIGIBLE_HOST,
+                "the MicrovmCluster has no placement.staticPool",
+            );
+            return Requeue::Await;
+        };
+        let key = format!(
+            "{}/{}",
+            self.machine.namespace().unwrap_or_default(),
+            self.machine.name_any()
+        );
+        let request = Request {
+            machine_key: &key,
+            failure_domain: owner.spec.failure_domain.as_deref(),
+            control_plane: owner.is_control_plane(),
+        };
+        match placement::choose(pool, &self.obs.hosts, &request) {
+            Err(no_host) if no_host.only_credentials => {
+                self.not_ready(reasons::MISSING_CREDENTIALS, no_host.message);
+                // No watch fires when a Secret appears: look again soon.
+                Requeue::After(CREDENTIALS_RECHECK)
             }
-            HostLookup::Unreachable(why) => {
-                self.not_ready(
-                    reasons::HOST_UNREACHABLE,
-                    format!(
-                        "host {host} is unreachable: {why}; the microVM is created when it answers"
-                    ),
-                );
+            Err(no_host) => {
+                self.not_ready(reasons::NO_ELIGIBLE_HOST, no_host.message);
                 Requeue::Await
             }
-            HostLookup::Answered { vms } => {
-                let mut ours = self.ours(vms);
-                if ours.is_empty() {
-                    return self.create(&host, user_data, cluster_name, infra);
-                }
-                ours.sort_by(|a, b| a.uid.cmp(&b.uid));
-                let oldest = ours[0];
-                self.effects.push(Effect::SetProviderId(
-                    ProviderId::new(host.clone(), oldest.uid.clone()).to_string(),
-                ));
-                self.delete_duplicates(&host, vms, Some(&oldest.uid));
-                self.follow_state(infra, &host, oldest)
+            Ok(chosen) => {
+                self.status.host = Some(chosen.host.to_string());
+                self.status.failure_domain = Some(chosen.failure_domain);
+                self.create(&chosen.host, user_data, cluster_name, infra)
             }
         }
     }

@@ -308,6 +308,27 @@ fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
 }
 
 #[test]
+fn adoption_needs_no_bootstrap_data() {
+    // Right after a create (or after a crash), the microVM is adopted without reading the Secret again.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.bootstrap = BootstrapData::NotAsked;
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Pending, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
+    // Creating, however, waits for it.
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty());
+    assert_eq!(ready(&plan).1, reasons::WAITING_FOR_BOOTSTRAP_DATA);
+}
+
+#[test]
 fn a_recorded_machine_with_nothing_on_its_host_creates_there() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[2]);

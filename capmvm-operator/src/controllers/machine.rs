@@ -118,8 +118,11 @@ async fn gather(
         .as_ref()
         .is_some_and(|c| c.infrastructure_provisioned() && !c.is_paused())
         && infra.is_some();
+    // Right after a create the next round adopts; it needs no bootstrap data.
     let bootstrap = match wants_bootstrap_data(machine, owner.as_ref()) {
-        Some(secret) if gates_open => credentials::bootstrap_data(&ctx.client, &ns, secret).await?,
+        Some(secret) if gates_open && known_after_create.is_none() => {
+            credentials::bootstrap_data(&ctx.client, &ns, secret).await?
+        }
         _ => BootstrapData::NotAsked,
     };
 
