@@ -5,5 +5,10 @@
 //!   the operator talk to as they would to a real API server.
 //! - [`hosts`]: serving hollow flintlock hosts (the simulated flintlock of `capmvm-flintlock`).
 
+pub mod bench;
+pub mod capi;
+pub mod demo;
 pub mod hosts;
 pub mod kube;
+pub mod manifest;
+pub mod world;

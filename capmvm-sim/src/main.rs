@@ -14,12 +14,30 @@ struct Cli {
 enum Command {
     /// Serve N hollow flintlock hosts on 127.0.0.1 and print their endpoints, until Ctrl-C.
     Hosts(capmvm_sim::hosts::HostsArgs),
+    /// Serve the embedded Kubernetes API emulator on loopback and write a kubeconfig, until Ctrl-C / SIGTERM.
+    Kube(capmvm_sim::kube::KubeArgs),
+    /// The main job: a cluster of 1 control plane and 3 workers created and deleted on simulators.
+    Demo(capmvm_sim::demo::DemoArgs),
+    /// Measure a large cluster: time to ready, API and flintlock calls per machine, operator CPU and memory.
+    Bench(capmvm_sim::bench::BenchArgs),
+    /// Run the capmvm operator (the same code as the capmvm-operator binary).
+    Operator(capmvm_operator::config::Flags),
 }
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     match cli.command {
         Command::Hosts(args) => capmvm_sim::hosts::main(args)?,
+        Command::Kube(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(capmvm_sim::kube::run(args))?,
+        Command::Demo(args) => capmvm_sim::demo::main(args)?,
+        Command::Bench(args) => capmvm_sim::bench::main(args)?,
+        Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(capmvm_operator::main_with(flags))?,
     }
     Ok(())
 }

@@ -1,1 +1,262 @@
 //! The embedded Kubernetes API emulator.
+//!
+//! An in-process API server over plain HTTP on loopback that `kubectl`, kube-rs and the operator talk to
+//! as they would to a real kube-apiserver: discovery, CustomResourceDefinitions served as soon as they are
+//! created, one global resourceVersion, optimistic concurrency, `generation`, the status subresource,
+//! merge / JSON / strategic merge patches, schema validation with defaulting and pruning, finalizers,
+//! owner-reference garbage collection, label and field selectors, consistent pagination, watches with
+//! bookmarks and 410 Gone, Table output and `Status` errors. `docs/kube-emulator.md` lists what is
+//! supported and what is answered as unsupported.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), capmvm_sim::kube::Error> {
+//! use capmvm_sim::kube::{Emulator, EmulatorOptions};
+//!
+//! let emulator = Emulator::start(EmulatorOptions::default()).await?;
+//! let client = emulator.client()?;
+//! emulator.write_kubeconfig("/tmp/kubeconfig")?;
+//! # drop(client);
+//! emulator.shutdown().await;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
+//! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
+//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only),
+//! `selector`, `jsonpath` and `table` (printer columns), `discovery` (discovery and OpenAPI documents),
+//! `counters`.
+
+mod apply;
+mod builtin;
+mod cli;
+mod counters;
+mod discovery;
+mod error;
+mod jsonpath;
+mod meta;
+mod ops;
+mod patch;
+mod registry;
+mod schema;
+mod selector;
+mod server;
+mod store;
+mod table;
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use cli::{KubeArgs, run};
+pub use counters::{CounterSnapshot, Verb};
+pub use error::Error;
+
+/// How to start the emulator.
+#[derive(Debug, Clone)]
+pub struct EmulatorOptions {
+    /// Address to listen on; port 0 picks a free port. Plain HTTP: keep it on loopback.
+    pub bind: SocketAddr,
+    /// Changes kept for watches and pagination; a watch from an older resourceVersion gets 410 Gone.
+    pub history_limit: usize,
+    /// Events buffered per watcher; a watcher that falls this far behind is closed (the client re-watches).
+    pub watch_buffer: usize,
+    /// How often watchers that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// How long a watch lasts when the client does not say (`timeoutSeconds`).
+    pub default_watch_timeout: Duration,
+}
+
+impl Default for EmulatorOptions {
+    fn default() -> Self {
+        Self {
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
+            history_limit: 10_000,
+            watch_buffer: 1_000,
+            bookmark_interval: Duration::from_secs(60),
+            default_watch_timeout: Duration::from_secs(1800),
+        }
+    }
+}
+
+impl EmulatorOptions {
+    /// Listens on this loopback port (0 = any free port).
+    #[must_use]
+    pub fn port(mut self, port: u16) -> Self {
+        self.bind.set_port(port);
+        self
+    }
+
+    /// Sets the history limit.
+    #[must_use]
+    pub fn history_limit(mut self, limit: usize) -> Self {
+        self.history_limit = limit;
+        self
+    }
+
+    /// Sets the per-watch buffer limit.
+    #[must_use]
+    pub fn watch_buffer(mut self, events: usize) -> Self {
+        self.watch_buffer = events;
+        self
+    }
+
+    /// Sets the bookmark interval.
+    #[must_use]
+    pub fn bookmark_interval(mut self, every: Duration) -> Self {
+        self.bookmark_interval = every;
+        self
+    }
+}
+
+/// The emulator.
+#[derive(Debug)]
+pub struct Emulator;
+
+impl Emulator {
+    /// Binds and starts serving in the current tokio runtime.
+    pub async fn start(options: EmulatorOptions) -> Result<EmulatorHandle, Error> {
+        if options.history_limit == 0 || options.watch_buffer == 0 {
+            return Err(Error::Options("history_limit and watch_buffer must be at least 1".into()));
+        }
+        if options.bookmark_interval.is_zero() {
+            return Err(Error::Options("bookmark_interval must not be zero".into()));
+        }
+        let listener = tokio::net::TcpListener::bind(options.bind)
+            .await
+            .map_err(|source| Error::Bind { addr: options.bind, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| Error::Io { what: "reading the bound address".into(), source })?;
+        let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
+        let shared = Arc::new(ops::Shared::new(
+            store::Store::new(options.history_limit, options.watch_buffer),
+            options.default_watch_timeout,
+            shutdown_rx,
+        ));
+        let app = Arc::new(server::App { shared: shared.clone(), address: addr.to_string() });
+        let server = tokio::spawn(async move {
+            if let Err(e) = server::serve(listener, app).await {
+                tracing::error!(error = %e, "the API emulator stopped serving");
+            }
+        });
+        let gc = tokio::spawn(ops::gc_worker(shared.clone()));
+        let bookmarks = tokio::spawn(ops::bookmark_ticker(shared.clone(), options.bookmark_interval));
+        tracing::info!(%addr, history_limit = options.history_limit, watch_buffer = options.watch_buffer, "Kubernetes API emulator serving");
+        Ok(EmulatorHandle { addr, shared, shutdown_tx, tasks: vec![server, gc, bookmarks] })
+    }
+}
+
+/// Store statistics, for benchmarks and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StoreStats {
+    /// The current (global) resourceVersion.
+    pub revision: u64,
+    /// Objects stored, all resources together.
+    pub objects: usize,
+    /// Changes kept in the history.
+    pub history: usize,
+    /// Open watches.
+    pub watchers: usize,
+    /// Watches closed because they did not keep up.
+    pub slow_watchers_closed: u64,
+}
+
+/// A running emulator. Dropping it stops serving; [`EmulatorHandle::shutdown`] also waits for that.
+#[derive(Debug)]
+pub struct EmulatorHandle {
+    addr: SocketAddr,
+    shared: Arc<ops::Shared>,
+    shutdown_tx: tokio::sync::watch::Sender<bool>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for ops::Shared {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Shared").finish_non_exhaustive()
+    }
+}
+
+impl EmulatorHandle {
+    /// The address served.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:<port>`.
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube client for the emulator (default namespace `default`).
+    pub fn client(&self) -> Result<kube::Client, Error> {
+        let url = self.base_url();
+        let uri = url
+            .parse()
+            .map_err(|e: axum::http::uri::InvalidUri| Error::Options(format!("base URL {url}: {e}")))?;
+        let config = kube::Config::new(uri);
+        kube::Client::try_from(config).map_err(|e| Error::Client { url, source: Box::new(e) })
+    }
+
+    /// A kubeconfig (plain HTTP, no credentials) for kubectl and kube-rs.
+    pub fn kubeconfig(&self) -> String {
+        kubeconfig_for(&self.base_url())
+    }
+
+    /// Writes [`EmulatorHandle::kubeconfig`] to a file.
+    pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
+        let path = path.as_ref();
+        std::fs::write(path, self.kubeconfig())
+            .map_err(|source| Error::Io { what: format!("writing the kubeconfig {}", path.display()), source })
+    }
+
+    /// Requests served so far, by verb and resource.
+    pub fn counters(&self) -> CounterSnapshot {
+        self.shared.counters.snapshot()
+    }
+
+    /// Request counts of one client: those whose User-Agent has the product of `user_agent` (the part
+    /// before `/`, so `capmvm-operator/0.1.0` counts every capmvm-operator version).
+    pub fn counters_of_agent(&self, user_agent: &str) -> CounterSnapshot {
+        self.shared.counters.snapshot_of_agent(user_agent)
+    }
+
+    /// Sets every request counter back to zero.
+    pub fn reset_counters(&self) {
+        self.shared.counters.reset();
+    }
+
+    /// Store statistics.
+    pub fn stats(&self) -> StoreStats {
+        let store = self.shared.lock();
+        StoreStats {
+            revision: store.rev,
+            objects: store.object_count(),
+            history: store.history_len(),
+            watchers: store.watcher_count(),
+            slow_watchers_closed: store.slow_watchers_closed,
+        }
+    }
+
+    /// Stops serving (open watches end) and waits for the server to finish.
+    pub async fn shutdown(mut self) {
+        let _ = self.shutdown_tx.send(true);
+        for t in self.tasks.drain(..) {
+            let _ = t.await;
+        }
+    }
+}
+
+impl Drop for EmulatorHandle {
+    fn drop(&mut self) {
+        let _ = self.shutdown_tx.send(true);
+    }
+}
+
+/// A kubeconfig for an emulator at `server` (`http://host:port`).
+pub fn kubeconfig_for(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: capmvm-sim\n  cluster:\n    server: {server}\ncontexts:\n- name: capmvm-sim\n  context:\n    cluster: capmvm-sim\n    user: capmvm-sim\n    namespace: default\ncurrent-context: capmvm-sim\nusers:\n- name: capmvm-sim\n  user: {{}}\npreferences: {{}}\n"
+    )
+}

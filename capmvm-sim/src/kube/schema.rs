@@ -1,0 +1,705 @@
+//! Structural OpenAPI v3 schemas as custom resources use them: pruning of unknown fields, dropping of
+//! non-nullable nulls, defaulting, and validation with the messages of the real server's validator.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+use regex::Regex;
+use serde_json::{Map, Value};
+
+use super::error::FieldError;
+use super::meta;
+
+#[derive(Debug, Clone)]
+enum Additional {
+    Allowed(bool),
+    Schema(Box<Schema>),
+}
+
+/// A compiled structural schema node.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Schema {
+    ty: Option<String>,
+    nullable: bool,
+    properties: Option<BTreeMap<String, Schema>>,
+    additional: Option<Additional>,
+    items: Option<Box<Schema>>,
+    required: Vec<String>,
+    enumeration: Option<Vec<Value>>,
+    minimum: Option<f64>,
+    maximum: Option<f64>,
+    exclusive_minimum: bool,
+    exclusive_maximum: bool,
+    multiple_of: Option<f64>,
+    min_length: Option<u64>,
+    max_length: Option<u64>,
+    pattern: Option<(String, Regex)>,
+    min_items: Option<u64>,
+    max_items: Option<u64>,
+    min_properties: Option<u64>,
+    max_properties: Option<u64>,
+    format: Option<String>,
+    default: Option<Value>,
+    preserve_unknown: bool,
+    int_or_string: bool,
+    embedded: bool,
+    list_type: Option<String>,
+    list_map_keys: Vec<String>,
+    all_of: Vec<Schema>,
+    any_of: Vec<Schema>,
+    one_of: Vec<Schema>,
+    not: Option<Box<Schema>>,
+    /// Whether this node or a descendant carries CEL rules (`x-kubernetes-validations`), which are not evaluated.
+    pub(crate) has_cel: bool,
+}
+
+fn f64_of(v: Option<&Value>) -> Option<f64> {
+    v.and_then(Value::as_f64)
+}
+
+fn u64_of(v: Option<&Value>) -> Option<u64> {
+    v.and_then(|x| x.as_u64().or_else(|| x.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)))
+}
+
+fn join(path: &str, key: &str) -> String {
+    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+}
+
+const TYPES: &[&str] = &["object", "array", "string", "integer", "number", "boolean"];
+
+impl Schema {
+    /// Compiles a `JSONSchemaProps` document. `path` names it in errors (`spec.versions[0].schema.openAPIV3Schema`).
+    pub(crate) fn compile(v: &Value, path: &str) -> Result<Self, Vec<FieldError>> {
+        let mut errs = Vec::new();
+        let s = Self::compile_inner(v, path, &mut errs, true);
+        if errs.is_empty() { Ok(s) } else { Err(errs) }
+    }
+
+    fn compile_inner(v: &Value, path: &str, errs: &mut Vec<FieldError>, structural: bool) -> Self {
+        let Some(m) = v.as_object() else {
+            errs.push(FieldError::invalid(path, v, "must be an object"));
+            return Self::default();
+        };
+        let mut s = Self {
+            ty: m.get("type").and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_string),
+            nullable: m.get("nullable").and_then(Value::as_bool).unwrap_or(false),
+            required: m
+                .get("required")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+                .unwrap_or_default(),
+            enumeration: m.get("enum").and_then(Value::as_array).cloned(),
+            minimum: f64_of(m.get("minimum")),
+            maximum: f64_of(m.get("maximum")),
+            exclusive_minimum: m.get("exclusiveMinimum").and_then(Value::as_bool).unwrap_or(false),
+            exclusive_maximum: m.get("exclusiveMaximum").and_then(Value::as_bool).unwrap_or(false),
+            multiple_of: f64_of(m.get("multipleOf")),
+            min_length: u64_of(m.get("minLength")),
+            max_length: u64_of(m.get("maxLength")),
+            min_items: u64_of(m.get("minItems")),
+            max_items: u64_of(m.get("maxItems")),
+            min_properties: u64_of(m.get("minProperties")),
+            max_properties: u64_of(m.get("maxProperties")),
+            format: m.get("format").and_then(Value::as_str).map(str::to_string),
+            default: m.get("default").cloned(),
+            preserve_unknown: m.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool).unwrap_or(false),
+            int_or_string: m.get("x-kubernetes-int-or-string").and_then(Value::as_bool).unwrap_or(false),
+            embedded: m.get("x-kubernetes-embedded-resource").and_then(Value::as_bool).unwrap_or(false),
+            list_type: m.get("x-kubernetes-list-type").and_then(Value::as_str).map(str::to_string),
+            list_map_keys: m
+                .get("x-kubernetes-list-map-keys")
+                .and_then(Value::as_array)
+                .map(|a| a.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+                .unwrap_or_default(),
+            has_cel: m.get("x-kubernetes-validations").is_some_and(|r| r.as_array().is_some_and(|a| !a.is_empty())),
+            ..Self::default()
+        };
+        if let Some(t) = &s.ty
+            && !TYPES.contains(&t.as_str())
+        {
+            errs.push(FieldError::not_supported(
+                join(path, "type"),
+                &Value::String(t.clone()),
+                &TYPES.iter().map(|t| (*t).to_string()).collect::<Vec<_>>(),
+            ));
+        }
+        if structural && s.ty.is_none() && !s.int_or_string && !s.preserve_unknown {
+            errs.push(FieldError::required_detail(join(path, "type"), "must not be empty for specified object fields"));
+        }
+        if let Some(p) = m.get("pattern").and_then(Value::as_str) {
+            match Regex::new(p) {
+                Ok(re) => s.pattern = Some((p.to_string(), re)),
+                Err(e) => errs.push(FieldError::invalid(
+                    join(path, "pattern"),
+                    &Value::String(p.into()),
+                    &format!("must be a valid regular expression, but isn't: {e}"),
+                )),
+            }
+        }
+        if let Some(props) = m.get("properties").and_then(Value::as_object) {
+            let mut out = BTreeMap::new();
+            for (k, pv) in props {
+                let child = Self::compile_inner(pv, &format!("{path}.properties[{k}]"), errs, structural);
+                s.has_cel |= child.has_cel;
+                out.insert(k.clone(), child);
+            }
+            s.properties = Some(out);
+        }
+        match m.get("additionalProperties") {
+            Some(Value::Bool(b)) => s.additional = Some(Additional::Allowed(*b)),
+            Some(a @ Value::Object(_)) => {
+                let child = Self::compile_inner(a, &format!("{path}.additionalProperties"), errs, structural);
+                s.has_cel |= child.has_cel;
+                s.additional = Some(Additional::Schema(Box::new(child)));
+            }
+            _ => {}
+        }
+        if let Some(items) = m.get("items") {
+            let child = Self::compile_inner(items, &format!("{path}.items"), errs, structural);
+            s.has_cel |= child.has_cel;
+            s.items = Some(Box::new(child));
+        }
+        for (key, target) in [("allOf", 0), ("anyOf", 1), ("oneOf", 2)] {
+            if let Some(list) = m.get(key).and_then(Value::as_array) {
+                let compiled: Vec<Schema> = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| Self::compile_inner(x, &format!("{path}.{key}[{i}]"), errs, false))
+                    .collect();
+                match target {
+                    0 => s.all_of = compiled,
+                    1 => s.any_of = compiled,
+                    _ => s.one_of = compiled,
+                }
+            }
+        }
+        if let Some(not) = m.get("not") {
+            s.not = Some(Box::new(Self::compile_inner(not, &format!("{path}.not"), errs, false)));
+        }
+        s
+    }
+
+    fn child(&self, key: &str) -> Option<&Schema> {
+        if let Some(p) = self.properties.as_ref().and_then(|p| p.get(key)) {
+            return Some(p);
+        }
+        match &self.additional {
+            Some(Additional::Schema(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    fn keeps_unknown(&self) -> bool {
+        self.preserve_unknown || matches!(self.additional, Some(Additional::Allowed(true)))
+    }
+
+    /// Removes fields the schema does not specify, recording their paths; `metadata` is left to the caller.
+    pub(crate) fn prune(&self, v: &mut Value, unknown: &mut Vec<String>) {
+        self.prune_at(v, "", unknown, true);
+    }
+
+    fn prune_at(&self, v: &mut Value, path: &str, unknown: &mut Vec<String>, root: bool) {
+        if self.int_or_string {
+            return;
+        }
+        match v {
+            Value::Object(m) => {
+                let implicit_meta = root || self.embedded;
+                let keys: Vec<String> = m.keys().cloned().collect();
+                for k in keys {
+                    if implicit_meta && (k == "apiVersion" || k == "kind") {
+                        continue;
+                    }
+                    if implicit_meta && k == "metadata" {
+                        if self.embedded
+                            && let Some(meta_val) = m.get_mut("metadata")
+                            && let Some(mm) = meta_val.as_object_mut()
+                        {
+                            mm.retain(|mk, _| {
+                                let known = meta::OBJECT_META_FIELDS.contains(&mk.as_str());
+                                if !known {
+                                    unknown.push(format!("{}.{mk}", join(path, "metadata")));
+                                }
+                                known
+                            });
+                        }
+                        continue;
+                    }
+                    let child_path = join(path, &k);
+                    match self.child(&k) {
+                        Some(child) => {
+                            if let Some(cv) = m.get_mut(&k) {
+                                child.prune_at(cv, &child_path, unknown, false);
+                            }
+                        }
+                        None if self.keeps_unknown() => {}
+                        None => {
+                            m.remove(&k);
+                            unknown.push(child_path);
+                        }
+                    }
+                }
+            }
+            Value::Array(a) => {
+                if let Some(items) = &self.items {
+                    for (i, item) in a.iter_mut().enumerate() {
+                        items.prune_at(item, &format!("{path}[{i}]"), unknown, false);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Drops nulls the schema does not allow (or defaults them) and applies `default`s, top down.
+    pub(crate) fn default_and_drop_nulls(&self, v: &mut Value) {
+        match v {
+            Value::Object(m) => {
+                if let Some(props) = &self.properties {
+                    for (k, child) in props {
+                        match m.get(k) {
+                            Some(Value::Null) if !child.nullable => match &child.default {
+                                Some(d) => {
+                                    m.insert(k.clone(), d.clone());
+                                }
+                                None => {
+                                    m.remove(k);
+                                }
+                            },
+                            None => {
+                                if let Some(d) = &child.default {
+                                    m.insert(k.clone(), d.clone());
+                                }
+                            }
+                            _ => {}
+                        }
+                    }
+                }
+                let additional = match &self.additional {
+                    Some(Additional::Schema(s)) => Some(s.as_ref()),
+                    _ => None,
+                };
+                for (k, cv) in m.iter_mut() {
+                    let child = self.properties.as_ref().and_then(|p| p.get(k)).or(additional);
+                    if let Some(child) = child {
+                        child.default_and_drop_nulls(cv);
+                    }
+                }
+                if let Some(add) = additional {
+                    let nulls: Vec<String> =
+                        m.iter().filter(|(k, v)| v.is_null() && !self.has_property(k)).map(|(k, _)| k.clone()).collect();
+                    if !add.nullable {
+                        for k in nulls {
+                            match &add.default {
+                                Some(d) => {
+                                    m.insert(k, d.clone());
+                                }
+                                None => {
+                                    m.remove(&k);
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+            Value::Array(a) => {
+                if let Some(items) = &self.items {
+                    for item in a.iter_mut() {
+                        if item.is_null()
+                            && !items.nullable
+                            && let Some(d) = &items.default
+                        {
+                            *item = d.clone();
+                        }
+                        items.default_and_drop_nulls(item);
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn has_property(&self, k: &str) -> bool {
+        self.properties.as_ref().is_some_and(|p| p.contains_key(k))
+    }
+
+    /// Validates a whole object (the root: `apiVersion`, `kind` and `metadata` are not checked here).
+    pub(crate) fn validate_root(&self, v: &Value) -> Vec<FieldError> {
+        let mut errs = Vec::new();
+        self.validate(v, "", &mut errs, true);
+        errs
+    }
+
+    fn validate(&self, v: &Value, path: &str, errs: &mut Vec<FieldError>, root: bool) {
+        let shown = if path.is_empty() { "body" } else { path };
+        if v.is_null() {
+            if !self.nullable && (self.ty.is_some() || self.int_or_string) {
+                let t = self.ty.as_deref().unwrap_or("integer-or-string");
+                errs.push(FieldError::type_invalid(shown, v, &format!("{shown} in body must be of type {t}: \"null\"")));
+            }
+            return;
+        }
+        if self.int_or_string {
+            if !(v.is_string() || is_integer(v)) {
+                errs.push(FieldError::type_invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body must be of type integer-or-string: {:?}", type_name(v)),
+                ));
+                return;
+            }
+        } else if let Some(t) = &self.ty
+            && !type_matches(t, v)
+        {
+            errs.push(FieldError::type_invalid(shown, v, &format!("{shown} in body must be of type {t}: {:?}", type_name(v))));
+            return;
+        }
+        if let Some(en) = &self.enumeration
+            && !en.iter().any(|e| json_eq(e, v))
+        {
+            let allowed: Vec<String> =
+                en.iter().map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string)).collect();
+            errs.push(FieldError::not_supported(shown, v, &allowed));
+        }
+        match v {
+            Value::Number(n) => self.validate_number(n.as_f64().unwrap_or(0.0), v, shown, errs),
+            Value::String(s) => self.validate_string(s, v, shown, errs),
+            Value::Array(a) => self.validate_array(a, v, path, shown, errs),
+            Value::Object(m) => self.validate_object(m, v, path, shown, errs, root),
+            _ => {}
+        }
+        for s in &self.all_of {
+            s.validate(v, path, errs, root);
+        }
+        if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.passes(v)) {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must validate at least one schema (anyOf)")));
+        }
+        if !self.one_of.is_empty() {
+            let n = self.one_of.iter().filter(|s| s.passes(v)).count();
+            if n != 1 {
+                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must validate one and only one schema (oneOf)")));
+            }
+        }
+        if let Some(not) = &self.not
+            && not.passes(v)
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must not validate the schema (not)")));
+        }
+    }
+
+    fn passes(&self, v: &Value) -> bool {
+        let mut errs = Vec::new();
+        self.validate(v, "", &mut errs, false);
+        errs.is_empty()
+    }
+
+    fn validate_number(&self, n: f64, v: &Value, shown: &str, errs: &mut Vec<FieldError>) {
+        if let Some(max) = self.maximum {
+            if self.exclusive_maximum && n >= max {
+                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be less than {}", num(max))));
+            } else if n > max {
+                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be less than or equal to {}", num(max))));
+            }
+        }
+        if let Some(min) = self.minimum {
+            if self.exclusive_minimum && n <= min {
+                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be greater than {}", num(min))));
+            } else if n < min {
+                errs.push(FieldError::invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body should be greater than or equal to {}", num(min)),
+                ));
+            }
+        }
+        if let Some(m) = self.multiple_of
+            && m != 0.0
+            && (n / m).fract().abs() > 1e-9
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be a multiple of {}", num(m))));
+        }
+        if self.ty.as_deref() == Some("integer")
+            && self.format.as_deref() == Some("int32")
+            && !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&n)
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must be of type int32: {:?}", v.to_string())));
+        }
+    }
+
+    fn validate_string(&self, s: &str, v: &Value, shown: &str, errs: &mut Vec<FieldError>) {
+        let len = s.chars().count() as u64;
+        if let Some(max) = self.max_length
+            && len > max
+        {
+            errs.push(FieldError::too_long(shown, max));
+        }
+        if let Some(min) = self.min_length
+            && len < min
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be at least {min} chars long")));
+        }
+        if let Some((src, re)) = &self.pattern
+            && !re.is_match(s)
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should match '{src}'")));
+        }
+        if let Some(f) = &self.format
+            && !format_ok(f, s)
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must be of type {f}: {s:?}")));
+        }
+    }
+
+    fn validate_array(&self, a: &[Value], v: &Value, path: &str, shown: &str, errs: &mut Vec<FieldError>) {
+        if let Some(max) = self.max_items
+            && a.len() as u64 > max
+        {
+            errs.push(FieldError::too_many(shown, a.len(), max, "items"));
+        }
+        if let Some(min) = self.min_items
+            && (a.len() as u64) < min
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should have at least {min} items")));
+        }
+        match self.list_type.as_deref() {
+            Some("set") => {
+                for (i, item) in a.iter().enumerate() {
+                    if a[..i].iter().any(|prev| json_eq(prev, item)) {
+                        errs.push(FieldError::duplicate(format!("{path}[{i}]"), item));
+                    }
+                }
+            }
+            Some("map") if !self.list_map_keys.is_empty() => {
+                let key_of = |item: &Value| -> Map<String, Value> {
+                    self.list_map_keys
+                        .iter()
+                        .filter_map(|k| item.get(k).map(|kv| (k.clone(), kv.clone())))
+                        .collect()
+                };
+                for (i, item) in a.iter().enumerate() {
+                    let key = key_of(item);
+                    if a[..i].iter().any(|prev| key_of(prev) == key) {
+                        errs.push(FieldError::duplicate(format!("{path}[{i}]"), &Value::Object(key)));
+                    }
+                }
+            }
+            _ => {}
+        }
+        if let Some(items) = &self.items {
+            for (i, item) in a.iter().enumerate() {
+                items.validate(item, &format!("{path}[{i}]"), errs, false);
+            }
+        }
+    }
+
+    fn validate_object(
+        &self,
+        m: &Map<String, Value>,
+        v: &Value,
+        path: &str,
+        shown: &str,
+        errs: &mut Vec<FieldError>,
+        root: bool,
+    ) {
+        let counted = if root || self.embedded {
+            m.keys().filter(|k| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata")).count()
+        } else {
+            m.len()
+        };
+        if let Some(max) = self.max_properties
+            && counted as u64 > max
+        {
+            errs.push(FieldError::too_many(shown, counted, max, "properties"));
+        }
+        if let Some(min) = self.min_properties
+            && (counted as u64) < min
+        {
+            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should have at least {min} properties")));
+        }
+        for r in &self.required {
+            if !m.contains_key(r) {
+                errs.push(FieldError::required(join(path, r)));
+            }
+        }
+        if self.embedded {
+            for r in ["apiVersion", "kind"] {
+                if m.get(r).and_then(Value::as_str).is_none_or(str::is_empty) {
+                    errs.push(FieldError::required(join(path, r)));
+                }
+            }
+        }
+        for (k, cv) in m {
+            if (root || self.embedded) && matches!(k.as_str(), "apiVersion" | "kind" | "metadata") {
+                continue;
+            }
+            if let Some(child) = self.child(k) {
+                child.validate(cv, &join(path, k), errs, false);
+            }
+        }
+    }
+}
+
+fn num(f: f64) -> String {
+    if f.fract() == 0.0 && f.abs() < 1e15 { format!("{}", f as i64) } else { format!("{f}") }
+}
+
+fn is_integer(v: &Value) -> bool {
+    match v {
+        Value::Number(n) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0),
+        _ => false,
+    }
+}
+
+fn type_matches(t: &str, v: &Value) -> bool {
+    match t {
+        "object" => v.is_object(),
+        "array" => v.is_array(),
+        "string" => v.is_string(),
+        "integer" => is_integer(v),
+        "number" => v.is_number(),
+        "boolean" => v.is_boolean(),
+        _ => true,
+    }
+}
+
+fn type_name(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "boolean",
+        Value::Number(_) if is_integer(v) => "integer",
+        Value::Number(_) => "number",
+        Value::String(_) => "string",
+        Value::Array(_) => "array",
+        Value::Object(_) => "object",
+    }
+}
+
+/// JSON equality where `1` and `1.0` are the same number.
+fn json_eq(a: &Value, b: &Value) -> bool {
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => x.as_f64() == y.as_f64(),
+        _ => a == b,
+    }
+}
+
+fn format_ok(format: &str, s: &str) -> bool {
+    match format {
+        "date-time" | "datetime" => meta::parse_time(s).is_some(),
+        "date" => s.parse::<jiff::civil::Date>().is_ok(),
+        "byte" => base64::engine::general_purpose::STANDARD.decode(s).is_ok(),
+        "uuid" => {
+            s.len() == 36
+                && s.chars().enumerate().all(|(i, c)| if [8, 13, 18, 23].contains(&i) { c == '-' } else { c.is_ascii_hexdigit() })
+        }
+        "ipv4" => s.parse::<std::net::Ipv4Addr>().is_ok(),
+        "ipv6" => s.parse::<std::net::Ipv6Addr>().is_ok(),
+        "cidr" => s.split_once('/').is_some_and(|(ip, bits)| {
+            let Ok(bits) = bits.parse::<u8>() else { return false };
+            match ip.parse::<std::net::IpAddr>() {
+                Ok(std::net::IpAddr::V4(_)) => bits <= 32,
+                Ok(std::net::IpAddr::V6(_)) => bits <= 128,
+                Err(_) => false,
+            }
+        }),
+        "mac" => {
+            let parts: Vec<&str> = s.split([':', '-']).collect();
+            parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+        }
+        _ => true,
+    }
+}
+
+/// The value at a field path such as `spec.hosts[0].endpoint`, used to ratchet validation on update:
+/// an error on a field whose value did not change is not reported (as the real server does since 1.30).
+pub(crate) fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
+    let mut cur = root;
+    for part in path.split('.') {
+        let (name, mut rest) = match part.find('[') {
+            Some(i) => (&part[..i], &part[i..]),
+            None => (part, ""),
+        };
+        if !name.is_empty() {
+            cur = cur.get(name)?;
+        }
+        while let Some(stripped) = rest.strip_prefix('[') {
+            let end = stripped.find(']')?;
+            let idx = &stripped[..end];
+            cur = match idx.parse::<usize>() {
+                Ok(i) => cur.get(i)?,
+                Err(_) => cur.get(idx)?,
+            };
+            rest = &stripped[end + 1..];
+        }
+    }
+    Some(cur)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn schema() -> Schema {
+        Schema::compile(
+            &json!({
+                "type": "object",
+                "properties": {
+                    "spec": {
+                        "type": "object",
+                        "required": ["vcpu"],
+                        "properties": {
+                            "vcpu": {"type": "integer", "minimum": 1, "maximum": 64},
+                            "kind": {"type": "string", "enum": ["a", "b"], "default": "a"},
+                            "name": {"type": "string", "maxLength": 3, "pattern": "^[a-z]+$", "nullable": true},
+                            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                            "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+                            "list": {"type": "array", "items": {"type": "object", "properties": {
+                                "type": {"type": "string", "default": "tap"}}}}
+                        }
+                    }
+                }
+            }),
+            "schema",
+        )
+        .unwrap()
+    }
+
+    #[test]
+    fn prune_default_validate() {
+        let s = schema();
+        let mut v = json!({"apiVersion": "x/v1", "kind": "K", "metadata": {"name": "n"},
+            "spec": {"vcpu": 100, "zzz": 1, "free": {"any": {"thing": 1}}, "labels": {"a": "b"}, "list": [{"x": 1}], "kind": null},
+            "extra": true});
+        let mut unknown = Vec::new();
+        s.prune(&mut v, &mut unknown);
+        assert_eq!(unknown, vec!["extra".to_string(), "spec.list[0].x".into(), "spec.zzz".into()]);
+        s.default_and_drop_nulls(&mut v);
+        assert_eq!(v["spec"]["kind"], "a");
+        assert_eq!(v["spec"]["list"][0]["type"], "tap");
+        assert_eq!(v["spec"]["free"]["any"]["thing"], 1);
+        let errs = s.validate_root(&v);
+        assert_eq!(errs.len(), 1);
+        assert_eq!(errs[0].field, "spec.vcpu");
+        assert_eq!(errs[0].message, "Invalid value: 100: spec.vcpu in body should be less than or equal to 64");
+        let v = json!({"spec": {"name": "ABCD", "kind": "c"}});
+        let errs = s.validate_root(&v);
+        let msgs: Vec<String> = errs.iter().map(FieldError::full).collect();
+        assert!(msgs.contains(&"spec.vcpu: Required value".to_string()), "{msgs:?}");
+        assert!(msgs.contains(&"spec.kind: Unsupported value: \"c\": supported values: \"a\", \"b\"".to_string()));
+        assert!(msgs.contains(&"spec.name: Too long: may not be more than 3 bytes".to_string()));
+        assert!(msgs.iter().any(|m| m.contains("should match '^[a-z]+$'")));
+    }
+
+    #[test]
+    fn value_at_paths() {
+        let v = json!({"spec": {"hosts": [{"endpoint": "a"}]}});
+        assert_eq!(value_at(&v, "spec.hosts[0].endpoint"), Some(&json!("a")));
+        assert_eq!(value_at(&v, "spec.hosts[1].endpoint"), None);
+    }
+
+    #[test]
+    fn non_structural_schema_is_rejected() {
+        let errs = Schema::compile(&json!({"type": "object", "properties": {"a": {}}}), "s").unwrap_err();
+        assert_eq!(errs[0].field, "s.properties[a].type");
+    }
+}

@@ -1,0 +1,815 @@
+//! HTTP: routing of the Kubernetes API paths, content negotiation (JSON, Table, PartialObjectMetadata),
+//! request decoding and `Status` error answers, and the watch streams.
+
+use std::collections::VecDeque;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
+use axum::response::Response;
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+use super::counters::Verb;
+use super::discovery;
+use super::error::{ApiError, FieldError};
+use super::meta;
+use super::ops::{self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WriteParams};
+use super::patch::PatchType;
+use super::registry::{Builtin, ResourceDef};
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{self, EventType, Filter, Propagation, WatchMsg, Written};
+use super::table::{self, IncludeObject};
+
+/// The largest request body accepted, as the real server's 3 MiB.
+const MAX_BODY: usize = 3 * 1024 * 1024;
+
+/// What the HTTP handlers share.
+pub(crate) struct App {
+    pub(crate) shared: Arc<Shared>,
+    /// `host:port` the server is reached at, for `/api`'s `serverAddressByClientCIDRs`.
+    pub(crate) address: String,
+}
+
+/// Serves until the shutdown signal.
+pub(crate) async fn serve(listener: tokio::net::TcpListener, app: Arc<App>) -> std::io::Result<()> {
+    let mut shutdown = app.shared.shutdown.clone();
+    let router = axum::Router::new().fallback(handle).with_state(app);
+    axum::serve(listener, router)
+        .with_graceful_shutdown(async move {
+            let _ = shutdown.wait_for(|s| *s).await;
+        })
+        .await
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'+' => {
+                out.push(b' ');
+                i += 1;
+            }
+            b'%' if i + 2 < bytes.len() => {
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                match hex {
+                    Some(b) => {
+                        out.push(b);
+                        i += 3;
+                    }
+                    None => {
+                        out.push(b'%');
+                        i += 1;
+                    }
+                }
+            }
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+fn path_decode(s: &str) -> String {
+    // `+` is literal in paths; only %XX escapes apply.
+    percent_decode(&s.replace('+', "%2B"))
+}
+
+struct Query(Vec<(String, String)>);
+
+impl Query {
+    fn parse(q: Option<&str>) -> Self {
+        let pairs = q
+            .unwrap_or("")
+            .split('&')
+            .filter(|p| !p.is_empty())
+            .map(|p| match p.split_once('=') {
+                Some((k, v)) => (percent_decode(k), percent_decode(v)),
+                None => (percent_decode(p), String::new()),
+            })
+            .collect();
+        Self(pairs)
+    }
+
+    fn get(&self, key: &str) -> Option<&str> {
+        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+    }
+
+    fn flag(&self, key: &str) -> Result<bool, ApiError> {
+        match self.get(key) {
+            None | Some("" | "false" | "0") => Ok(false),
+            Some("true" | "1") => Ok(true),
+            Some(other) => Err(ApiError::bad_request(format!("invalid value {other:?} for parameter {key}: expected a boolean"))),
+        }
+    }
+
+    fn number(&self, key: &str) -> Result<Option<i64>, ApiError> {
+        match self.get(key) {
+            None | Some("") => Ok(None),
+            Some(v) => v
+                .parse::<i64>()
+                .map(Some)
+                .map_err(|_| ApiError::bad_request(format!("invalid value {v:?} for parameter {key}: expected an integer"))),
+        }
+    }
+}
+
+fn status_code(code: u16) -> StatusCode {
+    StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+}
+
+fn warning_value(w: &str) -> Option<HeaderValue> {
+    let escaped = w.replace('\\', "\\\\").replace('"', "\\\"");
+    HeaderValue::from_str(&format!("299 - \"{escaped}\"")).ok()
+}
+
+fn respond(code: StatusCode, content_type: &'static str, body: Bytes, warnings: &[String]) -> Response {
+    let mut resp = Response::new(Body::from(body));
+    *resp.status_mut() = code;
+    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    for w in warnings {
+        if let Some(v) = warning_value(w) {
+            resp.headers_mut().append(header::WARNING, v);
+        }
+    }
+    resp
+}
+
+fn respond_value(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
+    respond(code, "application/json", store::encode(v), warnings)
+}
+
+fn respond_error(e: &ApiError) -> Response {
+    respond_value(status_code(e.code), &e.to_status(), &[])
+}
+
+/// What the client accepts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    Table,
+    Partial,
+}
+
+fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return Ok(Format::Json) };
+    if accept.trim().is_empty() {
+        return Ok(Format::Json);
+    }
+    for part in accept.split(',') {
+        let mut pieces = part.split(';').map(str::trim);
+        let media = pieces.next().unwrap_or("").to_ascii_lowercase();
+        let params: Vec<(String, String)> = pieces
+            .filter_map(|p| p.split_once('=').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())))
+            .collect();
+        let param = |k: &str| params.iter().find(|(pk, _)| pk == k).map(|(_, v)| v.as_str());
+        if media == "application/json" || media == "*/*" || media == "application/*" {
+            match (param("as"), param("g"), param("v")) {
+                (Some("Table"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => return Ok(Format::Table),
+                (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => {
+                    return Ok(Format::Partial);
+                }
+                (None, _, _) => return Ok(Format::Json),
+                _ => {}
+            }
+        }
+    }
+    Err(ApiError::not_acceptable(
+        "only the following media types are accepted: application/json, application/json;as=Table;v=v1;g=meta.k8s.io, application/json;as=PartialObjectMetadata;v=v1;g=meta.k8s.io",
+    ))
+}
+
+/// A parsed resource path.
+struct ResourcePath {
+    group: String,
+    version: String,
+    plural: String,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+    watch: bool,
+}
+
+enum Route {
+    Version,
+    Health,
+    Api,
+    GroupList,
+    Group(String),
+    ResourceList(String, String),
+    OpenApiIndex,
+    OpenApiDoc(String, String),
+    Resource(ResourcePath),
+}
+
+fn route(path: &str, shared: &Shared) -> Option<Route> {
+    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(path_decode).collect();
+    let s: Vec<&str> = segs.iter().map(String::as_str).collect();
+    match s.as_slice() {
+        ["version"] => Some(Route::Version),
+        ["healthz" | "livez" | "readyz", ..] => Some(Route::Health),
+        ["api"] => Some(Route::Api),
+        ["apis"] => Some(Route::GroupList),
+        ["apis", g] => Some(Route::Group((*g).to_string())),
+        ["api", v] => Some(Route::ResourceList(String::new(), (*v).to_string())),
+        ["apis", g, v] => Some(Route::ResourceList((*g).to_string(), (*v).to_string())),
+        ["openapi", "v3"] => Some(Route::OpenApiIndex),
+        ["openapi", "v3", "api", v] => Some(Route::OpenApiDoc(String::new(), (*v).to_string())),
+        ["openapi", "v3", "apis", g, v] => Some(Route::OpenApiDoc((*g).to_string(), (*v).to_string())),
+        ["api", v, rest @ ..] => resource_path("", v, rest, shared).map(Route::Resource),
+        ["apis", g, v, rest @ ..] => resource_path(g, v, rest, shared).map(Route::Resource),
+        _ => None,
+    }
+}
+
+fn resource_path(group: &str, version: &str, rest: &[&str], shared: &Shared) -> Option<ResourcePath> {
+    let (watch, rest) = match rest {
+        ["watch", more @ ..] => (true, more),
+        other => (false, other),
+    };
+    let mk = |plural: &str, ns: Option<&str>, name: Option<&str>, sub: Option<&str>| ResourcePath {
+        group: group.to_string(),
+        version: version.to_string(),
+        plural: plural.to_string(),
+        ns: ns.map(str::to_string),
+        name: name.map(str::to_string),
+        sub: sub.map(str::to_string),
+        watch,
+    };
+    match rest {
+        ["namespaces", ns, plural, tail @ ..] => {
+            let namespaced = {
+                let store = shared.lock();
+                store.registry.lookup(group, version, plural).is_some_and(|d| d.namespaced)
+            };
+            if namespaced || !group.is_empty() {
+                match tail {
+                    [] => Some(mk(plural, Some(ns), None, None)),
+                    [name] => Some(mk(plural, Some(ns), Some(name), None)),
+                    [name, sub] => Some(mk(plural, Some(ns), Some(name), Some(sub))),
+                    _ => None,
+                }
+            } else if tail.is_empty() {
+                // `/api/v1/namespaces/{name}/{subresource}`.
+                Some(mk("namespaces", None, Some(ns), Some(plural)))
+            } else {
+                None
+            }
+        }
+        [plural] => Some(mk(plural, None, None, None)),
+        [plural, name] => Some(mk(plural, None, Some(name), None)),
+        [plural, name, sub] => Some(mk(plural, None, Some(name), Some(sub))),
+        _ => None,
+    }
+}
+
+async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let query = Query::parse(req.uri().query());
+    let headers = req.headers().clone();
+    let body = match read_body(req.into_body()).await {
+        Ok(b) => b,
+        Err(e) => {
+            let mut resp = respond_error(&e);
+            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            return resp;
+        }
+    };
+    let result = dispatch(&app, &method, &path, &query, &headers, body).await;
+    let resp = match result {
+        Ok(r) => r,
+        Err(e) => respond_error(&e),
+    };
+    tracing::debug!(%method, %path, status = resp.status().as_u16(), "request");
+    resp
+}
+
+/// Reads the body up to the limit. A larger body is read on (and dropped) up to a bound, so the client
+/// finishes sending and sees the 413 instead of a stalled connection.
+async fn read_body(body: Body) -> Result<Bytes, ApiError> {
+    use futures::StreamExt as _;
+    const DRAIN_LIMIT: usize = 64 * 1024 * 1024;
+    let mut stream = body.into_data_stream();
+    let mut buf: Vec<u8> = Vec::new();
+    let mut total = 0usize;
+    while let Some(chunk) = stream.next().await {
+        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        total = total.saturating_add(chunk.len());
+        if total <= MAX_BODY {
+            buf.extend_from_slice(&chunk);
+        } else if total > DRAIN_LIMIT {
+            break;
+        }
+    }
+    if total > MAX_BODY { Err(ApiError::too_large()) } else { Ok(Bytes::from(buf)) }
+}
+
+async fn dispatch(
+    app: &Arc<App>,
+    method: &Method,
+    path: &str,
+    query: &Query,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let agent = request_agent(headers);
+    let Some(r) = route(path, shared) else { return Err(ApiError::path_not_found()) };
+    let discovery_get = |counter: &str, v: Option<Value>| -> Result<Response, ApiError> {
+        if method != Method::GET {
+            return Err(ApiError::method_not_allowed());
+        }
+        shared.counters.bump(Verb::Get, &Arc::from(counter), agent);
+        v.map(|v| respond_value(StatusCode::OK, &v, &[])).ok_or_else(ApiError::path_not_found)
+    };
+    match r {
+        Route::Version => discovery_get("discovery", Some(discovery::version())),
+        Route::Health => {
+            if method != Method::GET {
+                return Err(ApiError::method_not_allowed());
+            }
+            Ok(respond(StatusCode::OK, "text/plain; charset=utf-8", Bytes::from_static(b"ok"), &[]))
+        }
+        Route::Api => discovery_get("discovery", Some(discovery::api_versions(&app.address))),
+        Route::GroupList => {
+            let doc = discovery::api_group_list(&shared.lock().registry);
+            discovery_get("discovery", Some(doc))
+        }
+        Route::Group(g) => {
+            let doc = discovery::api_group(&shared.lock().registry, &g);
+            discovery_get("discovery", doc)
+        }
+        Route::ResourceList(g, v) => {
+            let doc = discovery::resource_list(&shared.lock().registry, &g, &v);
+            discovery_get("discovery", doc)
+        }
+        Route::OpenApiIndex => {
+            let doc = discovery::openapi_index(&shared.lock().registry);
+            discovery_get("openapi", Some(doc))
+        }
+        Route::OpenApiDoc(g, v) => {
+            let doc = discovery::openapi_doc(&shared.lock().registry, &g, &v);
+            discovery_get("openapi", doc)
+        }
+        Route::Resource(rp) => resource(app, method, rp, query, headers, body).await,
+    }
+}
+
+/// The client's User-Agent product, for the request counters ("" when it sends none).
+fn request_agent(headers: &HeaderMap) -> &str {
+    let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    super::counters::user_agent_product(ua)
+}
+
+fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiError> {
+    let dry_run = match query.get("dryRun") {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+            )));
+        }
+    };
+    let field_validation = match query.get("fieldValidation") {
+        None | Some("") | Some("Warn") => FieldValidation::Warn,
+        Some("Strict") => FieldValidation::Strict,
+        Some("Ignore") => FieldValidation::Ignore,
+        Some(other) => {
+            return Err(ApiError::bad_request(format!(
+                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
+            )));
+        }
+    };
+    // The real server names an unnamed manager after the user agent's product.
+    let field_manager = query.get("fieldManager").filter(|m| !m.is_empty()).map(str::to_string).or_else(|| {
+        headers
+            .get(header::USER_AGENT)
+            .and_then(|v| v.to_str().ok())
+            .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+            .filter(|m| !m.is_empty())
+    });
+    if field_manager.as_ref().is_some_and(|m| m.len() > 128) {
+        return Err(ApiError::invalid(
+            "PatchOptions",
+            "meta.k8s.io",
+            "",
+            &[FieldError::too_long("fieldManager", 128)],
+        ));
+    }
+    Ok(WriteParams { dry_run, field_validation, field_manager })
+}
+
+fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
+    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    match base.as_str() {
+        "" | "application/json" | "*/*" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))),
+        "application/yaml" | "application/x-yaml" | "text/yaml" => {
+            let text = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
+            serde_saphyr::from_str::<Value>(text)
+                .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}")))
+        }
+        _ => Err(ApiError::unsupported_media_type(
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
+        )),
+    }
+}
+
+fn filter_from(def: &ResourceDef, ns: Option<&str>, query: &Query) -> Result<Filter, ApiError> {
+    Ok(Filter {
+        ns: ns.map(str::to_string),
+        labels: LabelSelector::parse(query.get("labelSelector").unwrap_or(""))?,
+        fields: FieldSelector::parse(query.get("fieldSelector").unwrap_or(""), &def.selectors())?,
+    })
+}
+
+fn include_object(query: &Query) -> Result<IncludeObject, ApiError> {
+    match query.get("includeObject") {
+        None | Some("" | "Metadata") => Ok(IncludeObject::Metadata),
+        Some("None") => Ok(IncludeObject::None),
+        Some("Object") => Ok(IncludeObject::Object),
+        Some(other) => Err(ApiError::bad_request(format!(
+            "includeObject: Unsupported value: {other:?}: supported values: \"Metadata\", \"None\", \"Object\""
+        ))),
+    }
+}
+
+fn object_response(def: &ResourceDef, stored: &store::Stored, format: Format, query: &Query, code: StatusCode, warnings: &[String]) -> Result<Response, ApiError> {
+    match format {
+        Format::Json => Ok(respond(code, "application/json", ops::view_bytes(def, stored), warnings)),
+        Format::Partial => Ok(respond_value(code, &table::partial_metadata(&stored.value), warnings)),
+        Format::Table => {
+            let v = ops::view(def, &stored.value);
+            let t = table::table(def, std::slice::from_ref(&v), include_object(query)?, Some(stored.rv), None, true);
+            Ok(respond(code, "application/json;as=Table;v=v1;g=meta.k8s.io", store::encode(&t), warnings))
+        }
+    }
+}
+
+fn written_response(def: &ResourceDef, written: &Written, created: bool, warnings: &[String]) -> Response {
+    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
+    respond(code, "application/json", ops::view_bytes(def, written.object()), warnings)
+}
+
+async fn resource(
+    app: &Arc<App>,
+    method: &Method,
+    rp: ResourcePath,
+    query: &Query,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let agent = request_agent(headers);
+    let def = {
+        let store = shared.lock();
+        store.registry.lookup(&rp.group, &rp.version, &rp.plural)
+    };
+    let Some(def) = def else { return Err(ApiError::path_not_found()) };
+    if def.namespaced && rp.name.is_some() && rp.ns.is_none() {
+        return Err(ApiError::path_not_found());
+    }
+    if !def.namespaced && rp.ns.is_some() {
+        return Err(ApiError::path_not_found());
+    }
+    let sub = match rp.sub.as_deref() {
+        None => Sub::Main,
+        Some("status") if def.status_subresource => Sub::Status,
+        Some(_) => return Err(ApiError::path_not_found()),
+    };
+    let counter = if sub == Sub::Status { def.counter_name_status.clone() } else { def.counter_name.clone() };
+    let ns = rp.ns.as_deref();
+    let watch = rp.watch || query.flag("watch")?;
+    match (method.clone(), rp.name.as_deref()) {
+        (Method::GET, None) if watch => {
+            shared.counters.bump(Verb::Watch, &counter, agent);
+            start_watch(app, &def, ns, query, negotiate(headers)?)
+        }
+        (Method::GET, None) => {
+            shared.counters.bump(Verb::List, &counter, agent);
+            list(shared, &def, ns, query, negotiate(headers)?)
+        }
+        (Method::GET, Some(name)) => {
+            shared.counters.bump(Verb::Get, &counter, agent);
+            let format = negotiate(headers)?;
+            let stored = ops::get(shared, &def, ns, name)?;
+            object_response(&def, &stored, format, query, StatusCode::OK, &[])
+        }
+        (Method::POST, None) if sub == Sub::Main => {
+            shared.counters.bump(Verb::Create, &counter, agent);
+            let params = write_params(query, headers)?;
+            let obj = decode_object(headers, &body)?;
+            let res = ops::create(shared, &def, ns, obj, &params)?;
+            Ok(written_response(&def, &res.written, true, &res.warnings))
+        }
+        (Method::PUT, Some(name)) => {
+            shared.counters.bump(Verb::Update, &counter, agent);
+            let params = write_params(query, headers)?;
+            let obj = decode_object(headers, &body)?;
+            let res = ops::update(shared, &def, ns, name, sub, obj, &params)?;
+            Ok(written_response(&def, &res.written, res.created, &res.warnings))
+        }
+        (Method::PATCH, Some(name)) => {
+            shared.counters.bump(Verb::Patch, &counter, agent);
+            let params = write_params(query, headers)?;
+            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let Some(ptype) = PatchType::from_content_type(ct) else {
+                let accepted = if def.builtin.is_some() {
+                    "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
+                } else {
+                    "application/json-patch+json, application/merge-patch+json"
+                };
+                return Err(ApiError::unsupported_media_type(format!(
+                    "the body of the request was in an unknown format - accepted media types include: {accepted}"
+                )));
+            };
+            if ptype == PatchType::Apply && def.builtin == Some(Builtin::Lease) {
+                let manager = query.get("fieldManager").unwrap_or("").to_string();
+                let force = query.flag("force")?;
+                let res = super::apply::apply_lease(shared, &def, ns, name, &body, &manager, force, &params)?;
+                return Ok(written_response(&def, &res.written, res.created, &res.warnings));
+            }
+            let res = ops::patch(shared, &def, ns, name, sub, ptype, &body, &params)?;
+            Ok(written_response(&def, &res.written, res.created, &res.warnings))
+        }
+        (Method::DELETE, Some(name)) if sub == Sub::Main => {
+            shared.counters.bump(Verb::Delete, &counter, agent);
+            let opts = delete_opts(query, &body)?;
+            let written = ops::delete(shared, &def, ns, name, &opts)?;
+            Ok(delete_response(&def, name, &written))
+        }
+        (Method::DELETE, None) if sub == Sub::Main => {
+            shared.counters.bump(Verb::DeleteCollection, &counter, agent);
+            let opts = delete_opts(query, &body)?;
+            delete_collection(shared, &def, ns, query, &opts)
+        }
+        _ => Err(ApiError::method_not_allowed()),
+    }
+}
+
+fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response {
+    match written {
+        // Built-in registries other than namespaces answer an immediate deletion with a Status.
+        Written::Removed(obj) if def.builtin.is_some() && def.builtin != Some(Builtin::Namespace) => {
+            let status = json!({
+                "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                "details": {"name": name, "group": def.group, "kind": def.plural, "uid": meta::meta_str(&obj.value, "uid")}
+            });
+            respond_value(StatusCode::OK, &status, &[])
+        }
+        w => respond(StatusCode::OK, "application/json", ops::view_bytes(def, w.object()), &[]),
+    }
+}
+
+fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
+    let doc: Value = if body.iter().all(u8::is_ascii_whitespace) {
+        Value::Null
+    } else {
+        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+    };
+    let policy = doc
+        .get("propagationPolicy")
+        .and_then(Value::as_str)
+        .map(str::to_string)
+        .or_else(|| query.get("propagationPolicy").map(str::to_string));
+    let orphan_flag = doc.get("orphanDependents").and_then(Value::as_bool);
+    let propagation = match (policy.as_deref(), orphan_flag) {
+        (None | Some(""), Some(true)) => Propagation::Orphan,
+        (None | Some(""), _) => Propagation::Background,
+        (Some("Background"), _) => Propagation::Background,
+        (Some("Foreground"), _) => Propagation::Foreground,
+        (Some("Orphan"), _) => Propagation::Orphan,
+        (Some(other), _) => {
+            return Err(ApiError::invalid(
+                "DeleteOptions",
+                "",
+                "",
+                &[FieldError::not_supported(
+                    "propagationPolicy",
+                    &json!(other),
+                    &["Foreground".to_string(), "Background".to_string(), "Orphan".to_string()],
+                )],
+            ));
+        }
+    };
+    let dry_run = match doc.get("dryRun").and_then(Value::as_array) {
+        Some(list) => list.iter().any(|v| v == "All"),
+        None => match query.get("dryRun") {
+            None | Some("") => false,
+            Some("All") => true,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!("dryRun: Unsupported value: {other:?}: supported values: \"All\"")));
+            }
+        },
+    };
+    Ok(DeleteOpts {
+        propagation,
+        uid: doc.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string),
+        resource_version: doc.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string),
+        dry_run,
+    })
+}
+
+fn list_opts(query: &Query) -> Result<ListOpts, ApiError> {
+    let limit = query.number("limit")?.filter(|l| *l > 0).map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+    Ok(ListOpts {
+        limit,
+        continue_token: query.get("continue").filter(|c| !c.is_empty()).map(str::to_string),
+        resource_version: query.get("resourceVersion").map(str::to_string),
+        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).map(str::to_string),
+    })
+}
+
+fn list(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, format: Format) -> Result<Response, ApiError> {
+    let filter = filter_from(def, ns, query)?;
+    let page = ops::list(shared, def, &filter, &list_opts(query)?)?;
+    match format {
+        Format::Table => {
+            let values: Vec<Value> = page.items.iter().map(|s| ops::view(def, &s.value).into_owned()).collect();
+            let t = table::table(
+                def,
+                &values,
+                include_object(query)?,
+                Some(page.resource_version),
+                page.continue_token.as_deref(),
+                true,
+            );
+            Ok(respond(StatusCode::OK, "application/json;as=Table;v=v1;g=meta.k8s.io", store::encode(&t), &[]))
+        }
+        Format::Partial => {
+            let items: Vec<Value> = page.items.iter().map(|s| table::partial_metadata(&s.value)).collect();
+            let mut md = serde_json::Map::new();
+            md.insert("resourceVersion".into(), json!(page.resource_version.to_string()));
+            if let Some(c) = &page.continue_token {
+                md.insert("continue".into(), json!(c));
+            }
+            let v = json!({"kind": "PartialObjectMetadataList", "apiVersion": "meta.k8s.io/v1", "metadata": md, "items": items});
+            Ok(respond_value(StatusCode::OK, &v, &[]))
+        }
+        Format::Json => {
+            let mut out = Vec::with_capacity(page.items.iter().map(|s| s.bytes.len() + 1).sum::<usize>() + 256);
+            out.extend_from_slice(b"{\"kind\":");
+            out.extend_from_slice(json!(def.list_kind).to_string().as_bytes());
+            out.extend_from_slice(b",\"apiVersion\":");
+            out.extend_from_slice(json!(def.api_version()).to_string().as_bytes());
+            out.extend_from_slice(b",\"metadata\":{\"resourceVersion\":\"");
+            out.extend_from_slice(page.resource_version.to_string().as_bytes());
+            out.push(b'"');
+            if let Some(c) = &page.continue_token {
+                out.extend_from_slice(b",\"continue\":");
+                out.extend_from_slice(json!(c).to_string().as_bytes());
+            }
+            if let Some(n) = page.remaining {
+                out.extend_from_slice(format!(",\"remainingItemCount\":{n}").as_bytes());
+            }
+            out.extend_from_slice(b"},\"items\":[");
+            for (i, s) in page.items.iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                out.extend_from_slice(&ops::view_bytes(def, s));
+            }
+            out.extend_from_slice(b"]}");
+            Ok(respond(StatusCode::OK, "application/json", Bytes::from(out), &[]))
+        }
+    }
+}
+
+fn delete_collection(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, opts: &DeleteOpts) -> Result<Response, ApiError> {
+    let filter = filter_from(def, ns, query)?;
+    let page = ops::list(shared, def, &filter, &ListOpts::default())?;
+    let mut items = Vec::new();
+    for s in &page.items {
+        let name = meta::meta_str(&s.value, "name").to_string();
+        let obj_ns = meta::meta_str(&s.value, "namespace").to_string();
+        let obj_ns = if def.namespaced { Some(obj_ns.as_str()) } else { None };
+        match ops::delete(shared, def, obj_ns, &name, opts) {
+            Ok(w) => items.push(ops::view(def, &w.object().value).into_owned()),
+            Err(e) if e.code == 404 => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let v = json!({"kind": def.list_kind, "apiVersion": def.api_version(), "metadata": {}, "items": items});
+    Ok(respond_value(StatusCode::OK, &v, &[]))
+}
+
+fn start_watch(app: &Arc<App>, def: &Arc<ResourceDef>, ns: Option<&str>, query: &Query, format: Format) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let filter = filter_from(def, ns, query)?;
+    let opts = WatchOpts {
+        resource_version: query.get("resourceVersion").map(str::to_string),
+        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).map(str::to_string),
+        bookmarks: query.flag("allowWatchBookmarks")?,
+        send_initial_events: query.flag("sendInitialEvents")?,
+    };
+    let timeout = match query.number("timeoutSeconds")? {
+        Some(t) if t > 0 => Duration::from_secs(u64::try_from(t).unwrap_or(u64::MAX).min(365 * 24 * 3600)),
+        _ => shared.default_watch_timeout,
+    };
+    let include = include_object(query)?;
+    let content_type = match format {
+        Format::Table => "application/json;as=Table;v=v1;g=meta.k8s.io",
+        _ => "application/json",
+    };
+    match ops::watch(shared, def, filter, &opts) {
+        Ok((backlog, rx)) => {
+            let stream = WatchStream {
+                shared: shared.clone(),
+                def: def.clone(),
+                backlog: backlog.into(),
+                rx,
+                deadline: tokio::time::Instant::now() + timeout,
+                format,
+                include,
+                first: true,
+            };
+            let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
+                s.next().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), s))
+            }));
+            let mut resp = Response::new(body);
+            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            Ok(resp)
+        }
+        Err(e) if e.code == 410 => {
+            // The real server answers a too-old watch with an ERROR event in a 200 stream.
+            let line = store::event_line("ERROR", &store::encode(&e.to_status()));
+            Ok(respond(StatusCode::OK, "application/json", line, &[]))
+        }
+        Err(e) => Err(e),
+    }
+}
+
+struct WatchStream {
+    shared: Arc<Shared>,
+    def: Arc<ResourceDef>,
+    backlog: VecDeque<WatchMsg>,
+    rx: mpsc::Receiver<WatchMsg>,
+    deadline: tokio::time::Instant,
+    format: Format,
+    include: IncludeObject,
+    first: bool,
+}
+
+impl WatchStream {
+    async fn next(&mut self) -> Option<Bytes> {
+        let msg = match self.backlog.pop_front() {
+            Some(m) => m,
+            None => {
+                let mut shutdown = self.shared.shutdown.clone();
+                if *shutdown.borrow() {
+                    return None;
+                }
+                tokio::select! {
+                    m = self.rx.recv() => m?,
+                    () = tokio::time::sleep_until(self.deadline) => return None,
+                    _ = shutdown.wait_for(|s| *s) => return None,
+                }
+            }
+        };
+        Some(self.encode(msg))
+    }
+
+    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
+        let mut md = serde_json::Map::new();
+        md.insert("resourceVersion".into(), json!(rv.to_string()));
+        md.insert("creationTimestamp".into(), Value::Null);
+        if initial_end {
+            md.insert("annotations".into(), json!({"k8s.io/initial-events-end": "true"}));
+        }
+        let obj = json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": md});
+        store::event_line("BOOKMARK", &store::encode(&obj))
+    }
+
+    fn encode(&mut self, msg: WatchMsg) -> Bytes {
+        match msg {
+            WatchMsg::Bookmark(rv) => self.bookmark(rv, false),
+            WatchMsg::InitialEventsEnd(rv) => self.bookmark(rv, true),
+            WatchMsg::Event(ty, stored) => match self.format {
+                Format::Json => match self.def.conversion {
+                    super::registry::Conversion::None => stored.frame(ty),
+                    _ => store::event_line(ty.as_str(), &ops::view_bytes(&self.def, &stored)),
+                },
+                Format::Partial => store::event_line(ty.as_str(), &store::encode(&table::partial_metadata(&stored.value))),
+                Format::Table => {
+                    let v = ops::view(&self.def, &stored.value);
+                    let t = table::table(&self.def, std::slice::from_ref(&v), self.include, Some(stored.rv), None, self.first);
+                    self.first = false;
+                    store::event_line(event_name(ty), &store::encode(&t))
+                }
+            },
+        }
+    }
+}
+
+fn event_name(ty: EventType) -> &'static str {
+    ty.as_str()
+}

@@ -1,0 +1,528 @@
+//! A whole simulated world on one machine: the API emulator, hollow flintlock hosts, the CAPI stand-in,
+//! and the operator in a process of its own, talking to the emulator through a kubeconfig exactly as it
+//! would to a real cluster. The demo, the end-to-end tests and the benchmark all run on it.
+
+use std::collections::BTreeMap;
+use std::net::{SocketAddr, TcpListener};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use capmvm_api::MicrovmMachine;
+use capmvm_flintlock::SecretString;
+use capmvm_flintlock::hollow::pki::TestPki;
+use capmvm_flintlock::hollow::{HollowConfig, HollowHandle, HollowHost, VmSnapshot};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::{Api, ResourceExt};
+
+use crate::capi::{self, StandIn};
+use crate::kube::{EmulatorHandle, EmulatorOptions};
+use crate::manifest;
+
+/// How hosts authenticate callers.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub enum HostAuth {
+    /// Plaintext, no token (flintlockd `--insecure`).
+    #[default]
+    None,
+    /// A basic-auth token, plaintext transport.
+    Token(String),
+    /// TLS with client certificates required (mTLS), and a basic-auth token.
+    MtlsAndToken(String),
+}
+
+/// How to build a world.
+#[derive(Clone, Debug)]
+pub struct WorldOptions {
+    /// Number of hollow hosts.
+    pub hosts: usize,
+    /// Time from create to CREATED on the hosts.
+    pub provision_time: Duration,
+    /// Time from DELETING to gone on the hosts (before scaling).
+    pub delete_time: Duration,
+    /// Multiplies flintlock's own intervals on the hosts (its 20 s retry backoff); 0.001 makes a
+    /// FAILED microVM appear within a second.
+    pub time_scale: f64,
+    /// Host authentication.
+    pub auth: HostAuth,
+    /// The executable that runs the operator, and the arguments before the operator's flags
+    /// (for `capmvm-sim` itself: `["operator"]`).
+    pub operator_command: (PathBuf, Vec<String>),
+    /// Extra operator flags.
+    pub operator_flags: Vec<String>,
+    /// Emulator settings.
+    pub emulator: EmulatorOptions,
+    /// Keep the working directory (kubeconfig, logs) after the world is dropped.
+    pub keep_dir: bool,
+}
+
+impl WorldOptions {
+    /// `hosts` hosts provisioning in `provision_time`, the operator run by `capmvm-sim operator`.
+    pub fn new(hosts: usize, provision_time: Duration, sim_binary: PathBuf) -> Self {
+        Self {
+            hosts,
+            provision_time,
+            delete_time: Duration::from_millis(300),
+            time_scale: 1.0,
+            auth: HostAuth::None,
+            operator_command: (sim_binary, vec!["operator".to_string()]),
+            operator_flags: Vec::new(),
+            emulator: EmulatorOptions::default(),
+            keep_dir: false,
+        }
+    }
+}
+
+/// An operator process.
+pub struct OperatorProcess {
+    child: tokio::process::Child,
+    /// Its Prometheus metrics address.
+    pub metrics: SocketAddr,
+}
+
+impl OperatorProcess {
+    /// Its process id, while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Waits up to `timeout` for it to exit by itself; returns its exit code.
+    pub async fn wait_exit(&mut self, timeout: Duration) -> Option<i32> {
+        match tokio::time::timeout(timeout, self.child.wait()).await {
+            Ok(Ok(status)) => Some(status.code().unwrap_or(-1)),
+            _ => None,
+        }
+    }
+
+    /// Stops it with SIGTERM and waits (SIGKILL after 10 s).
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            let _ = std::process::Command::new("kill")
+                .arg("-TERM")
+                .arg(pid.to_string())
+                .status();
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+
+    /// Its Prometheus metrics, as text.
+    pub async fn scrape_metrics(&self) -> anyhow::Result<String> {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let mut stream = tokio::net::TcpStream::connect(self.metrics).await?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
+            .await?;
+        let mut body = String::new();
+        stream.read_to_string(&mut body).await?;
+        Ok(body)
+    }
+}
+
+/// A running world.
+pub struct World {
+    /// Working directory: kubeconfig, PKI, operator log.
+    pub dir: PathBuf,
+    /// The API emulator.
+    pub emulator: EmulatorHandle,
+    /// A client of the emulator (the test's and the stand-in's).
+    pub client: kube::Client,
+    /// Path of the kubeconfig the operator uses.
+    pub kubeconfig: PathBuf,
+    /// The hollow hosts.
+    pub hosts: Vec<HollowHandle>,
+    /// The PKI of the hosts, when they use TLS.
+    pub pki: Option<TestPki>,
+    stand_in: Option<StandIn>,
+    operator: Option<OperatorProcess>,
+    options: WorldOptions,
+}
+
+impl World {
+    /// Starts the emulator (with every CRD installed), the hosts and the CAPI stand-in. The operator
+    /// is started separately ([`World::start_operator`]).
+    pub async fn start(options: WorldOptions) -> anyhow::Result<World> {
+        let dir = std::env::temp_dir().join(format!(
+            "capmvm-sim-{}-{}",
+            std::process::id(),
+            k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let emulator = crate::kube::Emulator::start(options.emulator.clone())
+            .await
+            .context("starting the API emulator")?;
+        let kubeconfig = dir.join("kubeconfig");
+        emulator
+            .write_kubeconfig(&kubeconfig)
+            .context("writing the kubeconfig")?;
+        let client = emulator
+            .client()
+            .context("building a client of the emulator")?;
+
+        let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
+        for crd in capmvm_api::crds().into_iter().chain(capi::crds()) {
+            crds.create(&PostParams::default(), &crd)
+                .await
+                .with_context(|| format!("installing CRD {}", crd.name_any()))?;
+        }
+
+        let pki = match &options.auth {
+            HostAuth::MtlsAndToken(_) => {
+                let pki = TestPki::generate().context("generating the hosts' PKI")?;
+                pki.write_to(&dir.join("pki")).context("writing the PKI")?;
+                Some(pki)
+            }
+            _ => None,
+        };
+        let mut hosts = Vec::new();
+        for _ in 0..options.hosts {
+            let config = HollowConfig {
+                provision_time: options.provision_time,
+                delete_time: options.delete_time,
+                time_scale: options.time_scale,
+                basic_auth_token: match &options.auth {
+                    HostAuth::None => None,
+                    HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => {
+                        Some(SecretString::new(t.clone()))
+                    }
+                },
+                tls: pki.as_ref().map(|p| p.server_tls(true)),
+                ..HollowConfig::default()
+            };
+            hosts.push(
+                HollowHost::start(config)
+                    .await
+                    .context("starting a hollow host")?,
+            );
+        }
+        let stand_in = capi::run(client.clone());
+        Ok(World {
+            dir,
+            emulator,
+            client,
+            kubeconfig,
+            hosts,
+            pki,
+            stand_in: Some(stand_in),
+            operator: None,
+            options,
+        })
+    }
+
+    /// The hosts' endpoints.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.hosts.iter().map(HollowHandle::endpoint).collect()
+    }
+
+    /// Where the operator logs.
+    pub fn operator_log(&self) -> PathBuf {
+        self.dir.join("operator.log")
+    }
+
+    /// Starts the operator process with `env` added to its environment.
+    pub fn start_operator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        if self.operator.is_some() {
+            bail!("the operator is already running");
+        }
+        self.operator = Some(self.spawn_operator(&[], env)?);
+        Ok(())
+    }
+
+    /// Starts one more operator process (for leader election), with `flags` after the world's own.
+    /// Its output goes to the same log.
+    pub fn spawn_operator(
+        &self,
+        flags: &[&str],
+        env: &[(&str, &str)],
+    ) -> anyhow::Result<OperatorProcess> {
+        let metrics = free_port()?;
+        let health = free_port()?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.operator_log())
+            .context("opening the operator log")?;
+        let (program, prefix) = &self.options.operator_command;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(prefix)
+            .arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg(format!("--diagnostics-address={metrics}"))
+            .arg(format!("--health-addr={health}"))
+            .arg("--log-format=json")
+            .args(&self.options.operator_flags)
+            .args(flags)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().context("cloning the log handle")?)
+            .stderr(log)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command
+            .spawn()
+            .with_context(|| format!("starting the operator ({})", program.display()))?;
+        Ok(OperatorProcess { child, metrics })
+    }
+
+    /// The operator's process id, while it runs.
+    pub fn operator_pid(&self) -> Option<u32> {
+        self.operator.as_ref().and_then(OperatorProcess::pid)
+    }
+
+    /// The operator process, while it runs.
+    pub fn operator(&self) -> Option<&OperatorProcess> {
+        self.operator.as_ref()
+    }
+
+    /// Waits up to `timeout` for the operator to exit by itself; returns its exit code.
+    pub async fn wait_operator_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let code = self.operator.as_mut()?.wait_exit(timeout).await;
+        if code.is_some() {
+            self.operator = None;
+        }
+        code
+    }
+
+    /// Stops the operator with SIGTERM and waits for it.
+    pub async fn stop_operator(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.stop().await;
+        }
+    }
+
+    /// Kills the operator at once (SIGKILL), as a crash would.
+    pub async fn kill_operator(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.kill().await;
+        }
+    }
+
+    /// Creates the Secrets the hosts' authentication needs, named `<cluster>-flintlock-token` and
+    /// `<cluster>-flintlock-tls`, and returns `(basicAuthSecret, tlsSecretRef)` to put in the
+    /// MicrovmCluster.
+    pub async fn create_credentials(
+        &self,
+        namespace: &str,
+        cluster: &str,
+    ) -> anyhow::Result<(Option<String>, Option<String>)> {
+        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
+        let mut names = (None, None);
+        let token = match &self.options.auth {
+            HostAuth::None => return Ok(names),
+            HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => t.clone(),
+        };
+        let mut data = BTreeMap::new();
+        for endpoint in self.endpoints() {
+            let ep: capmvm_api::HostEndpoint = endpoint
+                .parse()
+                .map_err(|e| anyhow::anyhow!("{endpoint}: {e}"))?;
+            data.insert(ep.secret_key(), ByteString(token.clone().into_bytes()));
+        }
+        let name = format!("{cluster}-flintlock-token");
+        secrets
+            .create(&PostParams::default(), &secret(&name, namespace, data))
+            .await?;
+        names.0 = Some(name);
+        if let Some(pki) = &self.pki {
+            let material = pki.client_tls(true);
+            let data = BTreeMap::from([
+                (
+                    "ca.crt".to_string(),
+                    ByteString(material.ca_pem.clone().unwrap_or_default()),
+                ),
+                (
+                    "tls.crt".to_string(),
+                    ByteString(material.client_cert_pem.clone().unwrap_or_default()),
+                ),
+                (
+                    "tls.key".to_string(),
+                    ByteString(
+                        material
+                            .client_key_pem
+                            .as_ref()
+                            .map(|k| k.expose().to_vec())
+                            .unwrap_or_default(),
+                    ),
+                ),
+            ]);
+            let name = format!("{cluster}-flintlock-tls");
+            secrets
+                .create(&PostParams::default(), &secret(&name, namespace, data))
+                .await?;
+            names.1 = Some(name);
+        }
+        Ok(names)
+    }
+
+    /// Renders `examples/demo/cluster.yaml` with these hosts and `vars`, and lets `edit` change the
+    /// objects before they are applied.
+    pub async fn apply_demo_cluster(
+        &self,
+        vars: &[(&str, String)],
+        edit: impl FnOnce(&mut Vec<DynamicObject>),
+    ) -> anyhow::Result<Vec<String>> {
+        let mut all: BTreeMap<String, String> = vars
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        for (letter, endpoint) in ["HOST_A", "HOST_B", "HOST_C"].iter().zip(self.endpoints()) {
+            all.entry(letter.to_string()).or_insert(endpoint);
+        }
+        let mut objects = manifest::parse(&manifest::envsubst(DEMO_CLUSTER, &all)?)?;
+        // Every host of the world belongs to the pool (the template names three).
+        for obj in &mut objects {
+            if obj
+                .types
+                .as_ref()
+                .is_some_and(|t| t.kind == "MicrovmCluster")
+            {
+                let hosts: Vec<serde_json::Value> = self
+                    .endpoints()
+                    .iter()
+                    .enumerate()
+                    .map(|(i, e)| {
+                        serde_json::json!({
+                            "name": format!("host-{i}"),
+                            "endpoint": e,
+                            "controlplaneAllowed": true,
+                        })
+                    })
+                    .collect();
+                obj.data["spec"]["placement"]["staticPool"]["hosts"] =
+                    serde_json::Value::Array(hosts);
+            }
+        }
+        edit(&mut objects);
+        Ok(manifest::apply(&self.client, &objects).await?)
+    }
+
+    /// Every microVM on every host, with the host's endpoint.
+    pub fn all_vms(&self) -> Vec<(String, VmSnapshot)> {
+        self.hosts
+            .iter()
+            .flat_map(|h| {
+                h.control()
+                    .vms()
+                    .into_iter()
+                    .map(move |vm| (h.endpoint(), vm))
+            })
+            .collect()
+    }
+
+    /// The MicrovmMachines of `namespace`.
+    pub async fn microvm_machines(&self, namespace: &str) -> anyhow::Result<Vec<MicrovmMachine>> {
+        Ok(
+            Api::<MicrovmMachine>::namespaced(self.client.clone(), namespace)
+                .list(&ListParams::default())
+                .await?
+                .items,
+        )
+    }
+
+    /// The operator's CPU seconds and peak resident memory in KiB, from /proc (Linux).
+    pub fn operator_usage(&self) -> Option<(f64, u64)> {
+        let pid = self.operator_pid()?;
+        process_usage(pid)
+    }
+
+    /// Stops everything; keeps the working directory if asked to.
+    pub async fn shutdown(mut self) {
+        self.stop_operator().await;
+        if let Some(s) = self.stand_in.take() {
+            s.stop();
+        }
+        for h in std::mem::take(&mut self.hosts) {
+            h.shutdown().await;
+        }
+        if !self.options.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+/// The demo cluster template, compiled in so the demo runs from any directory.
+pub const DEMO_CLUSTER: &str = include_str!("../../examples/demo/cluster.yaml");
+
+/// Polls `check` every `every` until it returns `Some`, or fails after `timeout` with `what`.
+pub async fn wait_for<T, F, Fut>(
+    what: &str,
+    timeout: Duration,
+    every: Duration,
+    mut check: F,
+) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(v) = check().await? {
+            return Ok(v);
+        }
+        if Instant::now() > deadline {
+            bail!("timed out after {timeout:?} waiting for {what}");
+        }
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// CPU seconds (user + system) and peak RSS (KiB) of a process, from /proc.
+pub fn process_usage(pid: u32) -> Option<(f64, u64)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the parenthesised command name; utime and stime are the 14th and 15th overall.
+    let after = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after.split_whitespace().collect();
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let hwm = status
+        .lines()
+        .find(|l| l.starts_with("VmHWM:"))?
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()?;
+    // Linux reports CPU time in clock ticks of 1/100 s (USER_HZ) on every mainstream architecture.
+    Some((ticks as f64 / 100.0, hwm))
+}
+
+fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
+
+fn free_port() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?)
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if !self.options.keep_dir && self.operator.is_none() && self.hosts.is_empty() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}

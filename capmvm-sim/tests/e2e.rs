@@ -1,0 +1,677 @@
+//! End to end: the API emulator, hollow flintlock hosts, the CAPI stand-in and the real operator in a
+//! process of its own. No mocks: every assertion reads what a user would see through the API or on
+//! the hosts.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::keys::MACHINE_FINALIZER;
+use capmvm_api::{MicrovmCluster, MicrovmMachine, ProviderId, VmState};
+use capmvm_flintlock::{Method, MicrovmState};
+use capmvm_sim::capi::MachineDeployment;
+use capmvm_sim::kube::Verb;
+use capmvm_sim::world::{HostAuth, World, WorldOptions, wait_for};
+use k8s_openapi::api::events::v1::Event;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::json;
+
+const NS: &str = "default";
+const WAIT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(200);
+
+fn options(hosts: usize) -> WorldOptions {
+    let mut o = WorldOptions::new(
+        hosts,
+        Duration::from_millis(500),
+        PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
+    );
+    o.operator_flags = vec![
+        "--host-poll-interval=2s".into(),
+        "--host-poll-interval-busy=200ms".into(),
+        "--log-level=info".into(),
+    ];
+    o
+}
+
+/// A world with its operator running.
+async fn world(options: WorldOptions) -> World {
+    let mut w = World::start(options).await.expect("world starts");
+    w.start_operator(&[]).expect("operator starts");
+    w
+}
+
+fn counts(control_planes: usize, workers: usize) -> [(&'static str, String); 2] {
+    [
+        ("CONTROL_PLANE_MACHINE_COUNT", control_planes.to_string()),
+        ("WORKER_MACHINE_COUNT", workers.to_string()),
+    ]
+}
+
+fn ready_condition(m: &MicrovmMachine) -> Option<(String, String, String)> {
+    m.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+fn is_ready(m: &MicrovmMachine) -> bool {
+    ready_condition(m).is_some_and(|(s, _, _)| s == "True")
+}
+
+/// Waits until exactly `n` MicrovmMachines exist and all are Ready.
+async fn wait_ready(w: &World, n: usize) -> Vec<MicrovmMachine> {
+    let log = w.operator_log();
+    wait_for(
+        &format!("{n} ready machines (operator log: {})", log.display()),
+        WAIT,
+        POLL,
+        || async {
+            let ms = w.microvm_machines(NS).await?;
+            Ok((ms.len() == n && ms.iter().all(is_ready)).then_some(ms))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Waits until every machine whose name starts with `prefix` has Ready reason `reason`.
+async fn wait_reason(w: &World, prefix: &str, n: usize, reason: &str) -> Vec<MicrovmMachine> {
+    wait_for(
+        &format!("{n} machines {prefix}* with reason {reason}"),
+        WAIT,
+        POLL,
+        || async {
+            let ms: Vec<MicrovmMachine> = w
+                .microvm_machines(NS)
+                .await?
+                .into_iter()
+                .filter(|m| m.name_any().starts_with(prefix))
+                .collect();
+            let ok = ms.len() == n
+                && ms
+                    .iter()
+                    .all(|m| ready_condition(m).is_some_and(|(_, r, _)| r == reason));
+            Ok(ok.then_some(ms))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// Microvms on the hosts that are not being deleted.
+fn live_vms(w: &World) -> Vec<(String, capmvm_flintlock::Microvm)> {
+    w.all_vms()
+        .into_iter()
+        .filter(|(_, vm)| vm.state() != MicrovmState::Deleting)
+        .map(|(h, vm)| (h, vm.microvm))
+        .collect()
+}
+
+fn creates_on_hosts(w: &World) -> u64 {
+    w.hosts
+        .iter()
+        .map(|h| h.control().counters().of(Method::Create))
+        .sum()
+}
+
+async fn events_for(w: &World, name: &str) -> Vec<Event> {
+    Api::<Event>::namespaced(w.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
+        .collect()
+}
+
+async fn scale(w: &World, deployment: &str, replicas: usize) {
+    Api::<MachineDeployment>::namespaced(w.client.clone(), NS)
+        .patch(
+            deployment,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .unwrap();
+}
+
+async fn delete_cluster_and_wait(w: &World) {
+    Api::<Cluster>::namespaced(w.client.clone(), NS)
+        .delete("demo", &DeleteParams::default())
+        .await
+        .unwrap();
+    wait_for(
+        "the cluster, its machines and microVMs to be gone",
+        WAIT,
+        POLL,
+        || async {
+            let cluster = Api::<Cluster>::namespaced(w.client.clone(), NS)
+                .get_opt("demo")
+                .await?;
+            let machines = w.microvm_machines(NS).await?;
+            Ok((cluster.is_none() && machines.is_empty() && w.all_vms().is_empty()).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lifecycle_create_and_delete() {
+    let w = world(options(3)).await;
+    w.apply_demo_cluster(&counts(1, 2), |_| {}).await.unwrap();
+    let machines = wait_ready(&w, 3).await;
+
+    let vms = live_vms(&w);
+    assert_eq!(vms.len(), 3, "one microVM per machine");
+    for m in &machines {
+        let status = m.status.clone().unwrap();
+        let pid: ProviderId = m.spec.provider_id.as_deref().unwrap().parse().unwrap();
+        assert_eq!(
+            Some(pid.host.to_string()),
+            status.host,
+            "providerID names the recorded host"
+        );
+        let vm = vms
+            .iter()
+            .find(|(_, vm)| vm.uid() == pid.uid)
+            .expect("the providerID's microVM exists");
+        assert_eq!(vm.0, pid.host.to_string());
+        assert_eq!(vm.1.spec.id, m.name_any());
+        assert_eq!(status.vm_state, Some(VmState::Running));
+        assert_eq!(status.initialization.unwrap().provisioned, Some(true));
+        assert!(status.failure_domain.is_some());
+        assert!(m.finalizers().contains(&MACHINE_FINALIZER.to_string()));
+        let reasons: Vec<String> = events_for(&w, &m.name_any())
+            .await
+            .into_iter()
+            .filter_map(|e| e.reason)
+            .collect();
+        assert!(
+            reasons.contains(&"MicrovmCreated".to_string())
+                && reasons.contains(&"MicrovmReady".to_string()),
+            "{reasons:?}"
+        );
+    }
+    // CAPI sees the same providerIDs on its Machines, and the cluster's failure domains.
+    let capi_machines = Api::<Machine>::namespaced(w.client.clone(), NS)
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    for m in &machines {
+        let cm = capi_machines
+            .iter()
+            .find(|c| c.name_any() == m.name_any())
+            .unwrap();
+        assert_eq!(cm.spec.provider_id, m.spec.provider_id);
+    }
+    let mc = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
+        .get("demo")
+        .await
+        .unwrap();
+    assert_eq!(mc.status.unwrap().failure_domains.len(), 3);
+
+    delete_cluster_and_wait(&w).await;
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unchanged_object_is_reconciled_with_zero_writes() {
+    let mut o = options(2);
+    o.operator_flags.push("--sync-period=2s".into());
+    let w = world(o).await;
+    w.apply_demo_cluster(&counts(0, 2), |_| {}).await.unwrap();
+    wait_ready(&w, 2).await;
+    // Let the last status writes land, then count what the operator writes while it resyncs.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let before = w.emulator.counters_of_agent(capmvm_operator::USER_AGENT);
+    let reconciles_before = reconcile_count(&w).await;
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let during = w
+        .emulator
+        .counters_of_agent(capmvm_operator::USER_AGENT)
+        .since(&before);
+    assert!(
+        reconcile_count(&w).await > reconciles_before + 2,
+        "the operator reconciled meanwhile"
+    );
+    let writes: Vec<(Verb, String, u64)> = during
+        .iter()
+        .filter(|(v, _, _)| !matches!(v, Verb::Get | Verb::List | Verb::Watch))
+        .map(|(v, r, n)| (v, r.to_string(), n))
+        .collect();
+    assert!(writes.is_empty(), "writes on unchanged objects: {writes:?}");
+    w.shutdown().await;
+}
+
+async fn reconcile_count(w: &World) -> u64 {
+    let text = w
+        .operator()
+        .unwrap()
+        .scrape_metrics()
+        .await
+        .unwrap_or_default();
+    text.lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_and_resume() {
+    let w = world(options(2)).await;
+    w.apply_demo_cluster(&counts(0, 2), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().unwrap().kind == "Cluster" {
+                o.data["spec"]["paused"] = json!(true);
+            }
+        }
+    })
+    .await
+    .unwrap();
+    wait_reason(&w, "demo-md-0", 2, "Paused").await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(creates_on_hosts(&w), 0, "nothing is created while paused");
+    let m = &w.microvm_machines(NS).await.unwrap()[0];
+    let paused = m
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Paused")
+        .unwrap();
+    assert_eq!(paused.status, "True");
+
+    Api::<Cluster>::namespaced(w.client.clone(), NS)
+        .patch(
+            "demo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"paused": false}})),
+        )
+        .await
+        .unwrap();
+    wait_ready(&w, 2).await;
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_invalid_spec_is_a_condition_and_calls_no_host() {
+    let w = world(options(2)).await;
+    w.apply_demo_cluster(&counts(0, 2), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().unwrap().kind == "MicrovmMachineTemplate"
+                && o.name_any() == "demo-md-0"
+            {
+                // Valid for the schema, refused by flintlock's firecracker provider.
+                o.data["spec"]["template"]["spec"]["networkInterfaces"][0]["type"] =
+                    json!("macvtap");
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let machines = wait_reason(&w, "demo-md-0", 2, "InvalidSpec").await;
+    let (_, _, message) = ready_condition(&machines[0]).unwrap();
+    assert!(
+        message.contains("spec.networkInterfaces[0].type"),
+        "{message}"
+    );
+    assert!(
+        message.contains("cloudhypervisor"),
+        "says how to fix it: {message}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(creates_on_hosts(&w), 0);
+    let reasons: Vec<String> = events_for(&w, &machines[0].name_any())
+        .await
+        .into_iter()
+        .filter_map(|e| e.reason)
+        .collect();
+    assert!(reasons.contains(&"InvalidSpec".to_string()), "{reasons:?}");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_secret_is_a_condition_until_it_exists() {
+    let mut o = options(2);
+    o.auth = HostAuth::Token("s3cret-token".into());
+    let w = world(o).await;
+    w.apply_demo_cluster(&counts(0, 1), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().unwrap().kind == "MicrovmCluster" {
+                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] =
+                    json!("demo-flintlock-token");
+            }
+        }
+    })
+    .await
+    .unwrap();
+    let machines = wait_reason(&w, "demo-md-0", 1, "MissingCredentials").await;
+    let (_, _, message) = ready_condition(&machines[0]).unwrap();
+    assert!(
+        message.contains("\"demo-flintlock-token\" not found"),
+        "{message}"
+    );
+    assert!(!message.contains("s3cret"), "never the token");
+    assert_eq!(creates_on_hosts(&w), 0);
+
+    let (token, _) = w.create_credentials(NS, "demo").await.unwrap();
+    assert_eq!(token.as_deref(), Some("demo-flintlock-token"));
+    wait_ready(&w, 1).await;
+    let log = std::fs::read_to_string(w.operator_log()).unwrap();
+    assert!(
+        !log.contains("s3cret-token"),
+        "the token never reaches a log line"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_unreachable_during_create_and_delete() {
+    let w = world(options(3)).await;
+    let down = w.hosts[0].control();
+    down.set_reachable(false).await.unwrap();
+    // Workers must live in host-0's failure domain; the control plane may go anywhere.
+    w.apply_demo_cluster(&counts(1, 2), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().unwrap().kind == "MachineDeployment" && o.name_any() == "demo-md-0"
+            {
+                o.data["spec"]["template"]["spec"]["failureDomain"] = json!("host-0");
+            }
+        }
+    })
+    .await
+    .unwrap();
+    // Its machines wait; the others proceed.
+    let waiting = wait_reason(&w, "demo-md-0", 2, "NoEligibleHost").await;
+    let (_, _, message) = ready_condition(&waiting[0]).unwrap();
+    assert!(message.contains("host-0: unreachable"), "{message}");
+    wait_for("the control plane to be ready", WAIT, POLL, || async {
+        let ms = w.microvm_machines(NS).await?;
+        Ok(ms
+            .iter()
+            .any(|m| m.name_any().starts_with("demo-control-plane") && is_ready(m))
+            .then_some(()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(down.counters().of(Method::Create), 0);
+
+    down.set_reachable(true).await.unwrap();
+    let machines = wait_ready(&w, 3).await;
+    for m in machines
+        .iter()
+        .filter(|m| m.name_any().starts_with("demo-md-0"))
+    {
+        assert_eq!(
+            m.status.as_ref().unwrap().host.as_deref(),
+            Some(w.endpoints()[0].as_str())
+        );
+    }
+
+    // During delete: the finalizer stays while the host is away, and the delete resumes when it is back.
+    down.set_reachable(false).await.unwrap();
+    scale(&w, "demo-md-0", 0).await;
+    let held = wait_reason(&w, "demo-md-0", 2, "HostUnreachable").await;
+    for m in &held {
+        assert!(m.meta().deletion_timestamp.is_some());
+        assert!(
+            m.finalizers().contains(&MACHINE_FINALIZER.to_string()),
+            "finalizer kept"
+        );
+        let (_, _, message) = ready_condition(m).unwrap();
+        assert!(
+            message.contains(&w.endpoints()[0]) && message.contains("abandon-microvm"),
+            "{message}"
+        );
+    }
+    assert_eq!(down.vms().len(), 2, "the microVMs are still there");
+    down.set_reachable(true).await.unwrap();
+    wait_for(
+        "the workers and their microVMs to be gone",
+        WAIT,
+        POLL,
+        || async {
+            let left = w
+                .microvm_machines(NS)
+                .await?
+                .iter()
+                .filter(|m| m.name_any().starts_with("demo-md-0"))
+                .count();
+            Ok((left == 0 && down.vms().is_empty()).then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_microvm_is_reported() {
+    let mut o = options(1);
+    o.time_scale = 0.0005; // flintlock's 20 s backoff in 10 ms
+    let w = world(o).await;
+    w.hosts[0].control().fail_next_creates(1);
+    w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
+    let machines = wait_reason(&w, "demo-md-0", 1, "MicrovmProvisionFailed").await;
+    let m = &machines[0];
+    assert_eq!(m.status.as_ref().unwrap().vm_state, Some(VmState::Failed));
+    let (_, _, message) = ready_condition(m).unwrap();
+    assert!(
+        message.contains("delete the Machine to replace it"),
+        "{message}"
+    );
+    let events = events_for(&w, &m.name_any()).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("MicrovmFailed")
+                && e.type_.as_deref() == Some("Warning"))
+    );
+    assert_eq!(
+        live_vms(&w).len(),
+        1,
+        "a FAILED microVM is not replaced behind CAPI's back"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_create_and_status_write_duplicates_nothing() {
+    let mut w = World::start(options(2)).await.unwrap();
+    w.start_operator(&[(capmvm_operator::fault::FAULT_ENV, "after-create")])
+        .unwrap();
+    w.apply_demo_cluster(&counts(0, 3), |_| {}).await.unwrap();
+    let code = w.wait_operator_exit(WAIT).await;
+    assert_eq!(
+        code,
+        Some(capmvm_operator::fault::FAULT_EXIT_CODE),
+        "the operator crashed at the named point"
+    );
+    // MicroVMs exist whose machines have no providerID yet (concurrent reconciles may have created
+    // more than one before the process died).
+    let orphans = live_vms(&w);
+    assert!(!orphans.is_empty(), "a create happened before the crash");
+    let machines = w.microvm_machines(NS).await.unwrap();
+    for (_, vm) in &orphans {
+        let m = machines
+            .iter()
+            .find(|m| m.name_any() == vm.spec.id)
+            .unwrap();
+        assert!(
+            m.spec.provider_id.is_none(),
+            "{} crashed before its providerID write",
+            m.name_any()
+        );
+    }
+
+    w.start_operator(&[]).unwrap();
+    let machines = wait_ready(&w, 3).await;
+    let vms = live_vms(&w);
+    assert_eq!(vms.len(), 3, "no duplicate microVM: {vms:?}");
+    for m in &machines {
+        let pid: ProviderId = m.spec.provider_id.as_deref().unwrap().parse().unwrap();
+        assert_eq!(
+            vms.iter()
+                .filter(|(_, vm)| vm.spec.id == m.name_any())
+                .count(),
+            1
+        );
+        assert!(vms.iter().any(|(_, vm)| vm.uid() == pid.uid));
+    }
+    assert!(
+        vms.iter().any(|(_, vm)| vm.uid() == orphans[0].1.uid()),
+        "the crashed create was adopted"
+    );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn basic_auth_and_mtls_end_to_end() {
+    let mut o = options(2);
+    o.auth = HostAuth::MtlsAndToken("another-s3cret".into());
+    let w = world(o).await;
+    let (token, tls) = w.create_credentials(NS, "demo").await.unwrap();
+    w.apply_demo_cluster(&counts(0, 2), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().unwrap().kind == "MicrovmCluster" {
+                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = json!(token);
+                o.data["spec"]["tlsSecretRef"] = json!(tls);
+            }
+        }
+    })
+    .await
+    .unwrap();
+    wait_ready(&w, 2).await;
+    let mc = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
+        .get("demo")
+        .await
+        .unwrap();
+    let secure = mc
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "HostTransportSecure")
+        .unwrap();
+    assert_eq!(secure.status, "True");
+    let log = std::fs::read_to_string(w.operator_log()).unwrap();
+    assert!(
+        !log.contains("another-s3cret") && !log.contains("PRIVATE KEY"),
+        "no secret in the log"
+    );
+    delete_cluster_and_wait(&w).await;
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scale_workers_3_to_10_to_2() {
+    let w = world(options(3)).await;
+    w.apply_demo_cluster(&counts(0, 3), |_| {}).await.unwrap();
+    wait_ready(&w, 3).await;
+    scale(&w, "demo-md-0", 10).await;
+    wait_ready(&w, 10).await;
+    assert_eq!(live_vms(&w).len(), 10);
+    scale(&w, "demo-md-0", 2).await;
+    let machines = wait_ready(&w, 2).await;
+    wait_for("8 microVMs to be deleted", WAIT, POLL, || async {
+        Ok((w.all_vms().len() == 2).then_some(()))
+    })
+    .await
+    .unwrap();
+    let uids: Vec<String> = machines
+        .iter()
+        .map(|m| {
+            m.spec
+                .provider_id
+                .as_deref()
+                .unwrap()
+                .parse::<ProviderId>()
+                .unwrap()
+                .uid
+        })
+        .collect();
+    let mut on_hosts: Vec<String> = w
+        .all_vms()
+        .iter()
+        .map(|(_, vm)| vm.uid().to_string())
+        .collect();
+    on_hosts.sort();
+    let mut uids_sorted = uids.clone();
+    uids_sorted.sort();
+    assert_eq!(
+        on_hosts, uids_sorted,
+        "the remaining microVMs are exactly the remaining machines'"
+    );
+    // Placement spread the machines over the hosts.
+    let per_host: BTreeMap<String, usize> = machines.iter().fold(BTreeMap::new(), |mut acc, m| {
+        *acc.entry(m.status.clone().unwrap().host.unwrap())
+            .or_default() += 1;
+        acc
+    });
+    assert!(per_host.values().all(|n| *n <= 2), "{per_host:?}");
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_election_one_reconciles_and_hands_over() {
+    let mut o = options(2);
+    o.operator_flags.extend([
+        "--leader-elect".to_string(),
+        "--leader-elect-lease-duration=4s".to_string(),
+        "--leader-elect-renew-deadline=3s".to_string(),
+        "--leader-elect-retry-period=500ms".to_string(),
+    ]);
+    let mut w = world(o).await;
+    let second = w.spawn_operator(&[], &[]).unwrap();
+    w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
+    wait_ready(&w, 1).await;
+
+    let first_reconciles = reconcile_count(&w).await;
+    let second_text = second.scrape_metrics().await.unwrap_or_default();
+    let second_reconciles: u64 = second_text
+        .lines()
+        .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum();
+    assert!(
+        (first_reconciles > 0) != (second_reconciles > 0),
+        "exactly one operator reconciles (first {first_reconciles}, second {second_reconciles})"
+    );
+    // Kill whichever leads; the other takes over within the lease duration.
+    let survivor = if first_reconciles > 0 {
+        w.kill_operator().await;
+        second
+    } else {
+        second.kill().await;
+        // The primary keeps running.
+        scale(&w, "demo-md-0", 2).await;
+        wait_ready(&w, 2).await;
+        w.shutdown().await;
+        return;
+    };
+    let killed_at = std::time::Instant::now();
+    scale(&w, "demo-md-0", 2).await;
+    wait_ready(&w, 2).await;
+    let took = killed_at.elapsed();
+    assert!(
+        took < Duration::from_secs(4 + 10),
+        "handed over in {took:?}"
+    );
+    let text = survivor.scrape_metrics().await.unwrap();
+    assert!(
+        text.contains("controller_runtime_reconcile_total{"),
+        "the survivor reconciles"
+    );
+    survivor.stop().await;
+    w.shutdown().await;
+}

@@ -1,0 +1,261 @@
+//! Helpers shared by the emulator's test suites: starting an emulator, the project's CRDs, a test CRD
+//! covering every schema keyword, and raw HTTP requests through the kube client.
+#![allow(dead_code, unreachable_pub)]
+
+use std::path::PathBuf;
+
+use axum::http::{HeaderMap, Request};
+use capmvm_sim::kube::{Emulator, EmulatorHandle, EmulatorOptions};
+use kube::Client;
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use serde_json::{Value, json};
+
+/// Starts an emulator with default options and returns it with a client.
+pub async fn start() -> (EmulatorHandle, Client) {
+    start_with(EmulatorOptions::default()).await
+}
+
+pub async fn start_with(options: EmulatorOptions) -> (EmulatorHandle, Client) {
+    let emulator = Emulator::start(options).await.expect("emulator starts");
+    let client = emulator.client().expect("client");
+    (emulator, client)
+}
+
+pub fn repo_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The project's CRDs from `config/crd/bases`.
+pub fn project_crds() -> Vec<Value> {
+    let dir = repo_root().join("config/crd/bases");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .expect("config/crd/bases")
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| serde_saphyr::from_str::<Value>(&std::fs::read_to_string(p).expect("read CRD")).expect("CRD YAML"))
+        .collect()
+}
+
+pub fn crd_api(client: &Client) -> Api<DynamicObject> {
+    let ar = ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
+        "customresourcedefinitions",
+    );
+    Api::all_with(client.clone(), &ar)
+}
+
+pub async fn create_crd(client: &Client, crd: &Value) -> DynamicObject {
+    let obj: DynamicObject = serde_json::from_value(crd.clone()).expect("CRD object");
+    crd_api(client).create(&PostParams::default(), &obj).await.expect("create CRD")
+}
+
+pub async fn install_project_crds(client: &Client) {
+    for crd in project_crds() {
+        create_crd(client, &crd).await;
+    }
+}
+
+pub fn machine_ar() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha2", "MicrovmMachine"),
+        "microvmmachines",
+    )
+}
+
+pub fn machines(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &machine_ar())
+}
+
+/// A valid MicrovmMachine.
+pub fn machine(name: &str) -> Value {
+    json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+        "kind": "MicrovmMachine",
+        "metadata": {"name": name, "labels": {"cluster.x-k8s.io/cluster-name": "c1"}},
+        "spec": {
+            "kernel": {"image": "ghcr.io/kernel:6.1", "filename": "boot/vmlinux"},
+            "memoryMb": 2048,
+            "vcpu": 2,
+            "rootVolume": {"id": "root", "image": "ghcr.io/root:1"},
+            "networkInterfaces": [{"guestDeviceName": "eth1"}]
+        }
+    })
+}
+
+pub fn dynamic(v: Value) -> DynamicObject {
+    serde_json::from_value(v).expect("DynamicObject")
+}
+
+pub async fn create_machine(client: &Client, ns: &str, name: &str) -> DynamicObject {
+    machines(client, ns).create(&PostParams::default(), &dynamic(machine(name))).await.expect("create machine")
+}
+
+/// A CRD whose schema uses every keyword the emulator validates: `widgets.test.example.com`.
+pub fn widget_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.test.example.com"},
+        "spec": {
+            "group": "test.example.com",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "shortNames": ["wdg"], "categories": ["testing"]},
+            "scope": "Namespaced",
+            "versions": [{
+                "name": "v1",
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Size", "type": "integer", "jsonPath": ".spec.size"},
+                    {"name": "Color", "type": "string", "jsonPath": ".spec.color", "priority": 1},
+                    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                    {"name": "Owner", "type": "string", "jsonPath": ".metadata.labels.example\\.com/owner"},
+                    {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}
+                ],
+                "schema": {"openAPIV3Schema": widget_schema()}
+            }]
+        }
+    })
+}
+
+fn widget_schema() -> Value {
+    let spec = json!({
+        "type": "object",
+        "required": ["size"],
+        "properties": {
+            "size": {"type": "integer", "minimum": 1, "maximum": 10},
+            "color": {"type": "string", "enum": ["red", "green", "blue"], "default": "red"},
+            "name": {"type": "string", "minLength": 2, "maxLength": 8, "pattern": "^[a-z]+$"},
+            "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3, "x-kubernetes-list-type": "set"},
+            "ratio": {"type": "number", "exclusiveMaximum": true, "maximum": 1.0},
+            "enabled": {"type": "boolean"},
+            "nullableNote": {"type": "string", "nullable": true},
+            "settings": {"type": "object", "additionalProperties": {"type": "string"}},
+            "free": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+            "ports": {"type": "array", "items": {"type": "object", "properties": {
+                "port": {"type": "integer"},
+                "protocol": {"type": "string", "default": "TCP"}
+            }}},
+            "limits": {"type": "object", "minProperties": 1, "maxProperties": 2, "additionalProperties": {"type": "integer"}}
+        }
+    });
+    let status = json!({
+        "type": "object",
+        "properties": {
+            "phase": {"type": "string"},
+            "conditions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["type"],
+                "items": {"type": "object", "required": ["type", "status"], "properties": {
+                    "type": {"type": "string"}, "status": {"type": "string"}}}}
+        }
+    });
+    json!({"type": "object", "properties": {"spec": spec, "status": status}})
+}
+
+pub fn widget_ar() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("test.example.com", "v1", "Widget"), "widgets")
+}
+
+pub fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), ns, &widget_ar())
+}
+
+pub fn widget(name: &str, size: i64) -> Value {
+    json!({"apiVersion": "test.example.com/v1", "kind": "Widget", "metadata": {"name": name}, "spec": {"size": size}})
+}
+
+/// A raw answer: status, headers and the JSON body (Null when empty or not JSON).
+#[derive(Debug)]
+pub struct Raw {
+    pub status: u16,
+    pub headers: HeaderMap,
+    pub text: String,
+    pub body: Value,
+}
+
+impl Raw {
+    pub fn warnings(&self) -> Vec<String> {
+        self.headers
+            .get_all("warning")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_string)
+            .collect()
+    }
+}
+
+/// Sends a raw request through the kube client (so through a real HTTP connection).
+pub async fn raw(client: &Client, method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Raw {
+    raw_with(client, method, path, content_type, None, body).await
+}
+
+pub async fn raw_with(
+    client: &Client,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    accept: Option<&str>,
+    body: &[u8],
+) -> Raw {
+    let mut req = Request::builder().method(method).uri(path);
+    if let Some(ct) = content_type {
+        req = req.header("content-type", ct);
+    }
+    if let Some(a) = accept {
+        req = req.header("accept", a);
+    }
+    let req = req.body(kube::client::Body::from(body.to_vec())).expect("request");
+    let t0 = std::time::Instant::now();
+    let resp = client.send(req).await.expect("send");
+    eprintln!("DEBUG {method} {path} {:?}", t0.elapsed());
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let bytes = resp.into_body().collect_bytes().await.expect("body");
+    eprintln!("DEBUG body {method} {path:.40} {:?}", t0.elapsed());
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Raw { status, headers, text, body }
+}
+
+pub async fn get_json(client: &Client, path: &str) -> Value {
+    let r = raw(client, "GET", path, None, b"").await;
+    assert_eq!(r.status, 200, "GET {path}: {}", r.text);
+    r.body
+}
+
+/// The Status of a failed kube-rs call.
+pub fn status_of(e: kube::Error) -> kube::core::Status {
+    match e {
+        kube::Error::Api(s) => *s,
+        other => panic!("expected an API error, got {other:?}"),
+    }
+}
+
+/// Asserts a raw answer is a `Status` failure with this code and reason.
+pub fn assert_status(r: &Raw, code: u16, reason: &str) {
+    assert_eq!(r.status, code, "{}", r.text);
+    assert_eq!(r.body["kind"], "Status", "{}", r.text);
+    assert_eq!(r.body["apiVersion"], "v1", "{}", r.text);
+    assert_eq!(r.body["status"], "Failure", "{}", r.text);
+    assert_eq!(r.body["code"], code, "{}", r.text);
+    assert_eq!(r.body["reason"], reason, "{}", r.text);
+    assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", r.text);
+}
+
+/// Waits until `f` holds, polling.
+pub async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    for _ in 0..200 {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
