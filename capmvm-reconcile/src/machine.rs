@@ -37,6 +37,10 @@ use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
 /// safety net behind the host observer, which wakes the machine when its microVM changes.
 pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
 
+/// How long a brand-new MicrovmMachine may wait on CAPI (owner, Cluster, bootstrap data) before the
+/// wait is reported on `Ready`.
+pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
+
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
 pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
 
@@ -121,6 +125,8 @@ struct Decision<'a> {
     generation: Option<i64>,
     status: MicrovmMachineStatus,
     effects: Vec<Effect>,
+    /// Leave the status unwritten: a brand-new object is still being assembled by CAPI.
+    quiet: bool,
 }
 
 impl<'a> Decision<'a> {
@@ -133,6 +139,7 @@ impl<'a> Decision<'a> {
             generation: machine.metadata.generation,
             status: machine.status.clone().unwrap_or_default(),
             effects: Vec::new(),
+            quiet: false,
         }
     }
 
@@ -150,19 +157,17 @@ impl<'a> Decision<'a> {
         }
 
         let Some(owner) = &self.obs.owner else {
-            self.not_ready(
+            return self.wait_for_capi(
                 reasons::WAITING_FOR_OWNER,
                 "waiting for a Cluster API Machine to own this MicrovmMachine",
             );
-            return Requeue::Await;
         };
         let Some(cluster) = &self.obs.cluster else {
             let name = self.cluster_name(owner);
-            self.not_ready(
+            return self.wait_for_capi(
                 reasons::WAITING_FOR_CLUSTER,
                 format!("Cluster {name:?} not found"),
             );
-            return Requeue::Await;
         };
         if let Some(why) = paused {
             // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
@@ -180,24 +185,22 @@ impl<'a> Decision<'a> {
             self.effects.push(Effect::AddFinalizer);
         }
         if !cluster.infrastructure_provisioned() {
-            self.not_ready(
+            return self.wait_for_capi(
                 reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
                 format!(
                     "waiting for the infrastructure of Cluster {:?} to be provisioned",
                     cluster.name_any()
                 ),
             );
-            return Requeue::Await;
         }
         let Some(infra) = &self.obs.infra_cluster else {
-            self.not_ready(
+            return self.wait_for_capi(
                 reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
                 format!(
                     "the MicrovmCluster of Cluster {:?} was not found",
                     cluster.name_any()
                 ),
             );
-            return Requeue::Await;
         };
 
         if self.machine.spec.provider_id.is_some() {
@@ -304,11 +307,10 @@ impl<'a> Decision<'a> {
         }
 
         let Some(secret) = owner.spec.bootstrap.data_secret_name.as_deref() else {
-            self.not_ready(
+            return self.wait_for_capi(
                 reasons::WAITING_FOR_BOOTSTRAP_DATA,
                 "the Machine has no bootstrap data secret yet",
             );
-            return Requeue::Await;
         };
         let user_data = match &self.obs.bootstrap {
             BootstrapData::NotAsked => {
@@ -319,11 +321,10 @@ impl<'a> Decision<'a> {
                 return Requeue::After(NOT_OBSERVED_RECHECK);
             }
             BootstrapData::SecretNotFound => {
-                self.not_ready(
+                return self.wait_for_capi(
                     reasons::WAITING_FOR_BOOTSTRAP_DATA,
                     format!("bootstrap Secret {secret:?} not found"),
                 );
-                return Requeue::Await;
             }
             BootstrapData::Found { value: None, .. } => {
                 self.not_ready(
@@ -698,6 +699,29 @@ impl<'a> Decision<'a> {
         self.condition(types::READY, Status::False, reason, message);
     }
 
+    /// Waits for CAPI (owner, Cluster, infrastructure, bootstrap data). A brand-new object that was
+    /// never reported on is left unwritten for [`CAPI_SETTLE_GRACE`]: CAPI assembles it in a burst of
+    /// writes, and reporting each passing wait would cost a status write (and a conflict) apiece.
+    /// A wait that outlasts the grace is reported with its reason.
+    fn wait_for_capi(&mut self, reason: &str, message: impl Into<String>) -> Requeue {
+        let age = self
+            .machine
+            .metadata
+            .creation_timestamp
+            .as_ref()
+            .and_then(|created| Duration::try_from(self.now.duration_since(created.0)).ok());
+        match age {
+            Some(age) if self.machine.status.is_none() && age < CAPI_SETTLE_GRACE => {
+                self.quiet = true;
+                Requeue::After(CAPI_SETTLE_GRACE - age)
+            }
+            _ => {
+                self.not_ready(reason, message);
+                Requeue::Await
+            }
+        }
+    }
+
     fn event(&mut self, kind: EventKind, reason: &'static str, action: &'static str, note: String) {
         self.effects.push(Effect::Event(Event {
             kind,
@@ -708,6 +732,13 @@ impl<'a> Decision<'a> {
     }
 
     fn finish(mut self, requeue: Requeue) -> Plan<MicrovmMachineStatus> {
+        if self.quiet {
+            return Plan {
+                effects: self.effects,
+                status: None,
+                requeue,
+            };
+        }
         self.transition_events();
         Plan {
             effects: self.effects,

@@ -130,6 +130,28 @@ fn each_waiting_gate_has_its_own_reason_and_no_host_effect() {
 }
 
 #[test]
+fn a_brand_new_machine_waits_on_capi_quietly_then_reports() {
+    use capmvm_reconcile::machine::CAPI_SETTLE_GRACE;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+    let mut obs = observed();
+    obs.machine.status = None;
+    obs.machine.metadata.creation_timestamp = Some(Time(now()));
+    obs.owner = None;
+    // Just created, never reported on: nothing is written while CAPI assembles it.
+    let plan = decide(&obs, now());
+    assert_eq!(plan.status, None);
+    assert!(plan.effects.is_empty());
+    assert_eq!(plan.requeue, Requeue::After(CAPI_SETTLE_GRACE));
+    // Still waiting after the grace: the wait is reported with its reason.
+    let later = k8s_openapi::jiff::Timestamp::from_second(now().as_second() + 11).unwrap();
+    assert_eq!(ready(&decide(&obs, later)).1, reasons::WAITING_FOR_OWNER);
+    // Actionable problems are reported at once, grace or not.
+    obs.owner = Some(owner());
+    obs.machine.spec.vcpu = 0;
+    assert_eq!(ready(&decide(&obs, now())).1, reasons::INVALID_SPEC);
+}
+
+#[test]
 fn invalid_spec_lists_every_field_error() {
     let mut obs = observed();
     obs.machine.spec.vcpu = 0;
