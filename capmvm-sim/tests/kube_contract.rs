@@ -9,14 +9,21 @@ use std::time::Duration;
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::ResourceExt;
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube::core::DynamicObject;
 use kube_support::*;
 use serde_json::{Value, json};
 
 fn rv_of(o: &DynamicObject) -> u64 {
-    o.metadata.resource_version.as_deref().unwrap().parse().unwrap()
+    o.metadata
+        .resource_version
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap()
 }
 
 // --- Paths and discovery -------------------------------------------------------------------------
@@ -37,32 +44,78 @@ async fn discovery_documents_describe_the_served_resources() {
     let core = get_json(&client, "/api/v1").await;
     assert_eq!(core["kind"], "APIResourceList");
     assert_eq!(core["groupVersion"], "v1");
-    let names: Vec<&str> = core["resources"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
-    for r in ["namespaces", "namespaces/status", "secrets", "configmaps", "events"] {
+    let names: Vec<&str> = core["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
+    for r in [
+        "namespaces",
+        "namespaces/status",
+        "secrets",
+        "configmaps",
+        "events",
+    ] {
         assert!(names.contains(&r), "{r} missing from {names:?}");
     }
 
     let groups = get_json(&client, "/apis").await;
     assert_eq!(groups["kind"], "APIGroupList");
-    let group_names: Vec<&str> = groups["groups"].as_array().unwrap().iter().map(|g| g["name"].as_str().unwrap()).collect();
-    for g in ["apiextensions.k8s.io", "coordination.k8s.io", "events.k8s.io", "infrastructure.cluster.x-k8s.io"] {
+    let group_names: Vec<&str> = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|g| g["name"].as_str().unwrap())
+        .collect();
+    for g in [
+        "apiextensions.k8s.io",
+        "coordination.k8s.io",
+        "events.k8s.io",
+        "infrastructure.cluster.x-k8s.io",
+    ] {
         assert!(group_names.contains(&g), "{g} missing from {group_names:?}");
     }
-    let infra = groups["groups"].as_array().unwrap().iter().find(|g| g["name"] == "infrastructure.cluster.x-k8s.io").unwrap();
-    assert_eq!(infra["preferredVersion"]["groupVersion"], "infrastructure.cluster.x-k8s.io/v1alpha2");
+    let infra = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "infrastructure.cluster.x-k8s.io")
+        .unwrap();
+    assert_eq!(
+        infra["preferredVersion"]["groupVersion"],
+        "infrastructure.cluster.x-k8s.io/v1alpha2"
+    );
 
     let list = get_json(&client, "/apis/infrastructure.cluster.x-k8s.io/v1alpha2").await;
-    let mvmm = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "microvmmachines").unwrap();
+    let mvmm = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "microvmmachines")
+        .unwrap();
     assert_eq!(mvmm["singularName"], "microvmmachine");
     assert_eq!(mvmm["namespaced"], true);
     assert_eq!(mvmm["kind"], "MicrovmMachine");
     assert_eq!(mvmm["shortNames"], json!(["mvmm"]));
     assert_eq!(mvmm["categories"], json!(["cluster-api"]));
-    let verbs: Vec<&str> = mvmm["verbs"].as_array().unwrap().iter().map(|v| v.as_str().unwrap()).collect();
-    for v in ["create", "delete", "get", "list", "patch", "update", "watch"] {
+    let verbs: Vec<&str> = mvmm["verbs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    for v in [
+        "create", "delete", "get", "list", "patch", "update", "watch",
+    ] {
         assert!(verbs.contains(&v));
     }
-    let status = list["resources"].as_array().unwrap().iter().find(|r| r["name"] == "microvmmachines/status").unwrap();
+    let status = list["resources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "microvmmachines/status")
+        .unwrap();
     assert_eq!(status["verbs"], json!(["get", "patch", "update"]));
 
     // kube-rs discovery works from these documents.
@@ -74,21 +127,41 @@ async fn discovery_documents_describe_the_served_resources() {
 async fn namespaced_cluster_scoped_and_all_namespace_paths() {
     let (_emu, client) = start().await;
     install_project_crds(&client).await;
-    raw(&client, "POST", "/api/v1/namespaces", Some("application/json"), br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"other"}}"#).await;
+    raw(
+        &client,
+        "POST",
+        "/api/v1/namespaces",
+        Some("application/json"),
+        br#"{"apiVersion":"v1","kind":"Namespace","metadata":{"name":"other"}}"#,
+    )
+    .await;
     create_machine(&client, "default", "a").await;
     create_machine(&client, "other", "b").await;
 
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2";
-    let one = get_json(&client, &format!("{base}/namespaces/default/microvmmachines/a")).await;
+    let one = get_json(
+        &client,
+        &format!("{base}/namespaces/default/microvmmachines/a"),
+    )
+    .await;
     assert_eq!(one["metadata"]["name"], "a");
     let in_ns = get_json(&client, &format!("{base}/namespaces/other/microvmmachines")).await;
     assert_eq!(in_ns["items"].as_array().unwrap().len(), 1);
     assert_eq!(in_ns["kind"], "MicrovmMachineList");
     let all = get_json(&client, &format!("{base}/microvmmachines")).await;
-    let mut names: Vec<&str> = all["items"].as_array().unwrap().iter().map(|i| i["metadata"]["name"].as_str().unwrap()).collect();
+    let mut names: Vec<&str> = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["metadata"]["name"].as_str().unwrap())
+        .collect();
     names.sort_unstable();
     assert_eq!(names, vec!["a", "b"]);
-    let status = get_json(&client, &format!("{base}/namespaces/default/microvmmachines/a/status")).await;
+    let status = get_json(
+        &client,
+        &format!("{base}/namespaces/default/microvmmachines/a/status"),
+    )
+    .await;
     assert_eq!(status["metadata"]["name"], "a");
 
     // Cluster-scoped: no namespace segment.
@@ -97,9 +170,23 @@ async fn namespaced_cluster_scoped_and_all_namespace_paths() {
     let crd = get_json(&client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/microvmmachines.infrastructure.cluster.x-k8s.io").await;
     assert_eq!(crd["spec"]["names"]["kind"], "MicrovmMachine");
     // A cluster-scoped resource under a namespace, or a namespaced object without one, is not a path.
-    let r = raw(&client, "GET", "/apis/apiextensions.k8s.io/v1/namespaces/default/customresourcedefinitions", None, b"").await;
+    let r = raw(
+        &client,
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/namespaces/default/customresourcedefinitions",
+        None,
+        b"",
+    )
+    .await;
     assert_status(&r, 404, "NotFound");
-    let r = raw(&client, "GET", &format!("{base}/microvmmachines/a"), None, b"").await;
+    let r = raw(
+        &client,
+        "GET",
+        &format!("{base}/microvmmachines/a"),
+        None,
+        b"",
+    )
+    .await;
     assert_status(&r, 404, "NotFound");
 }
 
@@ -107,17 +194,31 @@ async fn namespaced_cluster_scoped_and_all_namespace_paths() {
 async fn builtin_kinds_are_served_with_default_namespaces() {
     let (_emu, client) = start().await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    let names: Vec<String> = nss.list(&ListParams::default()).await.unwrap().items.into_iter().filter_map(|n| n.metadata.name).collect();
-    assert!(names.contains(&"default".to_string()) && names.contains(&"kube-system".to_string()), "{names:?}");
+    let names: Vec<String> = nss
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert!(
+        names.contains(&"default".to_string()) && names.contains(&"kube-system".to_string()),
+        "{names:?}"
+    );
 
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    let s: Secret = serde_json::from_value(json!({"metadata": {"name": "creds"}, "stringData": {"token": "abc"}})).unwrap();
+    let s: Secret = serde_json::from_value(
+        json!({"metadata": {"name": "creds"}, "stringData": {"token": "abc"}}),
+    )
+    .unwrap();
     let s = secrets.create(&PostParams::default(), &s).await.unwrap();
     assert_eq!(s.type_.as_deref(), Some("Opaque"));
     assert_eq!(s.data.unwrap()["token"].0, b"abc");
 
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"a": "b"}})).unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "cfg"}, "data": {"a": "b"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
 
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
@@ -132,16 +233,31 @@ async fn builtin_kinds_are_served_with_default_namespaces() {
         "action": "Provision", "reason": "Created", "type": "Normal", "note": "microVM created",
         "regarding": {"kind": "MicrovmMachine", "name": "m1", "namespace": "default"}
     });
-    let r = raw(&client, "POST", "/apis/events.k8s.io/v1/namespaces/default/events", Some("application/json"), ev.to_string().as_bytes()).await;
+    let r = raw(
+        &client,
+        "POST",
+        "/apis/events.k8s.io/v1/namespaces/default/events",
+        Some("application/json"),
+        ev.to_string().as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", r.text);
     let core = get_json(&client, "/api/v1/namespaces/default/events/ev1").await;
     assert_eq!(core["apiVersion"], "v1");
     assert_eq!(core["message"], "microVM created");
     assert_eq!(core["involvedObject"]["name"], "m1");
-    let v1 = get_json(&client, "/apis/events.k8s.io/v1/namespaces/default/events/ev1").await;
+    let v1 = get_json(
+        &client,
+        "/apis/events.k8s.io/v1/namespaces/default/events/ev1",
+    )
+    .await;
     assert_eq!(v1["note"], "microVM created");
 
-    let crds = get_json(&client, "/apis/apiextensions.k8s.io/v1/customresourcedefinitions").await;
+    let crds = get_json(
+        &client,
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+    )
+    .await;
     assert_eq!(crds["kind"], "CustomResourceDefinitionList");
 }
 
@@ -153,31 +269,61 @@ async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving() {
 
     let crd = create_crd(&client, &widget_crd()).await;
     let conds = crd.data["status"]["conditions"].as_array().unwrap();
-    assert!(conds.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+    assert!(
+        conds
+            .iter()
+            .any(|c| c["type"] == "Established" && c["status"] == "True")
+    );
     assert_eq!(crd.data["status"]["acceptedNames"]["kind"], "Widget");
 
     // Served immediately, with its names, scope, status subresource and schema.
-    widgets(&client, "default").create(&PostParams::default(), &dynamic(widget("w1", 3))).await.unwrap();
+    widgets(&client, "default")
+        .create(&PostParams::default(), &dynamic(widget("w1", 3)))
+        .await
+        .unwrap();
     let list = get_json(&client, "/apis/test.example.com/v1").await;
     let res = list["resources"].as_array().unwrap();
     let w = res.iter().find(|r| r["name"] == "widgets").unwrap();
     assert_eq!(w["shortNames"], json!(["wdg"]));
     assert_eq!(w["categories"], json!(["testing"]));
     assert!(res.iter().any(|r| r["name"] == "widgets/status"));
-    let bad = widgets(&client, "default").create(&PostParams::default(), &dynamic(widget("w2", 99))).await.unwrap_err();
+    let bad = widgets(&client, "default")
+        .create(&PostParams::default(), &dynamic(widget("w2", 99)))
+        .await
+        .unwrap_err();
     assert_eq!(status_of(bad).code, 422);
 
     // Deleting the CRD deletes its objects, then stops serving it.
-    crd_api(&client).delete("widgets.test.example.com", &DeleteParams::default()).await.unwrap();
+    crd_api(&client)
+        .delete("widgets.test.example.com", &DeleteParams::default())
+        .await
+        .unwrap();
     eventually("the widget resource is no longer served", || {
         let client = client.clone();
         async move { raw(&client, "GET", path, None, b"").await.status == 404 }
     })
     .await;
-    assert_status(&raw(&client, "GET", "/apis/test.example.com/v1", None, b"").await, 404, "NotFound");
+    assert_status(
+        &raw(&client, "GET", "/apis/test.example.com/v1", None, b"").await,
+        404,
+        "NotFound",
+    );
     let groups = get_json(&client, "/apis").await;
-    assert!(!groups["groups"].as_array().unwrap().iter().any(|g| g["name"] == "test.example.com"));
-    let r = raw(&client, "GET", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.test.example.com", None, b"").await;
+    assert!(
+        !groups["groups"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|g| g["name"] == "test.example.com")
+    );
+    let r = raw(
+        &client,
+        "GET",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/widgets.test.example.com",
+        None,
+        b"",
+    )
+    .await;
     assert_status(&r, 404, "NotFound");
 }
 
@@ -188,15 +334,32 @@ async fn openapi_v3_documents_come_from_the_served_schemas() {
     let index = get_json(&client, "/openapi/v3").await;
     let entry = &index["paths"]["apis/infrastructure.cluster.x-k8s.io/v1alpha2"];
     let url = entry["serverRelativeURL"].as_str().unwrap();
-    assert!(url.starts_with("/openapi/v3/apis/infrastructure.cluster.x-k8s.io/v1alpha2?hash="), "{url}");
+    assert!(
+        url.starts_with("/openapi/v3/apis/infrastructure.cluster.x-k8s.io/v1alpha2?hash="),
+        "{url}"
+    );
     assert!(index["paths"]["api/v1"].is_object());
     let doc = get_json(&client, url).await;
     assert_eq!(doc["openapi"], "3.0.0");
-    let schema = &doc["components"]["schemas"]["io.x-k8s.cluster.infrastructure.v1alpha2.MicrovmMachine"];
-    assert_eq!(schema["x-kubernetes-group-version-kind"][0]["kind"], "MicrovmMachine");
-    assert_eq!(schema["properties"]["spec"]["properties"]["vcpu"]["maximum"], 64.0);
-    let patch = &doc["paths"]["/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/{namespace}/microvmmachines/{name}"]["patch"];
-    assert!(patch["parameters"].as_array().unwrap().iter().any(|p| p["name"] == "fieldValidation"));
+    let schema =
+        &doc["components"]["schemas"]["io.x-k8s.cluster.infrastructure.v1alpha2.MicrovmMachine"];
+    assert_eq!(
+        schema["x-kubernetes-group-version-kind"][0]["kind"],
+        "MicrovmMachine"
+    );
+    assert_eq!(
+        schema["properties"]["spec"]["properties"]["vcpu"]["maximum"],
+        64.0
+    );
+    let patch = &doc["paths"]["/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/{namespace}/microvmmachines/{name}"]
+        ["patch"];
+    assert!(
+        patch["parameters"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p["name"] == "fieldValidation")
+    );
     assert!(patch["requestBody"]["content"]["application/merge-patch+json"].is_object());
     assert!(patch["requestBody"]["content"]["application/strategic-merge-patch+json"].is_null());
     let core = get_json(&client, "/openapi/v3/api/v1").await;
@@ -213,46 +376,120 @@ async fn field_validation_strict_warn_and_ignore() {
     let (_emu, client) = start().await;
     create_crd(&client, &widget_crd()).await;
     let path = "/apis/test.example.com/v1/namespaces/default/widgets";
-    let body = |name: &str| json!({"apiVersion": "test.example.com/v1", "kind": "Widget", "metadata": {"name": name},
-        "spec": {"size": 2, "bogus": 1}}).to_string();
+    let body = |name: &str| {
+        json!({"apiVersion": "test.example.com/v1", "kind": "Widget", "metadata": {"name": name},
+        "spec": {"size": 2, "bogus": 1}})
+        .to_string()
+    };
 
-    let strict = raw(&client, "POST", &format!("{path}?fieldValidation=Strict"), Some("application/json"), body("s").as_bytes()).await;
+    let strict = raw(
+        &client,
+        "POST",
+        &format!("{path}?fieldValidation=Strict"),
+        Some("application/json"),
+        body("s").as_bytes(),
+    )
+    .await;
     assert_status(&strict, 400, "BadRequest");
-    assert!(strict.body["message"].as_str().unwrap().contains("unknown field \"spec.bogus\""), "{}", strict.text);
+    assert!(
+        strict.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field \"spec.bogus\""),
+        "{}",
+        strict.text
+    );
 
-    let warn = raw(&client, "POST", &format!("{path}?fieldValidation=Warn"), Some("application/json"), body("w").as_bytes()).await;
+    let warn = raw(
+        &client,
+        "POST",
+        &format!("{path}?fieldValidation=Warn"),
+        Some("application/json"),
+        body("w").as_bytes(),
+    )
+    .await;
     assert_eq!(warn.status, 201);
-    assert!(warn.warnings().iter().any(|w| w.contains("unknown field \\\"spec.bogus\\\"")), "{:?}", warn.warnings());
+    assert!(
+        warn.warnings()
+            .iter()
+            .any(|w| w.contains("unknown field \\\"spec.bogus\\\"")),
+        "{:?}",
+        warn.warnings()
+    );
     assert!(warn.body["spec"].get("bogus").is_none());
 
-    let default = raw(&client, "POST", path, Some("application/json"), body("d").as_bytes()).await;
+    let default = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        body("d").as_bytes(),
+    )
+    .await;
     assert_eq!(default.status, 201);
     assert_eq!(default.warnings().len(), 1, "Warn is the default");
 
-    let ignore = raw(&client, "POST", &format!("{path}?fieldValidation=Ignore"), Some("application/json"), body("i").as_bytes()).await;
+    let ignore = raw(
+        &client,
+        "POST",
+        &format!("{path}?fieldValidation=Ignore"),
+        Some("application/json"),
+        body("i").as_bytes(),
+    )
+    .await;
     assert_eq!(ignore.status, 201);
     assert!(ignore.warnings().is_empty());
     assert!(ignore.body["spec"].get("bogus").is_none());
 
-    let bad = raw(&client, "POST", &format!("{path}?fieldValidation=Sometimes"), Some("application/json"), body("x").as_bytes()).await;
+    let bad = raw(
+        &client,
+        "POST",
+        &format!("{path}?fieldValidation=Sometimes"),
+        Some("application/json"),
+        body("x").as_bytes(),
+    )
+    .await;
     assert_status(&bad, 400, "BadRequest");
 
     // Patches are validated the same way.
-    let p = raw(&client, "PATCH", &format!("{path}/w?fieldValidation=Strict"), Some("application/merge-patch+json"), br#"{"spec":{"alsoBogus":true}}"#).await;
+    let p = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/w?fieldValidation=Strict"),
+        Some("application/merge-patch+json"),
+        br#"{"spec":{"alsoBogus":true}}"#,
+    )
+    .await;
     assert_status(&p, 400, "BadRequest");
 }
 
 #[tokio::test]
 async fn unknown_paths_and_resources_are_404_status() {
     let (_emu, client) = start().await;
-    for path in ["/nope", "/apis/nope.example.com/v1", "/api/v1/namespaces/default/nothings", "/apis/test.example.com/v1/namespaces/default/widgets/w", "/api/v2"] {
+    for path in [
+        "/nope",
+        "/apis/nope.example.com/v1",
+        "/api/v1/namespaces/default/nothings",
+        "/apis/test.example.com/v1/namespaces/default/widgets/w",
+        "/api/v2",
+    ] {
         let r = raw(&client, "GET", path, None, b"").await;
         assert_status(&r, 404, "NotFound");
     }
-    let r = raw(&client, "GET", "/api/v1/namespaces/default/secrets/missing", None, b"").await;
+    let r = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/secrets/missing",
+        None,
+        b"",
+    )
+    .await;
     assert_status(&r, 404, "NotFound");
     assert_eq!(r.body["message"], "secrets \"missing\" not found");
-    assert_eq!(r.body["details"], json!({"name": "missing", "kind": "secrets"}));
+    assert_eq!(
+        r.body["details"],
+        json!({"name": "missing", "kind": "secrets"})
+    );
 }
 
 // --- Objects and versions ------------------------------------------------------------------------
@@ -263,21 +500,42 @@ async fn one_global_strictly_increasing_resource_version() {
     install_project_crds(&client).await;
     let a = create_machine(&client, "default", "a").await;
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
-    let c = Api::<ConfigMap>::namespaced(client.clone(), "default").create(&PostParams::default(), &cm).await.unwrap();
+    let c = Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
     let b = create_machine(&client, "default", "b").await;
     let rv_c: u64 = c.metadata.resource_version.unwrap().parse().unwrap();
-    assert!(rv_of(&a) < rv_c && rv_c < rv_of(&b), "one counter across resources");
+    assert!(
+        rv_of(&a) < rv_c && rv_c < rv_of(&b),
+        "one counter across resources"
+    );
     let patched = machines(&client, "default")
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
         .await
         .unwrap();
     assert!(rv_of(&patched) > rv_of(&b));
-    let list = machines(&client, "default").list(&ListParams::default()).await.unwrap();
+    let list = machines(&client, "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
     let list_rv: u64 = list.metadata.resource_version.unwrap().parse().unwrap();
-    assert_eq!(list_rv, rv_of(&patched), "a list carries the current revision");
+    assert_eq!(
+        list_rv,
+        rv_of(&patched),
+        "a list carries the current revision"
+    );
     // A write that changes nothing does not get a new revision.
     let same = machines(&client, "default")
-        .patch("a", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})))
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+        )
         .await
         .unwrap();
     assert_eq!(rv_of(&same), rv_of(&patched));
@@ -295,30 +553,54 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
 
     let mut generated = machine("ignored");
     generated["metadata"] = json!({"generateName": "worker-"});
-    let g = machines(&client, "default").create(&PostParams::default(), &dynamic(generated)).await.unwrap();
+    let g = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(generated))
+        .await
+        .unwrap();
     let name = g.metadata.name.unwrap();
-    assert!(name.starts_with("worker-") && name.len() == "worker-".len() + 5, "{name}");
+    assert!(
+        name.starts_with("worker-") && name.len() == "worker-".len() + 5,
+        "{name}"
+    );
 
-    let dup = machines(&client, "default").create(&PostParams::default(), &dynamic(machine("m1"))).await.unwrap_err();
+    let dup = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(machine("m1")))
+        .await
+        .unwrap_err();
     let s = status_of(dup);
     assert_eq!((s.code, s.reason.as_str()), (409, "AlreadyExists"));
-    assert_eq!(s.message, "microvmmachines.infrastructure.cluster.x-k8s.io \"m1\" already exists");
+    assert_eq!(
+        s.message,
+        "microvmmachines.infrastructure.cluster.x-k8s.io \"m1\" already exists"
+    );
 
-    let missing = machines(&client, "nowhere").create(&PostParams::default(), &dynamic(machine("m2"))).await.unwrap_err();
+    let missing = machines(&client, "nowhere")
+        .create(&PostParams::default(), &dynamic(machine("m2")))
+        .await
+        .unwrap_err();
     let s = status_of(missing);
     assert_eq!((s.code, s.reason.as_str()), (404, "NotFound"));
     assert_eq!(s.message, "namespaces \"nowhere\" not found");
 
     let mut with_rv = machine("m3");
     with_rv["metadata"]["resourceVersion"] = json!("5");
-    let e = machines(&client, "default").create(&PostParams::default(), &dynamic(with_rv)).await.unwrap_err();
+    let e = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(with_rv))
+        .await
+        .unwrap_err();
     assert_eq!(status_of(e).code, 400);
     let mut unnamed = machine("x");
     unnamed["metadata"] = json!({});
-    let e = machines(&client, "default").create(&PostParams::default(), &dynamic(unnamed)).await.unwrap_err();
+    let e = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(unnamed))
+        .await
+        .unwrap_err();
     let s = status_of(e);
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
-    let e = machines(&client, "default").create(&PostParams::default(), &dynamic(machine("Bad_Name"))).await.unwrap_err();
+    let e = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(machine("Bad_Name")))
+        .await
+        .unwrap_err();
     assert_eq!(status_of(e).code, 422);
 }
 
@@ -327,16 +609,38 @@ async fn generation_changes_only_when_spec_changes() {
     let (_emu, client) = start().await;
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
-    api.create(&PostParams::default(), &dynamic(widget("w", 1))).await.unwrap();
+    api.create(&PostParams::default(), &dynamic(widget("w", 1)))
+        .await
+        .unwrap();
     let pp = PatchParams::default();
-    let labels = api.patch("w", &pp, &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}, "annotations": {"x": "y"}}}))).await.unwrap();
+    let labels = api
+        .patch(
+            "w",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}, "annotations": {"x": "y"}}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(labels.metadata.generation, Some(1));
-    let status = api.patch_status("w", &pp, &Patch::Merge(json!({"status": {"phase": "Running"}}))).await.unwrap();
+    let status = api
+        .patch_status(
+            "w",
+            &pp,
+            &Patch::Merge(json!({"status": {"phase": "Running"}})),
+        )
+        .await
+        .unwrap();
     assert_eq!(status.metadata.generation, Some(1));
     assert!(rv_of(&status) > rv_of(&labels));
-    let spec = api.patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 2}}))).await.unwrap();
+    let spec = api
+        .patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 2}})))
+        .await
+        .unwrap();
     assert_eq!(spec.metadata.generation, Some(2));
-    let spec = api.patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 3}}))).await.unwrap();
+    let spec = api
+        .patch("w", &pp, &Patch::Merge(json!({"spec": {"size": 3}})))
+        .await
+        .unwrap();
     assert_eq!(spec.metadata.generation, Some(3));
 }
 
@@ -346,12 +650,23 @@ async fn writes_with_a_stale_resource_version_conflict() {
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let first = create_machine(&client, "default", "m").await;
-    let second = api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"vcpu": 4}}))).await.unwrap();
+    let second = api
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
+        )
+        .await
+        .unwrap();
 
     // PUT with the old resourceVersion.
     let mut stale = first.clone();
     stale.data["spec"]["vcpu"] = json!(8);
-    let s = status_of(api.replace("m", &PostParams::default(), &stale).await.unwrap_err());
+    let s = status_of(
+        api.replace("m", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
     assert_eq!(
         s.message,
@@ -360,73 +675,279 @@ async fn writes_with_a_stale_resource_version_conflict() {
     // PUT with the current one succeeds.
     let mut fresh = second.clone();
     fresh.data["spec"]["vcpu"] = json!(8);
-    let replaced = api.replace("m", &PostParams::default(), &fresh).await.unwrap();
+    let replaced = api
+        .replace("m", &PostParams::default(), &fresh)
+        .await
+        .unwrap();
     assert_eq!(replaced.data["spec"]["vcpu"], 8);
     // A custom resource cannot be replaced without a resourceVersion.
     let mut unconditional = replaced.clone();
     unconditional.metadata.resource_version = None;
-    let s = status_of(api.replace("m", &PostParams::default(), &unconditional).await.unwrap_err());
+    let s = status_of(
+        api.replace("m", &PostParams::default(), &unconditional)
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
 
     // A merge patch carrying metadata.resourceVersion is conditional, as the operator writes status.
     let old_rv = first.metadata.resource_version.clone().unwrap();
-    let patch = json!({"metadata": {"resourceVersion": old_rv}, "spec": {"providerID": "microvm://h/1"}});
-    let s = status_of(api.patch("m", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap_err());
+    let patch =
+        json!({"metadata": {"resourceVersion": old_rv}, "spec": {"providerID": "microvm://h/1"}});
+    let s = status_of(
+        api.patch("m", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
     let cur_rv = replaced.metadata.resource_version.clone().unwrap();
-    let patch = json!({"metadata": {"resourceVersion": cur_rv}, "spec": {"providerID": "microvm://h/1"}});
-    let ok = api.patch("m", &PatchParams::default(), &Patch::Merge(patch)).await.unwrap();
+    let patch =
+        json!({"metadata": {"resourceVersion": cur_rv}, "spec": {"providerID": "microvm://h/1"}});
+    let ok = api
+        .patch("m", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
     assert_eq!(ok.data["spec"]["providerID"], "microvm://h/1");
     // Built-ins allow unconditional updates.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap();
+    let cm: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "1"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
-    let cm2: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "2"}})).unwrap();
-    assert_eq!(cms.replace("c", &PostParams::default(), &cm2).await.unwrap().data.unwrap()["a"], "2");
+    let cm2: ConfigMap =
+        serde_json::from_value(json!({"metadata": {"name": "c"}, "data": {"a": "2"}})).unwrap();
+    assert_eq!(
+        cms.replace("c", &PostParams::default(), &cm2)
+            .await
+            .unwrap()
+            .data
+            .unwrap()["a"],
+        "2"
+    );
 }
 
 #[tokio::test]
 async fn errors_are_status_objects_with_matching_http_codes() {
-    let (_emu, client) = start().await;
+    let (emu, client) = start().await;
+    let no_retry = client_without_retries(&emu);
     install_project_crds(&client).await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
     let cases: Vec<(Raw, u16, &str)> = vec![
-        (raw(&client, "GET", &format!("{base}/none"), None, b"").await, 404, "NotFound"),
-        (raw(&client, "POST", base, Some("application/json"), b"{not json").await, 400, "BadRequest"),
-        (raw(&client, "POST", base, Some("application/json"), b"[]").await, 400, "BadRequest"),
-        (raw(&client, "POST", &format!("{base}/m"), Some("application/json"), b"{}").await, 405, "MethodNotAllowed"),
-        (raw(&client, "PUT", base, Some("application/json"), b"{}").await, 405, "MethodNotAllowed"),
-        (raw(&client, "PATCH", &format!("{base}/m"), Some("application/strategic-merge-patch+json"), b"{}").await, 415, "UnsupportedMediaType"),
-        (raw(&client, "PATCH", &format!("{base}/m"), Some("text/plain"), b"{}").await, 415, "UnsupportedMediaType"),
-        (raw(&client, "POST", base, Some("application/vnd.kubernetes.protobuf"), b"k8s\0").await, 415, "UnsupportedMediaType"),
-        (raw(&client, "PATCH", &format!("{base}/m"), Some("application/merge-patch+json"), br#"{"spec":{"vcpu":0}}"#).await, 422, "Invalid"),
-        (raw(&client, "GET", &format!("{base}?labelSelector=a%20in%20b"), None, b"").await, 400, "BadRequest"),
-        (raw(&client, "GET", &format!("{base}?fieldSelector=spec.vcpu%3D1"), None, b"").await, 400, "BadRequest"),
-        (raw(&client, "GET", &format!("{base}?limit=abc"), None, b"").await, 400, "BadRequest"),
-        (raw(&client, "GET", &format!("{base}?continue=bm90LWpzb24"), None, b"").await, 400, "BadRequest"),
-        (raw(&client, "GET", &format!("{base}?resourceVersion=999999&resourceVersionMatch=NotOlderThan"), None, b"").await, 504, "Timeout"),
-        (raw_with(&client, "GET", &format!("{base}/m"), None, Some("application/vnd.kubernetes.protobuf"), b"").await, 406, "NotAcceptable"),
-        (raw(&client, "PATCH", &format!("{base}/m"), Some("application/json-patch+json"), br#"[{"op":"explode"}]"#).await, 400, "BadRequest"),
-        (raw(&client, "DELETE", &format!("{base}/m"), Some("application/json"), br#"{"propagationPolicy":"Sideways"}"#).await, 422, "Invalid"),
+        (
+            raw(&client, "GET", &format!("{base}/none"), None, b"").await,
+            404,
+            "NotFound",
+        ),
+        (
+            raw(
+                &client,
+                "POST",
+                base,
+                Some("application/json"),
+                b"{not json",
+            )
+            .await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(&client, "POST", base, Some("application/json"), b"[]").await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(
+                &client,
+                "POST",
+                &format!("{base}/m"),
+                Some("application/json"),
+                b"{}",
+            )
+            .await,
+            405,
+            "MethodNotAllowed",
+        ),
+        (
+            raw(&client, "PUT", base, Some("application/json"), b"{}").await,
+            405,
+            "MethodNotAllowed",
+        ),
+        (
+            raw(
+                &client,
+                "PATCH",
+                &format!("{base}/m"),
+                Some("application/strategic-merge-patch+json"),
+                b"{}",
+            )
+            .await,
+            415,
+            "UnsupportedMediaType",
+        ),
+        (
+            raw(
+                &client,
+                "PATCH",
+                &format!("{base}/m"),
+                Some("text/plain"),
+                b"{}",
+            )
+            .await,
+            415,
+            "UnsupportedMediaType",
+        ),
+        (
+            raw(
+                &client,
+                "POST",
+                base,
+                Some("application/vnd.kubernetes.protobuf"),
+                b"k8s\0",
+            )
+            .await,
+            415,
+            "UnsupportedMediaType",
+        ),
+        (
+            raw(
+                &client,
+                "PATCH",
+                &format!("{base}/m"),
+                Some("application/merge-patch+json"),
+                br#"{"spec":{"vcpu":0}}"#,
+            )
+            .await,
+            422,
+            "Invalid",
+        ),
+        (
+            raw(
+                &client,
+                "GET",
+                &format!("{base}?labelSelector=a%20in%20b"),
+                None,
+                b"",
+            )
+            .await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(
+                &client,
+                "GET",
+                &format!("{base}?fieldSelector=spec.vcpu%3D1"),
+                None,
+                b"",
+            )
+            .await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(&client, "GET", &format!("{base}?limit=abc"), None, b"").await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(
+                &client,
+                "GET",
+                &format!("{base}?continue=bm90LWpzb24"),
+                None,
+                b"",
+            )
+            .await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(
+                &no_retry,
+                "GET",
+                &format!("{base}?resourceVersion=999999&resourceVersionMatch=NotOlderThan"),
+                None,
+                b"",
+            )
+            .await,
+            504,
+            "Timeout",
+        ),
+        (
+            raw_with(
+                &client,
+                "GET",
+                &format!("{base}/m"),
+                None,
+                Some("application/vnd.kubernetes.protobuf"),
+                b"",
+            )
+            .await,
+            406,
+            "NotAcceptable",
+        ),
+        (
+            raw(
+                &client,
+                "PATCH",
+                &format!("{base}/m"),
+                Some("application/json-patch+json"),
+                br#"[{"op":"explode"}]"#,
+            )
+            .await,
+            400,
+            "BadRequest",
+        ),
+        (
+            raw(
+                &client,
+                "DELETE",
+                &format!("{base}/m"),
+                Some("application/json"),
+                br#"{"propagationPolicy":"Sideways"}"#,
+            )
+            .await,
+            422,
+            "Invalid",
+        ),
     ];
     for (r, code, reason) in &cases {
         assert_status(r, *code, reason);
     }
     // A huge limit is just a limit; a huge body is 413.
-    let r = raw(&client, "GET", &format!("{base}?limit=18446744073709551615"), None, b"").await;
-    assert_eq!(r.status, 400, "u64::MAX does not fit the int64 limit: {}", r.text);
-    let r = raw(&client, "GET", &format!("{base}?limit=9223372036854775807"), None, b"").await;
+    let r = raw(
+        &client,
+        "GET",
+        &format!("{base}?limit=18446744073709551615"),
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!(
+        r.status, 400,
+        "u64::MAX does not fit the int64 limit: {}",
+        r.text
+    );
+    let r = raw(
+        &client,
+        "GET",
+        &format!("{base}?limit=9223372036854775807"),
+        None,
+        b"",
+    )
+    .await;
     assert_eq!(r.status, 200);
     let big = vec![b' '; 4 * 1024 * 1024];
     let r = raw(&client, "POST", base, Some("application/json"), &big).await;
     assert_status(&r, 413, "RequestEntityTooLarge");
     let invalid = &cases[8].0;
     assert_eq!(invalid.body["details"]["kind"], "MicrovmMachine");
-    assert_eq!(invalid.body["details"]["group"], "infrastructure.cluster.x-k8s.io");
+    assert_eq!(
+        invalid.body["details"]["group"],
+        "infrastructure.cluster.x-k8s.io"
+    );
     assert_eq!(invalid.body["details"]["name"], "m");
     assert_eq!(invalid.body["details"]["causes"][0]["field"], "spec.vcpu");
-    eprintln!("DEBUG end of test");
 }
 
 // --- Status subresource ----------------------------------------------------------------------------
@@ -438,12 +959,25 @@ async fn status_subresource_separates_spec_and_status_writes() {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["status"] = json!({"host": "ignored-on-create"});
-    let created = api.create(&PostParams::default(), &dynamic(m)).await.unwrap();
-    assert!(created.data.get("status").is_none(), "status is dropped on create");
+    let created = api
+        .create(&PostParams::default(), &dynamic(m))
+        .await
+        .unwrap();
+    assert!(
+        created.data.get("status").is_none(),
+        "status is dropped on create"
+    );
 
     let pp = PatchParams::default();
     // The main path ignores status changes (and still bumps generation for the spec).
-    let main = api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 3}, "status": {"host": "h-main"}}))).await.unwrap();
+    let main = api
+        .patch(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"spec": {"vcpu": 3}, "status": {"host": "h-main"}})),
+        )
+        .await
+        .unwrap();
     assert!(main.data.get("status").is_none());
     assert_eq!(main.metadata.generation, Some(2));
     // The status path ignores everything else.
@@ -460,11 +994,21 @@ async fn status_subresource_separates_spec_and_status_writes() {
     let mut whole = status.clone();
     whole.data["status"]["vmState"] = json!("running");
     whole.data["spec"]["vcpu"] = json!(9);
-    let replaced = api.replace_status("m", &PostParams::default(), &whole).await.unwrap();
+    let replaced = api
+        .replace_status("m", &PostParams::default(), &whole)
+        .await
+        .unwrap();
     assert_eq!(replaced.data["status"]["vmState"], "running");
     assert_eq!(replaced.data["spec"]["vcpu"], 3);
     // Status is validated against the schema too.
-    let bad = api.patch_status("m", &pp, &Patch::Merge(json!({"status": {"vmState": "exploded"}}))).await.unwrap_err();
+    let bad = api
+        .patch_status(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"status": {"vmState": "exploded"}})),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(status_of(bad).code, 422);
 }
 
@@ -484,7 +1028,13 @@ async fn merge_and_json_patches_on_main_and_status_paths() {
         .await
         .unwrap();
     assert_eq!(p.labels().len(), 1);
-    assert_eq!(p.data["spec"]["networkInterfaces"].as_array().unwrap().len(), 2);
+    assert_eq!(
+        p.data["spec"]["networkInterfaces"]
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     // RFC 6902 with test ops, as the operator edits finalizers.
     let fin = "microvmmachine.infrastructure.cluster.x-k8s.io";
     let add: json_patch_ops::Ops = json_patch_ops::ops(json!([
@@ -497,15 +1047,32 @@ async fn merge_and_json_patches_on_main_and_status_paths() {
         {"op": "test", "path": "/metadata/finalizers/0", "value": fin},
         {"op": "remove", "path": "/metadata/finalizers/0"}
     ]));
-    let p = api.patch("m", &pp, &Patch::<()>::Json(remove)).await.unwrap();
+    let p = api
+        .patch("m", &pp, &Patch::<()>::Json(remove))
+        .await
+        .unwrap();
     assert!(p.finalizers().is_empty());
     // JSON patch on /status.
-    let st = json_patch_ops::ops(json!([{"op": "add", "path": "/status", "value": {"host": "h9"}}]));
-    let p = api.patch_status("m", &pp, &Patch::<()>::Json(st)).await.unwrap();
+    let st =
+        json_patch_ops::ops(json!([{"op": "add", "path": "/status", "value": {"host": "h9"}}]));
+    let p = api
+        .patch_status("m", &pp, &Patch::<()>::Json(st))
+        .await
+        .unwrap();
     assert_eq!(p.data["status"]["host"], "h9");
     // Merge patch on /status.
-    let p = api.patch_status("m", &pp, &Patch::Merge(json!({"status": {"vmState": "pending"}}))).await.unwrap();
-    assert_eq!(p.data["status"], json!({"host": "h9", "vmState": "pending"}));
+    let p = api
+        .patch_status(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"status": {"vmState": "pending"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        p.data["status"],
+        json!({"host": "h9", "vmState": "pending"})
+    );
 }
 
 #[tokio::test]
@@ -518,10 +1085,17 @@ async fn a_failed_json_patch_test_is_422_and_changes_nothing() {
         {"op": "add", "path": "/metadata/labels/added", "value": "yes"},
         {"op": "test", "path": "/spec/vcpu", "value": 99}
     ]));
-    let s = status_of(api.patch("m", &PatchParams::default(), &Patch::<()>::Json(ops)).await.unwrap_err());
+    let s = status_of(
+        api.patch("m", &PatchParams::default(), &Patch::<()>::Json(ops))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
     let after = api.get("m").await.unwrap();
-    assert_eq!(after.metadata.resource_version, before.metadata.resource_version);
+    assert_eq!(
+        after.metadata.resource_version,
+        before.metadata.resource_version
+    );
     assert!(after.labels().get("added").is_none());
 }
 
@@ -532,7 +1106,11 @@ async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported() {
     create_machine(&client, "default", "m").await;
     let s = status_of(
         machines(&client, "default")
-            .patch("m", &PatchParams::default(), &Patch::Strategic(json!({"spec": {"vcpu": 3}})))
+            .patch(
+                "m",
+                &PatchParams::default(),
+                &Patch::Strategic(json!({"spec": {"vcpu": 3}})),
+            )
             .await
             .unwrap_err(),
     );
@@ -540,14 +1118,26 @@ async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported() {
 
     // Built-ins: strategic merge with ObjectMeta's merge keys (finalizers merge, ownerReferences by uid).
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let uid = Api::<Namespace>::all(client.clone()).get("kube-system").await.unwrap().metadata.uid.unwrap();
+    let uid = Api::<Namespace>::all(client.clone())
+        .get("kube-system")
+        .await
+        .unwrap()
+        .metadata
+        .uid
+        .unwrap();
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c", "finalizers": ["a.example.com/x"],
         "ownerReferences": [{"apiVersion": "v1", "kind": "Namespace", "name": "kube-system", "uid": uid}]}, "data": {"a": "1"}})).unwrap();
     cms.create(&PostParams::default(), &cm).await.unwrap();
     let p = json!({"metadata": {"finalizers": ["b.example.com/y"],
         "ownerReferences": [{"apiVersion": "v1", "kind": "Namespace", "name": "renamed", "uid": uid}]}, "data": {"b": "2"}});
-    let out = cms.patch("c", &PatchParams::default(), &Patch::Strategic(p)).await.unwrap();
-    assert_eq!(out.metadata.finalizers.unwrap(), vec!["a.example.com/x".to_string(), "b.example.com/y".to_string()]);
+    let out = cms
+        .patch("c", &PatchParams::default(), &Patch::Strategic(p))
+        .await
+        .unwrap();
+    assert_eq!(
+        out.metadata.finalizers.unwrap(),
+        vec!["a.example.com/x".to_string(), "b.example.com/y".to_string()]
+    );
     let owners = out.metadata.owner_references.unwrap();
     assert_eq!(owners.len(), 1);
     assert_eq!(owners[0].name, "renamed");
@@ -555,13 +1145,24 @@ async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported() {
 
     // Server-side apply: 415 with a message saying so (Leases excepted, see the lease test).
     let apply = machines(&client, "default")
-        .patch("m", &PatchParams::apply("test"), &Patch::Apply(machine("m")))
+        .patch(
+            "m",
+            &PatchParams::apply("test"),
+            &Patch::Apply(machine("m")),
+        )
         .await
         .unwrap_err();
     let s = status_of(apply);
     assert_eq!((s.code, s.reason.as_str()), (415, "UnsupportedMediaType"));
     assert!(s.message.contains("server-side apply"), "{}", s.message);
-    let apply = cms.patch("c", &PatchParams::apply("test"), &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap"}))).await.unwrap_err();
+    let apply = cms
+        .patch(
+            "c",
+            &PatchParams::apply("test"),
+            &Patch::Apply(json!({"apiVersion": "v1", "kind": "ConfigMap"})),
+        )
+        .await
+        .unwrap_err();
     assert_eq!(status_of(apply).code, 415);
 }
 
@@ -570,23 +1171,79 @@ async fn leases_support_server_side_apply_with_field_ownership_conflicts() {
     let (_emu, client) = start().await;
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let take = |who: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {"holderIdentity": who, "leaseDurationSeconds": 10}});
-    let a = leases.patch("lock", &PatchParams::apply("manager-a"), &Patch::Apply(take("a"))).await.unwrap();
+    let a = leases
+        .patch(
+            "lock",
+            &PatchParams::apply("manager-a"),
+            &Patch::Apply(take("a")),
+        )
+        .await
+        .unwrap();
     assert_eq!(a.spec.unwrap().holder_identity.as_deref(), Some("a"));
     // Another manager changing a field manager-a owns is a conflict (this is what makes the lease a lock).
-    let s = status_of(leases.patch("lock", &PatchParams::apply("manager-b"), &Patch::Apply(take("b"))).await.unwrap_err());
+    let s = status_of(
+        leases
+            .patch(
+                "lock",
+                &PatchParams::apply("manager-b"),
+                &Patch::Apply(take("b")),
+            )
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
-    assert!(s.message.contains("conflict with \"manager-a\""), "{}", s.message);
+    assert!(
+        s.message.contains("conflict with \"manager-a\""),
+        "{}",
+        s.message
+    );
     // Applying the same values is not a conflict; forcing takes ownership.
-    leases.patch("lock", &PatchParams::apply("manager-b"), &Patch::Apply(take("a"))).await.unwrap();
-    let forced = leases.patch("lock", &PatchParams::apply("manager-b").force(), &Patch::Apply(take("b"))).await.unwrap();
+    leases
+        .patch(
+            "lock",
+            &PatchParams::apply("manager-b"),
+            &Patch::Apply(take("a")),
+        )
+        .await
+        .unwrap();
+    let forced = leases
+        .patch(
+            "lock",
+            &PatchParams::apply("manager-b").force(),
+            &Patch::Apply(take("b")),
+        )
+        .await
+        .unwrap();
     assert_eq!(forced.spec.unwrap().holder_identity.as_deref(), Some("b"));
     // Clearing the holder with a strategic merge patch releases ownership, so a fresh apply succeeds.
     let release = json!({"spec": {"holderIdentity": null, "leaseDurationSeconds": null}});
-    leases.patch("lock", &PatchParams { field_manager: Some("manager-b".into()), ..Default::default() }, &Patch::Strategic(release)).await.unwrap();
-    let c = leases.patch("lock", &PatchParams::apply("manager-c"), &Patch::Apply(take("c"))).await.unwrap();
+    leases
+        .patch(
+            "lock",
+            &PatchParams {
+                field_manager: Some("manager-b".into()),
+                ..Default::default()
+            },
+            &Patch::Strategic(release),
+        )
+        .await
+        .unwrap();
+    let c = leases
+        .patch(
+            "lock",
+            &PatchParams::apply("manager-c"),
+            &Patch::Apply(take("c")),
+        )
+        .await
+        .unwrap();
     assert_eq!(c.spec.unwrap().holder_identity.as_deref(), Some("c"));
     let managed = c.metadata.managed_fields.unwrap();
-    assert!(managed.iter().any(|m| m.manager.as_deref() == Some("manager-c") && m.operation.as_deref() == Some("Apply")));
+    assert!(
+        managed
+            .iter()
+            .any(|m| m.manager.as_deref() == Some("manager-c")
+                && m.operation.as_deref() == Some("Apply"))
+    );
 }
 
 // --- Schemas -----------------------------------------------------------------------------------------
@@ -597,39 +1254,115 @@ async fn schema_validation_reports_422_with_field_paths() {
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
     let cases: Vec<(Value, &str, &str)> = vec![
-        (json!({"size": "big"}), "spec.size", "must be of type integer"),
+        (
+            json!({"size": "big"}),
+            "spec.size",
+            "must be of type integer",
+        ),
         (json!({}), "spec.size", "Required value"),
-        (json!({"size": 1, "color": "pink"}), "spec.color", "Unsupported value: \"pink\": supported values: \"red\", \"green\", \"blue\""),
-        (json!({"size": 0}), "spec.size", "should be greater than or equal to 1"),
-        (json!({"size": 11}), "spec.size", "should be less than or equal to 10"),
-        (json!({"size": 1, "name": "a"}), "spec.name", "should be at least 2 chars long"),
-        (json!({"size": 1, "name": "abcdefghij"}), "spec.name", "Too long: may not be more than 8 bytes"),
-        (json!({"size": 1, "name": "ABC"}), "spec.name", "should match '^[a-z]+$'"),
-        (json!({"size": 1, "tags": []}), "spec.tags", "should have at least 1 items"),
-        (json!({"size": 1, "tags": ["a", "b", "c", "d"]}), "spec.tags", "Too many: 4: must have at most 3 items"),
-        (json!({"size": 1, "tags": ["a", "a"]}), "spec.tags[1]", "Duplicate value"),
-        (json!({"size": 1, "ratio": 1.0}), "spec.ratio", "should be less than 1"),
-        (json!({"size": 1, "enabled": "yes"}), "spec.enabled", "must be of type boolean"),
-        (json!({"size": 1, "settings": {"a": 1}}), "spec.settings.a", "must be of type string"),
-        (json!({"size": 1, "limits": {}}), "spec.limits", "should have at least 1 properties"),
-        (json!({"size": 1, "limits": {"a": 1, "b": 2, "c": 3}}), "spec.limits", "Too many: 3: must have at most 2 properties"),
+        (
+            json!({"size": 1, "color": "pink"}),
+            "spec.color",
+            "Unsupported value: \"pink\": supported values: \"red\", \"green\", \"blue\"",
+        ),
+        (
+            json!({"size": 0}),
+            "spec.size",
+            "should be greater than or equal to 1",
+        ),
+        (
+            json!({"size": 11}),
+            "spec.size",
+            "should be less than or equal to 10",
+        ),
+        (
+            json!({"size": 1, "name": "a"}),
+            "spec.name",
+            "should be at least 2 chars long",
+        ),
+        (
+            json!({"size": 1, "name": "abcdefghij"}),
+            "spec.name",
+            "Too long: may not be more than 8 bytes",
+        ),
+        (
+            json!({"size": 1, "name": "ABC"}),
+            "spec.name",
+            "should match '^[a-z]+$'",
+        ),
+        (
+            json!({"size": 1, "tags": []}),
+            "spec.tags",
+            "should have at least 1 items",
+        ),
+        (
+            json!({"size": 1, "tags": ["a", "b", "c", "d"]}),
+            "spec.tags",
+            "Too many: 4: must have at most 3 items",
+        ),
+        (
+            json!({"size": 1, "tags": ["a", "a"]}),
+            "spec.tags[1]",
+            "Duplicate value",
+        ),
+        (
+            json!({"size": 1, "ratio": 1.0}),
+            "spec.ratio",
+            "should be less than 1",
+        ),
+        (
+            json!({"size": 1, "enabled": "yes"}),
+            "spec.enabled",
+            "must be of type boolean",
+        ),
+        (
+            json!({"size": 1, "settings": {"a": 1}}),
+            "spec.settings.a",
+            "must be of type string",
+        ),
+        (
+            json!({"size": 1, "limits": {}}),
+            "spec.limits",
+            "should have at least 1 properties",
+        ),
+        (
+            json!({"size": 1, "limits": {"a": 1, "b": 2, "c": 3}}),
+            "spec.limits",
+            "Too many: 3: must have at most 2 properties",
+        ),
     ];
     for (i, (spec, field, msg)) in cases.into_iter().enumerate() {
         let mut w = widget(&format!("w{i}"), 1);
         w["spec"] = spec.clone();
-        let s = status_of(api.create(&PostParams::default(), &dynamic(w)).await.unwrap_err());
+        let s = status_of(
+            api.create(&PostParams::default(), &dynamic(w))
+                .await
+                .unwrap_err(),
+        );
         assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{spec}");
         let details = s.details.unwrap();
         assert_eq!(details.kind, "Widget");
         assert_eq!(details.group, "test.example.com");
-        let cause = details.causes.iter().find(|c| c.field == field).unwrap_or_else(|| panic!("{spec}: no cause for {field}: {:?}", details.causes));
+        let cause = details
+            .causes
+            .iter()
+            .find(|c| c.field == field)
+            .unwrap_or_else(|| panic!("{spec}: no cause for {field}: {:?}", details.causes));
         assert!(cause.message.contains(msg), "{spec}: {:?}", cause.message);
-        assert!(s.message.starts_with(&format!("Widget.test.example.com \"w{i}\" is invalid: ")), "{}", s.message);
+        assert!(
+            s.message
+                .starts_with(&format!("Widget.test.example.com \"w{i}\" is invalid: ")),
+            "{}",
+            s.message
+        );
     }
     // A nullable field may be null.
     let mut w = widget("ok", 1);
     w["spec"]["nullableNote"] = Value::Null;
-    let ok = api.create(&PostParams::default(), &dynamic(w)).await.unwrap();
+    let ok = api
+        .create(&PostParams::default(), &dynamic(w))
+        .await
+        .unwrap();
     assert!(ok.data["spec"]["nullableNote"].is_null());
 }
 
@@ -645,20 +1378,36 @@ async fn defaults_are_applied_and_unknown_fields_pruned() {
     w["spec"]["color"] = Value::Null;
     w["topLevelJunk"] = json!(1);
     w["metadata"]["unknownMeta"] = json!("x");
-    let out = api.create(&PostParams::default(), &dynamic(w)).await.unwrap();
+    let out = api
+        .create(&PostParams::default(), &dynamic(w))
+        .await
+        .unwrap();
     let spec = &out.data["spec"];
     assert_eq!(spec["color"], "red", "defaulted (also from null)");
-    assert_eq!(spec["ports"][0]["protocol"], "TCP", "defaulted in list items");
+    assert_eq!(
+        spec["ports"][0]["protocol"], "TCP",
+        "defaulted in list items"
+    );
     assert_eq!(spec["ports"][1]["protocol"], "UDP");
-    assert!(spec["ports"][1].get("junk").is_none(), "pruned in list items");
-    assert_eq!(spec["free"]["anything"]["goes"], json!([1, 2]), "kept under x-kubernetes-preserve-unknown-fields");
+    assert!(
+        spec["ports"][1].get("junk").is_none(),
+        "pruned in list items"
+    );
+    assert_eq!(
+        spec["free"]["anything"]["goes"],
+        json!([1, 2]),
+        "kept under x-kubernetes-preserve-unknown-fields"
+    );
     assert!(spec.get("unknown").is_none());
     assert!(out.data.get("topLevelJunk").is_none());
     // The project CRD: `type` of a network interface defaults to tap; a field the schema forgets is lost.
     install_project_crds(&client).await;
     let mut m = machine("m");
     m["spec"]["forgotten"] = json!(true);
-    let m = machines(&client, "default").create(&PostParams::default(), &dynamic(m)).await.unwrap();
+    let m = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(m))
+        .await
+        .unwrap();
     assert_eq!(m.data["spec"]["networkInterfaces"][0]["type"], "tap");
     assert!(m.data["spec"].get("forgotten").is_none());
 }
@@ -672,37 +1421,72 @@ async fn finalizers_hold_deletion_until_removed() {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    let created = api.create(&PostParams::default(), &dynamic(m)).await.unwrap();
+    let created = api
+        .create(&PostParams::default(), &dynamic(m))
+        .await
+        .unwrap();
     let mut events = api
-        .watch(&WatchParams::default().fields("metadata.name=m"), &created.metadata.resource_version.clone().unwrap())
+        .watch(
+            &WatchParams::default().fields("metadata.name=m"),
+            &created.metadata.resource_version.clone().unwrap(),
+        )
         .await
         .unwrap()
         .boxed();
 
     let deleted = api.delete("m", &DeleteParams::default()).await.unwrap();
-    let pending = deleted.left().expect("the object comes back while finalizers remain");
+    let pending = deleted
+        .left()
+        .expect("the object comes back while finalizers remain");
     assert!(pending.metadata.deletion_timestamp.is_some());
     assert_eq!(pending.metadata.deletion_grace_period_seconds, Some(0));
     assert_eq!(pending.metadata.generation, Some(2));
-    assert!(matches!(events.try_next().await.unwrap().unwrap(), WatchEvent::Modified(o) if o.metadata.deletion_timestamp.is_some()));
+    assert!(
+        matches!(events.try_next().await.unwrap().unwrap(), WatchEvent::Modified(o) if o.metadata.deletion_timestamp.is_some())
+    );
     assert!(api.get("m").await.is_ok(), "still there");
 
     // No new finalizer may be added now.
     let s = status_of(
-        api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}})))
-            .await
-            .unwrap_err(),
+        api.patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}}),
+            ),
+        )
+        .await
+        .unwrap_err(),
     );
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
     assert_eq!(s.details.unwrap().causes[0].reason, "FieldValueForbidden");
     // Other writes are still allowed.
-    api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}))).await.unwrap();
-    assert!(matches!(events.try_next().await.unwrap().unwrap(), WatchEvent::Modified(_)));
+    api.patch(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(
+        events.try_next().await.unwrap().unwrap(),
+        WatchEvent::Modified(_)
+    ));
 
     // Removing the last finalizer removes the object.
-    let out = api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    let out = api
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     assert!(out.finalizers().is_empty());
-    assert!(matches!(events.try_next().await.unwrap().unwrap(), WatchEvent::Deleted(_)));
+    assert!(matches!(
+        events.try_next().await.unwrap().unwrap(),
+        WatchEvent::Deleted(_)
+    ));
     assert_eq!(status_of(api.get("m").await.unwrap_err()).code, 404);
 }
 
@@ -713,20 +1497,57 @@ async fn delete_without_finalizers_removes_at_once_and_returns_the_object() {
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
     let out = api.delete("m", &DeleteParams::default()).await.unwrap();
-    let obj = out.left().expect("a custom resource delete returns the object");
+    let obj = out
+        .left()
+        .expect("a custom resource delete returns the object");
     assert_eq!(obj.metadata.name.as_deref(), Some("m"));
     assert_eq!(status_of(api.get("m").await.unwrap_err()).code, 404);
-    assert_eq!(status_of(api.delete("m", &DeleteParams::default()).await.unwrap_err()).code, 404);
+    assert_eq!(
+        status_of(api.delete("m", &DeleteParams::default()).await.unwrap_err()).code,
+        404
+    );
     // Preconditions.
     let m = create_machine(&client, "default", "p").await;
-    let s = status_of(api.delete("p", &DeleteParams { preconditions: Some(kube::api::Preconditions { uid: Some("wrong".into()), resource_version: None }), ..Default::default() }).await.unwrap_err());
+    let s = status_of(
+        api.delete(
+            "p",
+            &DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    uid: Some("wrong".into()),
+                    resource_version: None,
+                }),
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!(s.code, 409);
-    api.delete("p", &DeleteParams { preconditions: Some(kube::api::Preconditions { uid: m.metadata.uid.clone(), resource_version: None }), ..Default::default() }).await.unwrap();
+    api.delete(
+        "p",
+        &DeleteParams {
+            preconditions: Some(kube::api::Preconditions {
+                uid: m.metadata.uid.clone(),
+                resource_version: None,
+            }),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     // Built-ins answer an immediate deletion with a Success Status.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap()).await.unwrap();
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     let out = cms.delete("c", &DeleteParams::default()).await.unwrap();
-    assert!(out.right().is_some_and(|s| s.status == Some(kube::core::response::StatusSummary::Success)));
+    assert!(
+        out.right()
+            .is_some_and(|s| s.status == Some(kube::core::response::StatusSummary::Success))
+    );
 }
 
 #[tokio::test]
@@ -736,36 +1557,85 @@ async fn garbage_collection_deletes_dependents_of_removed_owners() {
     let api = machines(&client, "default");
     let owner = create_machine(&client, "default", "owner").await;
     let other = create_machine(&client, "default", "other").await;
-    let oref = |o: &DynamicObject| json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "MicrovmMachine",
-        "name": o.metadata.name, "uid": o.metadata.uid});
+    let oref = |o: &DynamicObject| {
+        json!({"apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2", "kind": "MicrovmMachine",
+        "name": o.metadata.name, "uid": o.metadata.uid})
+    };
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let dep = |name: &str, owners: Vec<Value>, fins: Vec<&str>| -> Secret {
-        serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": owners, "finalizers": fins}})).unwrap()
+        serde_json::from_value(
+            json!({"metadata": {"name": name, "ownerReferences": owners, "finalizers": fins}}),
+        )
+        .unwrap()
     };
-    secrets.create(&PostParams::default(), &dep("only-owner", vec![oref(&owner)], vec![])).await.unwrap();
-    secrets.create(&PostParams::default(), &dep("two-owners", vec![oref(&owner), oref(&other)], vec![])).await.unwrap();
-    secrets.create(&PostParams::default(), &dep("held", vec![oref(&owner)], vec!["example.com/hold"])).await.unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("only-owner", vec![oref(&owner)], vec![]),
+        )
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("two-owners", vec![oref(&owner), oref(&other)], vec![]),
+        )
+        .await
+        .unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("held", vec![oref(&owner)], vec!["example.com/hold"]),
+        )
+        .await
+        .unwrap();
     // A dependent of a dependent goes too, in turn.
     let only = secrets.get("only-owner").await.unwrap();
     let grand = json!({"apiVersion": "v1", "kind": "Secret", "name": "only-owner", "uid": only.metadata.uid});
-    secrets.create(&PostParams::default(), &dep("grandchild", vec![grand], vec![])).await.unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("grandchild", vec![grand], vec![]),
+        )
+        .await
+        .unwrap();
 
     api.delete("owner", &DeleteParams::default()).await.unwrap();
     eventually("dependents of the removed owner are gone", || {
         let secrets = secrets.clone();
-        async move { secrets.get_opt("only-owner").await.unwrap().is_none() && secrets.get_opt("grandchild").await.unwrap().is_none() }
+        async move {
+            secrets.get_opt("only-owner").await.unwrap().is_none()
+                && secrets.get_opt("grandchild").await.unwrap().is_none()
+        }
     })
     .await;
     // An object with another live owner stays, without the dangling reference.
     eventually("dangling owner reference removed", || {
         let secrets = secrets.clone();
-        async move { secrets.get("two-owners").await.unwrap().metadata.owner_references.unwrap_or_default().len() == 1 }
+        async move {
+            secrets
+                .get("two-owners")
+                .await
+                .unwrap()
+                .metadata
+                .owner_references
+                .unwrap_or_default()
+                .len()
+                == 1
+        }
     })
     .await;
     // Its own finalizers are respected.
     let held = secrets.get("held").await.unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
-    secrets.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    secrets
+        .patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     assert!(secrets.get_opt("held").await.unwrap().is_none());
     // An object created with an owner that does not exist is collected.
     secrets.create(&PostParams::default(), &dep("orphan", vec![json!({"apiVersion": "v1", "kind": "Secret", "name": "ghost", "uid": "no-such-uid"})], vec![])).await.unwrap();
@@ -776,24 +1646,58 @@ async fn garbage_collection_deletes_dependents_of_removed_owners() {
     .await;
     // Orphan propagation keeps dependents and drops their references.
     let o2 = create_machine(&client, "default", "owner2").await;
-    secrets.create(&PostParams::default(), &dep("kept", vec![oref(&o2)], vec![])).await.unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("kept", vec![oref(&o2)], vec![]),
+        )
+        .await
+        .unwrap();
     api.delete("owner2", &DeleteParams::orphan()).await.unwrap();
     eventually("owner2 removed after orphaning", || {
         let api = api.clone();
         async move { api.get_opt("owner2").await.unwrap().is_none() }
     })
     .await;
-    assert!(secrets.get("kept").await.unwrap().metadata.owner_references.is_none());
+    assert!(
+        secrets
+            .get("kept")
+            .await
+            .unwrap()
+            .metadata
+            .owner_references
+            .is_none()
+    );
     // Foreground propagation deletes dependents before the owner.
     let o3 = create_machine(&client, "default", "owner3").await;
     let mut blocking = oref(&o3);
     blocking["blockOwnerDeletion"] = json!(true);
-    secrets.create(&PostParams::default(), &dep("blocker", vec![blocking], vec!["example.com/hold"])).await.unwrap();
-    api.delete("owner3", &DeleteParams::foreground()).await.unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &dep("blocker", vec![blocking], vec!["example.com/hold"]),
+        )
+        .await
+        .unwrap();
+    api.delete("owner3", &DeleteParams::foreground())
+        .await
+        .unwrap();
     tokio::time::sleep(Duration::from_millis(100)).await;
     let o3_now = api.get("owner3").await.unwrap();
-    assert!(o3_now.finalizers().contains(&"foregroundDeletion".to_string()), "owner waits for its blocking dependent");
-    secrets.patch("blocker", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert!(
+        o3_now
+            .finalizers()
+            .contains(&"foregroundDeletion".to_string()),
+        "owner waits for its blocking dependent"
+    );
+    secrets
+        .patch(
+            "blocker",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     eventually("owner3 removed once its dependent is gone", || {
         let api = api.clone();
         async move { api.get_opt("owner3").await.unwrap().is_none() }
@@ -806,35 +1710,81 @@ async fn deleting_a_namespace_removes_what_is_in_it() {
     let (_emu, client) = start().await;
     install_project_crds(&client).await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap()).await.unwrap();
+    nss.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
+    )
+    .await
+    .unwrap();
     create_machine(&client, "doomed", "a").await;
     let mut held = machine("b");
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    machines(&client, "doomed").create(&PostParams::default(), &dynamic(held)).await.unwrap();
+    machines(&client, "doomed")
+        .create(&PostParams::default(), &dynamic(held))
+        .await
+        .unwrap();
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "doomed");
-    secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap()).await.unwrap();
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap(),
+        )
+        .await
+        .unwrap();
 
-    let out = nss.delete("doomed", &DeleteParams::default()).await.unwrap();
+    let out = nss
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     let ns = out.left().unwrap();
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
     eventually("contents without finalizers deleted", || {
         let client = client.clone();
-        async move { machines(&client, "doomed").get_opt("a").await.unwrap().is_none() }
+        async move {
+            machines(&client, "doomed")
+                .get_opt("a")
+                .await
+                .unwrap()
+                .is_none()
+        }
     })
     .await;
     assert!(secrets.get_opt("s").await.unwrap().is_none());
     // New content is refused while it terminates.
-    let s = status_of(machines(&client, "doomed").create(&PostParams::default(), &dynamic(machine("c"))).await.unwrap_err());
+    let s = status_of(
+        machines(&client, "doomed")
+            .create(&PostParams::default(), &dynamic(machine("c")))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (403, "Forbidden"));
-    assert!(nss.get_opt("doomed").await.unwrap().is_some(), "held by b's finalizer");
-    machines(&client, "doomed").patch("b", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}}))).await.unwrap();
+    assert!(
+        nss.get_opt("doomed").await.unwrap().is_some(),
+        "held by b's finalizer"
+    );
+    machines(&client, "doomed")
+        .patch(
+            "b",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
     eventually("namespace removed", || {
         let nss = nss.clone();
         async move { nss.get_opt("doomed").await.unwrap().is_none() }
     })
     .await;
     // The built-in namespaces cannot be deleted.
-    assert_eq!(status_of(nss.delete("default", &DeleteParams::default()).await.unwrap_err()).code, 403);
+    assert_eq!(
+        status_of(
+            nss.delete("default", &DeleteParams::default())
+                .await
+                .unwrap_err()
+        )
+        .code,
+        403
+    );
 }
 
 // --- Lists and watches ----------------------------------------------------------------------------------
@@ -844,15 +1794,29 @@ async fn label_and_field_selectors() {
     let (_emu, client) = start().await;
     install_project_crds(&client).await;
     let api = machines(&client, "default");
-    for (name, labels) in [("a", json!({"tier": "cp", "zone": "1"})), ("b", json!({"tier": "worker", "zone": "2"})), ("c", json!({"tier": "worker"})), ("d", json!({}))] {
+    for (name, labels) in [
+        ("a", json!({"tier": "cp", "zone": "1"})),
+        ("b", json!({"tier": "worker", "zone": "2"})),
+        ("c", json!({"tier": "worker"})),
+        ("d", json!({})),
+    ] {
         let mut m = machine(name);
         m["metadata"]["labels"] = labels;
-        api.create(&PostParams::default(), &dynamic(m)).await.unwrap();
+        api.create(&PostParams::default(), &dynamic(m))
+            .await
+            .unwrap();
     }
     let names = |sel: &'static str| {
         let api = api.clone();
         async move {
-            let mut n: Vec<String> = api.list(&ListParams::default().labels(sel)).await.unwrap().items.into_iter().filter_map(|o| o.metadata.name).collect();
+            let mut n: Vec<String> = api
+                .list(&ListParams::default().labels(sel))
+                .await
+                .unwrap()
+                .items
+                .into_iter()
+                .filter_map(|o| o.metadata.name)
+                .collect();
             n.sort();
             n
         }
@@ -865,22 +1829,62 @@ async fn label_and_field_selectors() {
     assert_eq!(names("zone").await, vec!["a", "b"]);
     assert_eq!(names("!zone").await, vec!["c", "d"]);
     assert_eq!(names("tier=worker,zone").await, vec!["b"]);
-    let by_name = api.list(&ListParams::default().fields("metadata.name=c")).await.unwrap();
+    let by_name = api
+        .list(&ListParams::default().fields("metadata.name=c"))
+        .await
+        .unwrap();
     assert_eq!(by_name.items.len(), 1);
-    let not_c = api.list(&ListParams::default().fields("metadata.name!=c,metadata.namespace=default")).await.unwrap();
+    let not_c = api
+        .list(&ListParams::default().fields("metadata.name!=c,metadata.namespace=default"))
+        .await
+        .unwrap();
     assert_eq!(not_c.items.len(), 3);
     let all_ns: Api<DynamicObject> = Api::all_with(client.clone(), &machine_ar());
-    assert_eq!(all_ns.list(&ListParams::default().fields("metadata.namespace=kube-system")).await.unwrap().items.len(), 0);
-    let s = status_of(api.list(&ListParams::default().fields("spec.vcpu=2")).await.unwrap_err());
+    assert_eq!(
+        all_ns
+            .list(&ListParams::default().fields("metadata.namespace=kube-system"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        0
+    );
+    let s = status_of(
+        api.list(&ListParams::default().fields("spec.vcpu=2"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(s.code, 400);
-    assert!(s.message.contains("is not a known field selector"), "{}", s.message);
-    let s = status_of(api.list(&ListParams::default().labels("tier in worker")).await.unwrap_err());
+    assert!(
+        s.message.contains("is not a known field selector"),
+        "{}",
+        s.message
+    );
+    let s = status_of(
+        api.list(&ListParams::default().labels("tier in worker"))
+            .await
+            .unwrap_err(),
+    );
     assert_eq!(s.code, 400);
     // Built-in field selectors (Secret type).
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "tls"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})).unwrap()).await.unwrap();
-    secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "plain"}})).unwrap()).await.unwrap();
-    assert_eq!(secrets.list(&ListParams::default().fields("type=kubernetes.io/tls")).await.unwrap().items.len(), 1);
+    secrets
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "plain"}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        secrets
+            .list(&ListParams::default().fields("type=kubernetes.io/tls"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1
+    );
 }
 
 #[tokio::test]
@@ -888,7 +1892,12 @@ async fn limit_and_continue_paginate_consistently() {
     let (_emu, client) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
-        cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("c{i:02}")}})).unwrap()).await.unwrap();
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": format!("c{i:02}")}})).unwrap(),
+        )
+        .await
+        .unwrap();
     }
     let first = cms.list(&ListParams::default().limit(10)).await.unwrap();
     assert_eq!(first.items.len(), 10);
@@ -896,16 +1905,41 @@ async fn limit_and_continue_paginate_consistently() {
     let list_rv = first.metadata.resource_version.clone().unwrap();
     // Changes after the first page do not show in the rest of the list.
     cms.delete("c15", &DeleteParams::default()).await.unwrap();
-    cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c99"}})).unwrap()).await.unwrap();
-    cms.patch("c20", &PatchParams::default(), &Patch::Merge(json!({"data": {"changed": "yes"}}))).await.unwrap();
-    let mut names: Vec<String> = first.items.iter().filter_map(|c| c.metadata.name.clone()).collect();
+    cms.create(
+        &PostParams::default(),
+        &serde_json::from_value(json!({"metadata": {"name": "c99"}})).unwrap(),
+    )
+    .await
+    .unwrap();
+    cms.patch(
+        "c20",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"changed": "yes"}})),
+    )
+    .await
+    .unwrap();
+    let mut names: Vec<String> = first
+        .items
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
     let mut token = first.metadata.continue_;
     while let Some(t) = token {
-        let page = cms.list(&ListParams::default().limit(10).continue_token(&t)).await.unwrap();
-        assert_eq!(page.metadata.resource_version.as_deref(), Some(list_rv.as_str()), "every page is at the list's resourceVersion");
+        let page = cms
+            .list(&ListParams::default().limit(10).continue_token(&t))
+            .await
+            .unwrap();
+        assert_eq!(
+            page.metadata.resource_version.as_deref(),
+            Some(list_rv.as_str()),
+            "every page is at the list's resourceVersion"
+        );
         for c in &page.items {
             if c.metadata.name.as_deref() == Some("c20") {
-                assert!(c.data.is_none(), "the object as it was at the list's resourceVersion");
+                assert!(
+                    c.data.is_none(),
+                    "the object as it was at the list's resourceVersion"
+                );
             }
         }
         names.extend(page.items.iter().filter_map(|c| c.metadata.name.clone()));
@@ -915,42 +1949,101 @@ async fn limit_and_continue_paginate_consistently() {
     assert_eq!(names, expected);
     // A fresh list sees the changes.
     let now = cms.list(&ListParams::default()).await.unwrap();
-    assert!(now.items.iter().any(|c| c.metadata.name.as_deref() == Some("c99")));
-    assert!(!now.items.iter().any(|c| c.metadata.name.as_deref() == Some("c15")));
+    assert!(
+        now.items
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some("c99"))
+    );
+    assert!(
+        !now.items
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some("c15"))
+    );
     // Listing exactly at an old revision works while the history reaches it.
-    let exact = cms.list(&ListParams::default().at(&list_rv).matching(kube::api::VersionMatch::Exact)).await.unwrap();
+    let exact = cms
+        .list(
+            &ListParams::default()
+                .at(&list_rv)
+                .matching(kube::api::VersionMatch::Exact),
+        )
+        .await
+        .unwrap();
     assert_eq!(exact.items.len(), 25);
 }
 
 #[tokio::test]
 async fn a_continue_token_older_than_the_history_is_410() {
-    let (_emu, client) = start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(5)).await;
+    let (_emu, client) =
+        start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(5)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
-        cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap()).await.unwrap();
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap(),
+        )
+        .await
+        .unwrap();
     }
     let first = cms.list(&ListParams::default().limit(2)).await.unwrap();
     for i in 0..10 {
-        cms.patch("c0", &PatchParams::default(), &Patch::Merge(json!({"data": {"n": i.to_string()}}))).await.unwrap();
+        cms.patch(
+            "c0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
+        )
+        .await
+        .unwrap();
     }
-    let s = status_of(cms.list(&ListParams::default().limit(2).continue_token(&first.metadata.continue_.unwrap())).await.unwrap_err());
+    let s = status_of(
+        cms.list(
+            &ListParams::default()
+                .limit(2)
+                .continue_token(&first.metadata.continue_.unwrap()),
+        )
+        .await
+        .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
 }
 
 #[tokio::test]
 async fn watch_streams_added_modified_deleted_and_bookmarks() {
-    let (_emu, client) = start_with(capmvm_sim::kube::EmulatorOptions::default().bookmark_interval(Duration::from_millis(200))).await;
+    let (_emu, client) = start_with(
+        capmvm_sim::kube::EmulatorOptions::default().bookmark_interval(Duration::from_millis(200)),
+    )
+    .await;
     install_project_crds(&client).await;
     let api = machines(&client, "default");
-    let start_rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut stream = api.watch(&WatchParams::default(), &start_rv).await.unwrap().boxed();
+    let start_rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut stream = api
+        .watch(&WatchParams::default(), &start_rv)
+        .await
+        .unwrap()
+        .boxed();
     create_machine(&client, "default", "m").await;
-    api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"vcpu": 3}}))).await.unwrap();
+    api.patch(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
+    )
+    .await
+    .unwrap();
     api.delete("m", &DeleteParams::default()).await.unwrap();
     let mut seen = Vec::new();
     let mut bookmark = None;
     while bookmark.is_none() {
-        match tokio::time::timeout(Duration::from_secs(5), stream.try_next()).await.unwrap().unwrap().unwrap() {
+        match tokio::time::timeout(Duration::from_secs(5), stream.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
             WatchEvent::Added(o) => seen.push(("ADDED", o.data["spec"]["vcpu"].clone())),
             WatchEvent::Modified(o) => seen.push(("MODIFIED", o.data["spec"]["vcpu"].clone())),
             WatchEvent::Deleted(o) => seen.push(("DELETED", o.data["spec"]["vcpu"].clone())),
@@ -958,17 +2051,41 @@ async fn watch_streams_added_modified_deleted_and_bookmarks() {
             WatchEvent::Error(e) => panic!("{e:?}"),
         }
     }
-    assert_eq!(seen, vec![("ADDED", json!(2)), ("MODIFIED", json!(3)), ("DELETED", json!(3))]);
+    assert_eq!(
+        seen,
+        vec![
+            ("ADDED", json!(2)),
+            ("MODIFIED", json!(3)),
+            ("DELETED", json!(3))
+        ]
+    );
     let b = bookmark.unwrap();
     assert_eq!(b.types.kind, "MicrovmMachine");
-    let stats_rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    assert_eq!(b.metadata.resource_version, stats_rv, "a bookmark carries the current revision");
+    let stats_rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    assert_eq!(
+        b.metadata.resource_version, stats_rv,
+        "a bookmark carries the current revision"
+    );
 
     // The wire format: newline-delimited JSON over a chunked response.
     let r = raw(&client, "GET", "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines?watch=true&resourceVersion=0&timeoutSeconds=1", None, b"").await;
     assert_eq!(r.status, 200);
-    assert_eq!(r.headers.get("transfer-encoding").and_then(|v| v.to_str().ok()), Some("chunked"));
-    assert_eq!(r.text, "", "nothing exists, nothing sent, then the timeout ends the stream cleanly");
+    assert_eq!(
+        r.headers
+            .get("transfer-encoding")
+            .and_then(|v| v.to_str().ok()),
+        Some("chunked")
+    );
+    assert_eq!(
+        r.text, "",
+        "nothing exists, nothing sent, then the timeout ends the stream cleanly"
+    );
 }
 
 #[tokio::test]
@@ -978,19 +2095,35 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
     let api = machines(&client, "default");
     let a = create_machine(&client, "default", "a").await;
     create_machine(&client, "default", "b").await;
-    api.patch("a", &PatchParams::default(), &Patch::Merge(json!({"spec": {"vcpu": 5}}))).await.unwrap();
+    api.patch(
+        "a",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"vcpu": 5}})),
+    )
+    .await
+    .unwrap();
     api.delete("b", &DeleteParams::default()).await.unwrap();
 
     let collect = |rv: String, n: usize| {
         let api = api.clone();
         async move {
-            let mut s = api.watch(&WatchParams::default().timeout(2), &rv).await.unwrap().boxed();
+            let mut s = api
+                .watch(&WatchParams::default().timeout(2), &rv)
+                .await
+                .unwrap()
+                .boxed();
             let mut out = Vec::new();
             while out.len() < n {
                 match s.try_next().await.unwrap() {
-                    Some(WatchEvent::Added(o)) => out.push(format!("ADDED {}", o.metadata.name.unwrap())),
-                    Some(WatchEvent::Modified(o)) => out.push(format!("MODIFIED {}", o.metadata.name.unwrap())),
-                    Some(WatchEvent::Deleted(o)) => out.push(format!("DELETED {}", o.metadata.name.unwrap())),
+                    Some(WatchEvent::Added(o)) => {
+                        out.push(format!("ADDED {}", o.metadata.name.unwrap()))
+                    }
+                    Some(WatchEvent::Modified(o)) => {
+                        out.push(format!("MODIFIED {}", o.metadata.name.unwrap()))
+                    }
+                    Some(WatchEvent::Deleted(o)) => {
+                        out.push(format!("DELETED {}", o.metadata.name.unwrap()))
+                    }
                     Some(other) => panic!("{other:?}"),
                     None => break,
                 }
@@ -999,13 +2132,25 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
         }
     };
     // From a's creation: everything after it, in order.
-    assert_eq!(collect(a.metadata.resource_version.clone().unwrap(), 3).await, vec!["ADDED b", "MODIFIED a", "DELETED b"]);
+    assert_eq!(
+        collect(a.metadata.resource_version.clone().unwrap(), 3).await,
+        vec!["ADDED b", "MODIFIED a", "DELETED b"]
+    );
     // From "0": the current objects as ADDED, then changes.
     assert_eq!(collect("0".into(), 1).await, vec!["ADDED a"]);
-    let mut s = api.watch(&WatchParams::default(), "0").await.unwrap().boxed();
-    assert!(matches!(s.try_next().await.unwrap(), Some(WatchEvent::Added(_))));
+    let mut s = api
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    assert!(matches!(
+        s.try_next().await.unwrap(),
+        Some(WatchEvent::Added(_))
+    ));
     create_machine(&client, "default", "c").await;
-    assert!(matches!(s.try_next().await.unwrap(), Some(WatchEvent::Added(o)) if o.metadata.name.as_deref() == Some("c")));
+    assert!(
+        matches!(s.try_next().await.unwrap(), Some(WatchEvent::Added(o)) if o.metadata.name.as_deref() == Some("c"))
+    );
     // sendInitialEvents: the current objects, then a bookmark marking their end.
     let wp = WatchParams::default().initial_events();
     let mut s = api.watch(&wp, "").await.unwrap().boxed();
@@ -1014,7 +2159,13 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
         match s.try_next().await.unwrap().unwrap() {
             WatchEvent::Added(_) => added += 1,
             WatchEvent::Bookmark(b) => {
-                assert_eq!(b.metadata.annotations.get("k8s.io/initial-events-end").map(String::as_str), Some("true"));
+                assert_eq!(
+                    b.metadata
+                        .annotations
+                        .get("k8s.io/initial-events-end")
+                        .map(String::as_str),
+                    Some("true")
+                );
                 break;
             }
             other => panic!("{other:?}"),
@@ -1025,25 +2176,62 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
 
 #[tokio::test]
 async fn a_watch_older_than_the_history_gets_410_gone() {
-    let (_emu, client) = start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(3)).await;
+    let (_emu, client) =
+        start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(3)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let first = cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap()).await.unwrap();
+    let first = cms
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
+        )
+        .await
+        .unwrap();
     for i in 0..5 {
-        cms.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"n": i.to_string()}}))).await.unwrap();
+        cms.patch(
+            "c",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
+        )
+        .await
+        .unwrap();
     }
-    let mut s = cms.watch(&WatchParams::default(), &first.metadata.resource_version.unwrap()).await.unwrap().boxed();
+    let mut s = cms
+        .watch(
+            &WatchParams::default(),
+            &first.metadata.resource_version.unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
     match s.try_next().await.unwrap().unwrap() {
         WatchEvent::Error(e) => {
             assert_eq!(e.code, 410);
             assert_eq!(e.reason, "Expired");
-            assert!(e.message.starts_with("too old resource version"), "{}", e.message);
+            assert!(
+                e.message.starts_with("too old resource version"),
+                "{}",
+                e.message
+            );
         }
         other => panic!("expected a 410 ERROR event, got {other:?}"),
     }
-    assert!(s.try_next().await.unwrap().is_none(), "the stream ends after the error");
+    assert!(
+        s.try_next().await.unwrap().is_none(),
+        "the stream ends after the error"
+    );
     // A recent resourceVersion is fine.
-    let now = cms.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut s = cms.watch(&WatchParams::default().timeout(1), &now).await.unwrap().boxed();
+    let now = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut s = cms
+        .watch(&WatchParams::default().timeout(1), &now)
+        .await
+        .unwrap()
+        .boxed();
     assert!(s.try_next().await.unwrap().is_none());
 }
 
@@ -1053,17 +2241,54 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
-    let rv = api.list(&ListParams::default()).await.unwrap().metadata.resource_version.unwrap();
-    let mut s = api.watch(&WatchParams::default().labels("role=worker"), &rv).await.unwrap().boxed();
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut s = api
+        .watch(&WatchParams::default().labels("role=worker"), &rv)
+        .await
+        .unwrap()
+        .boxed();
     let pp = PatchParams::default();
-    api.patch("m", &pp, &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}}))).await.unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 4}}))).await.unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"metadata": {"labels": {"role": "cp"}}}))).await.unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 5}}))).await.unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}}))).await.unwrap();
+    api.patch(
+        "m",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 4}})))
+        .await
+        .unwrap();
+    api.patch(
+        "m",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"role": "cp"}}})),
+    )
+    .await
+    .unwrap();
+    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 5}})))
+        .await
+        .unwrap();
+    api.patch(
+        "m",
+        &pp,
+        &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}})),
+    )
+    .await
+    .unwrap();
     let mut seen = Vec::new();
     for _ in 0..4 {
-        match tokio::time::timeout(Duration::from_secs(5), s.try_next()).await.unwrap().unwrap().unwrap() {
+        match tokio::time::timeout(Duration::from_secs(5), s.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
             WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.data["spec"]["vcpu"])),
             WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data["spec"]["vcpu"])),
             WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.data["spec"]["vcpu"])),
@@ -1075,19 +2300,39 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
 
 #[tokio::test]
 async fn watch_timeout_ends_cleanly_and_a_slow_watcher_is_closed() {
-    let (emu, client) = start_with(capmvm_sim::kube::EmulatorOptions::default().watch_buffer(8)).await;
+    let (emu, client) =
+        start_with(capmvm_sim::kube::EmulatorOptions::default().watch_buffer(8)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let started = std::time::Instant::now();
-    let mut s = cms.watch(&WatchParams::default().timeout(1), "0").await.unwrap().boxed();
+    let mut s = cms
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed();
     let first = s.try_next().await.unwrap();
     assert!(first.is_none(), "{first:?}");
-    assert!(started.elapsed() >= Duration::from_millis(900) && started.elapsed() < Duration::from_secs(5));
+    assert!(
+        started.elapsed() >= Duration::from_millis(900)
+            && started.elapsed() < Duration::from_secs(5)
+    );
 
     // A watcher that does not read: its buffer fills and the server closes it instead of growing.
-    let mut stalled = cms.watch(&WatchParams::default(), "0").await.unwrap().boxed();
+    let mut stalled = cms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
     let big = "x".repeat(64 * 1024);
     for i in 0..200 {
-        cms.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}, "data": {"big": big}})).unwrap()).await.unwrap();
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": format!("c{i}")}, "data": {"big": big}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
     }
     eventually("the slow watcher was closed", || {
         let closed = emu.stats().slow_watchers_closed;
@@ -1113,18 +2358,34 @@ async fn tables_carry_the_printer_columns() {
     let mut w = widget("w", 4);
     w["metadata"]["labels"] = json!({"example.com/owner": "team-a"});
     w["spec"]["color"] = json!("blue");
-    widgets(&client, "default").create(&PostParams::default(), &dynamic(w)).await.unwrap();
+    widgets(&client, "default")
+        .create(&PostParams::default(), &dynamic(w))
+        .await
+        .unwrap();
     widgets(&client, "default")
         .patch_status("w", &PatchParams::default(), &Patch::Merge(json!({"status": {"conditions": [{"type": "Paused", "status": "False"}, {"type": "Ready", "status": "True"}]}})))
         .await
         .unwrap();
     let accept = "application/json;as=Table;v=v1;g=meta.k8s.io,application/json;as=Table;v=v1beta1;g=meta.k8s.io,application/json";
-    let r = raw_with(&client, "GET", "/apis/test.example.com/v1/namespaces/default/widgets", None, Some(accept), b"").await;
+    let r = raw_with(
+        &client,
+        "GET",
+        "/apis/test.example.com/v1/namespaces/default/widgets",
+        None,
+        Some(accept),
+        b"",
+    )
+    .await;
     assert_eq!(r.status, 200);
     let t = r.body;
     assert_eq!(t["kind"], "Table");
     assert_eq!(t["apiVersion"], "meta.k8s.io/v1");
-    let cols: Vec<&str> = t["columnDefinitions"].as_array().unwrap().iter().map(|c| c["name"].as_str().unwrap()).collect();
+    let cols: Vec<&str> = t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
     assert_eq!(cols, vec!["Name", "Size", "Color", "Ready", "Owner", "Age"]);
     assert_eq!(t["columnDefinitions"][2]["priority"], 1);
     let cells = &t["rows"][0]["cells"];
@@ -1133,18 +2394,43 @@ async fn tables_carry_the_printer_columns() {
     assert_eq!(cells[2], "blue");
     assert_eq!(cells[3], "True");
     assert_eq!(cells[4], "team-a");
-    assert!(cells[5].as_str().unwrap().ends_with('s'), "age like 0s: {}", cells[5]);
+    assert!(
+        cells[5].as_str().unwrap().ends_with('s'),
+        "age like 0s: {}",
+        cells[5]
+    );
     assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
     // One object as a Table, and a missing value is null.
-    widgets(&client, "default").create(&PostParams::default(), &dynamic(widget("bare", 1))).await.unwrap();
-    let one = raw_with(&client, "GET", "/apis/test.example.com/v1/namespaces/default/widgets/bare", None, Some(accept), b"").await.body;
+    widgets(&client, "default")
+        .create(&PostParams::default(), &dynamic(widget("bare", 1)))
+        .await
+        .unwrap();
+    let one = raw_with(
+        &client,
+        "GET",
+        "/apis/test.example.com/v1/namespaces/default/widgets/bare",
+        None,
+        Some(accept),
+        b"",
+    )
+    .await
+    .body;
     assert_eq!(one["rows"].as_array().unwrap().len(), 1);
     assert!(one["rows"][0]["cells"][3].is_null());
     // PartialObjectMetadata, as kube-rs metadata calls ask.
     let meta: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    assert!(meta.list_metadata(&ListParams::default()).await.unwrap().items.is_empty());
+    assert!(
+        meta.list_metadata(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .is_empty()
+    );
     let dmeta = widgets(&client, "default").get_metadata("w").await.unwrap();
-    assert_eq!(dmeta.metadata.labels.unwrap()["example.com/owner"], "team-a");
+    assert_eq!(
+        dmeta.metadata.labels.unwrap()["example.com/owner"],
+        "team-a"
+    );
 }
 
 // --- Running it --------------------------------------------------------------------------------------------
@@ -1157,7 +2443,10 @@ async fn a_written_kubeconfig_serves_kube_rs() {
     let path = dir.join("kubeconfig");
     emu.write_kubeconfig(&path).unwrap();
     let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config = kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default()).await.unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
     assert_eq!(config.default_namespace, "default");
     let client = kube::Client::try_from(config).unwrap();
     let info = client.apiserver_version().await.unwrap();
@@ -1175,9 +2464,27 @@ async fn requests_are_counted_by_verb_and_resource() {
     create_machine(&client, "default", "m").await;
     api.get("m").await.unwrap();
     api.list(&ListParams::default()).await.unwrap();
-    api.patch("m", &PatchParams::default(), &Patch::Merge(json!({"spec": {"vcpu": 3}}))).await.unwrap();
-    api.patch_status("m", &PatchParams::default(), &Patch::Merge(json!({"status": {"host": "h"}}))).await.unwrap();
-    let _ = api.watch(&WatchParams::default().timeout(1), "0").await.unwrap().boxed().try_next().await;
+    api.patch(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
+    )
+    .await
+    .unwrap();
+    api.patch_status(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"host": "h"}})),
+    )
+    .await
+    .unwrap();
+    let _ = api
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed()
+        .try_next()
+        .await;
     api.delete("m", &DeleteParams::default()).await.unwrap();
     let c = emu.counters();
     let r = "infrastructure.cluster.x-k8s.io/microvmmachines";
@@ -1189,7 +2496,10 @@ async fn requests_are_counted_by_verb_and_resource() {
     assert_eq!(c.get(Verb::Watch, r), 1);
     assert_eq!(c.get(Verb::Delete, r), 1);
     assert_eq!(c.total(), 7);
-    Api::<Secret>::namespaced(client.clone(), "default").list(&ListParams::default()).await.unwrap();
+    Api::<Secret>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
     assert_eq!(emu.counters().get(Verb::List, "core/secrets"), 1);
 }
 

@@ -82,7 +82,9 @@ fn get_path<'a>(v: &'a Value, path: &str) -> Option<&'a Value> {
 
 fn remove_path(v: &mut Value, path: &str) {
     let parts = split(path);
-    let Some((last, parents)) = parts.split_last() else { return };
+    let Some((last, parents)) = parts.split_last() else {
+        return;
+    };
     let mut cur = v;
     for p in parents {
         match cur.get_mut(*p) {
@@ -120,7 +122,11 @@ fn paths_of_fields(v: &Value, prefix: &str, out: &mut Paths) {
     }
     for (k, c) in children {
         let name = &k[2..];
-        let p = if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        let p = if prefix.is_empty() {
+            name.to_string()
+        } else {
+            format!("{prefix}.{name}")
+        };
         paths_of_fields(c, &p, out);
     }
 }
@@ -137,8 +143,16 @@ fn read_entries(obj: &Value) -> Vec<Entry> {
                         paths_of_fields(f, "", &mut paths);
                     }
                     Entry {
-                        manager: e.get("manager").and_then(Value::as_str).unwrap_or("").to_string(),
-                        operation: e.get("operation").and_then(Value::as_str).unwrap_or("Update").to_string(),
+                        manager: e
+                            .get("manager")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        operation: e
+                            .get("operation")
+                            .and_then(Value::as_str)
+                            .unwrap_or("Update")
+                            .to_string(),
                         paths,
                     }
                 })
@@ -177,15 +191,29 @@ pub(crate) fn track_update(old: Option<&Value>, new: &mut Value, manager: &str) 
         .cloned()
         .collect();
     for e in &mut entries {
-        e.paths.retain(|p| new_paths.contains(p) && (!changed.contains(p) || (e.manager == manager && e.operation == "Update")));
+        e.paths.retain(|p| {
+            new_paths.contains(p)
+                && (!changed.contains(p) || (e.manager == manager && e.operation == "Update"))
+        });
     }
     if !changed.is_empty() {
-        match entries.iter_mut().find(|e| e.manager == manager && e.operation == "Update") {
+        match entries
+            .iter_mut()
+            .find(|e| e.manager == manager && e.operation == "Update")
+        {
             Some(e) => e.paths.extend(changed),
-            None => entries.push(Entry { manager: manager.to_string(), operation: "Update".into(), paths: changed }),
+            None => entries.push(Entry {
+                manager: manager.to_string(),
+                operation: "Update".into(),
+                paths: changed,
+            }),
         }
     }
-    let api_version = new.get("apiVersion").and_then(Value::as_str).unwrap_or("coordination.k8s.io/v1").to_string();
+    let api_version = new
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("coordination.k8s.io/v1")
+        .to_string();
     write_entries(new, &entries, &api_version);
 }
 
@@ -197,7 +225,9 @@ fn merge_into(target: &mut Value, config: &Value) {
                     continue;
                 }
                 match t.get_mut(k) {
-                    Some(existing) if existing.is_object() && v.is_object() => merge_into(existing, v),
+                    Some(existing) if existing.is_object() && v.is_object() => {
+                        merge_into(existing, v)
+                    }
                     _ => {
                         t.insert(k.clone(), v.clone());
                     }
@@ -209,11 +239,14 @@ fn merge_into(target: &mut Value, config: &Value) {
 }
 
 fn decode_config(def: &ResourceDef, name: &str, body: &[u8]) -> Result<Value, ApiError> {
-    let text = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
-    let config: Value =
-        serde_saphyr::from_str(text).map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    let text = std::str::from_utf8(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
+    let config: Value = serde_saphyr::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("error decoding YAML: {e}")))?;
     if !config.is_object() {
-        return Err(ApiError::bad_request("error decoding YAML: the apply configuration must be an object"));
+        return Err(ApiError::bad_request(
+            "error decoding YAML: the apply configuration must be an object",
+        ));
     }
     if config.get("apiVersion").and_then(Value::as_str) != Some(def.api_version().as_str())
         || config.get("kind").and_then(Value::as_str) != Some(def.kind.as_str())
@@ -250,7 +283,10 @@ pub(crate) fn apply_lease(
             &def.kind,
             &def.group,
             name,
-            &[FieldError::required_detail("fieldManager", "is required for apply patch")],
+            &[FieldError::required_detail(
+                "fieldManager",
+                "is required for apply patch",
+            )],
         ));
     }
     let config = decode_config(def, name, body)?;
@@ -265,7 +301,11 @@ pub(crate) fn apply_lease(
                 m.insert("name".into(), json!(name));
                 m.remove("managedFields");
             }
-            let entries = [Entry { manager: manager.into(), operation: "Apply".into(), paths: config_paths.clone() }];
+            let entries = [Entry {
+                manager: manager.into(),
+                operation: "Apply".into(),
+                paths: config_paths.clone(),
+            }];
             write_entries(&mut obj, &entries, &def.api_version());
             let mut params = params.clone();
             params.field_manager = None;
@@ -293,9 +333,17 @@ pub(crate) fn apply_lease(
                 &def.plural,
                 &def.group,
                 name,
-                &format!("Apply failed with {n} conflict{}: {}", if n == 1 { "" } else { "s" }, list.join("\n")),
+                &format!(
+                    "Apply failed with {n} conflict{}: {}",
+                    if n == 1 { "" } else { "s" },
+                    list.join("\n")
+                ),
             );
-            err.message = format!("Apply failed with {n} conflict{}: {}", if n == 1 { "" } else { "s" }, list.join("\n"));
+            err.message = format!(
+                "Apply failed with {n} conflict{}: {}",
+                if n == 1 { "" } else { "s" },
+                list.join("\n")
+            );
             if let Some(d) = &mut err.details {
                 let causes: Vec<Value> = conflicts
                     .iter()
@@ -315,8 +363,9 @@ pub(crate) fn apply_lease(
             .map(|e| e.paths.clone())
             .unwrap_or_default();
         for p in previous.difference(&config_paths) {
-            let shared_owner =
-                entries.iter().any(|e| !(e.manager == manager && e.operation == "Apply") && e.paths.contains(p));
+            let shared_owner = entries
+                .iter()
+                .any(|e| !(e.manager == manager && e.operation == "Apply") && e.paths.contains(p));
             if !shared_owner {
                 remove_path(&mut new, p);
             }
@@ -329,17 +378,34 @@ pub(crate) fn apply_lease(
             // Forced fields change owner.
             e.paths.retain(|p| !conflicts.iter().any(|(_, cp)| cp == p));
         }
-        match entries.iter_mut().find(|e| e.manager == manager && e.operation == "Apply") {
+        match entries
+            .iter_mut()
+            .find(|e| e.manager == manager && e.operation == "Apply")
+        {
             Some(e) => e.paths = config_paths.clone(),
-            None => entries.push(Entry { manager: manager.into(), operation: "Apply".into(), paths: config_paths.clone() }),
+            None => entries.push(Entry {
+                manager: manager.into(),
+                operation: "Apply".into(),
+                paths: config_paths.clone(),
+            }),
         }
         let mut warnings = Vec::new();
-        let mut prepared = ops::prepare_update(def, Sub::Main, &current, new, Vec::new(), params, &mut warnings)?;
+        let mut prepared = ops::prepare_update(
+            def,
+            Sub::Main,
+            &current,
+            new,
+            Vec::new(),
+            params,
+            &mut warnings,
+        )?;
         write_entries(&mut prepared, &entries, &def.api_version());
         if params.dry_run {
             let bytes = super::store::encode(&prepared);
             return Ok(WriteResult {
-                written: super::store::Written::Stored(Arc::new(super::store::Stored::detached(prepared, bytes))),
+                written: super::store::Written::Stored(Arc::new(super::store::Stored::detached(
+                    prepared, bytes,
+                ))),
                 warnings,
                 created: false,
             });
@@ -348,7 +414,11 @@ pub(crate) fn apply_lease(
         match store.replace(&def.storage, &key, &current, prepared) {
             Ok(written) => {
                 drop(store);
-                return Ok(WriteResult { written, warnings, created: false });
+                return Ok(WriteResult {
+                    written,
+                    warnings,
+                    created: false,
+                });
             }
             Err(CommitError::Stale) => continue,
             Err(CommitError::Api(e)) => return Err(e),
@@ -368,7 +438,11 @@ mod tests {
         let paths = leaf_paths(&obj);
         assert_eq!(
             paths.iter().cloned().collect::<Vec<_>>(),
-            vec!["metadata.labels.a.b/c", "spec.holderIdentity", "spec.leaseDurationSeconds"]
+            vec![
+                "metadata.labels.a.b/c",
+                "spec.holderIdentity",
+                "spec.leaseDurationSeconds"
+            ]
         );
         let f = fields_v1(&paths);
         let mut back = Paths::new();

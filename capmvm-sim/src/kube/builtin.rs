@@ -56,7 +56,10 @@ fn type_meta(schema: Value) -> Value {
     if let Some(props) = s.get_mut("properties").and_then(Value::as_object_mut) {
         props.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}));
         props.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents."}));
-        props.insert("metadata".into(), json!({"type": "object", "description": "Standard object's metadata."}));
+        props.insert(
+            "metadata".into(),
+            json!({"type": "object", "description": "Standard object's metadata."}),
+        );
     }
     s
 }
@@ -266,9 +269,16 @@ fn def(
     let compiled = Schema::compile(&schema, "schema").ok().map(Arc::new);
     let mut field_selectors = vec![("metadata.name".to_string(), "metadata.name".to_string())];
     if namespaced {
-        field_selectors.push(("metadata.namespace".to_string(), "metadata.namespace".to_string()));
+        field_selectors.push((
+            "metadata.namespace".to_string(),
+            "metadata.namespace".to_string(),
+        ));
     }
-    field_selectors.extend(extra_selectors.iter().map(|(a, b)| ((*a).to_string(), (*b).to_string())));
+    field_selectors.extend(
+        extra_selectors
+            .iter()
+            .map(|(a, b)| ((*a).to_string(), (*b).to_string())),
+    );
     let counter = format!("{}/{plural}", ResourceDef::group_for_counters(group));
     let (storage, conversion) = if builtin == Builtin::EventV1 {
         (storage_key("", "events"), Conversion::EventsV1)
@@ -284,7 +294,11 @@ fn def(
         list_kind: format!("{kind}List"),
         namespaced,
         short_names: short_names.iter().map(|s| (*s).to_string()).collect(),
-        categories: if builtin == Builtin::Crd { vec!["api-extensions".into()] } else { Vec::new() },
+        categories: if builtin == Builtin::Crd {
+            vec!["api-extensions".into()]
+        } else {
+            Vec::new()
+        },
         storage,
         conversion,
         builtin: Some(builtin),
@@ -293,10 +307,17 @@ fn def(
         raw_schema: Some(schema),
         columns,
         field_selectors,
-        name_rule: if builtin == Builtin::Namespace { NameRule::Dns1123Label } else { NameRule::Dns1123Subdomain },
+        name_rule: if builtin == Builtin::Namespace {
+            NameRule::Dns1123Label
+        } else {
+            NameRule::Dns1123Subdomain
+        },
         has_generation: builtin == Builtin::Crd,
         allow_unconditional_update: builtin != Builtin::Crd,
-        allow_create_on_update: matches!(builtin, Builtin::Event | Builtin::EventV1 | Builtin::Lease),
+        allow_create_on_update: matches!(
+            builtin,
+            Builtin::Event | Builtin::EventV1 | Builtin::Lease
+        ),
         counter_name: Arc::from(counter.clone()),
         counter_name_status: Arc::from(format!("{counter}/status")),
         deprecation_warning: None,
@@ -304,20 +325,74 @@ fn def(
 }
 
 fn event_columns() -> Vec<Column> {
-    let mut last_seen = path_column("Last Seen", "string", ".lastTimestamp", "Time when this Event was last seen", 0);
+    let mut last_seen = path_column(
+        "Last Seen",
+        "string",
+        ".lastTimestamp",
+        "Time when this Event was last seen",
+        0,
+    );
     last_seen.source = CellSource::EventLastSeen;
-    let mut object = path_column("Object", "string", ".involvedObject", "The object that this event is about", 0);
+    let mut object = path_column(
+        "Object",
+        "string",
+        ".involvedObject",
+        "The object that this event is about",
+        0,
+    );
     object.source = CellSource::EventObject;
     vec![
         last_seen,
-        path_column("Type", "string", ".type", "Type of this event (Normal, Warning), new types could be added in the future.", 0),
-        path_column("Reason", "string", ".reason", "Why the action was taken.", 0),
+        path_column(
+            "Type",
+            "string",
+            ".type",
+            "Type of this event (Normal, Warning), new types could be added in the future.",
+            0,
+        ),
+        path_column(
+            "Reason",
+            "string",
+            ".reason",
+            "Why the action was taken.",
+            0,
+        ),
         object,
-        path_column("Subobject", "string", ".involvedObject.fieldPath", "The subobject that this event is about", 1),
-        path_column("Source", "string", ".source.component", "The component reporting this event", 1),
-        path_column("Message", "string", ".message", "A human-readable description of the status of this operation.", 0),
-        path_column("First Seen", "string", ".firstTimestamp", "Time when this Event was first seen", 1),
-        path_column("Count", "string", ".count", "Number of times this event has occurred", 1),
+        path_column(
+            "Subobject",
+            "string",
+            ".involvedObject.fieldPath",
+            "The subobject that this event is about",
+            1,
+        ),
+        path_column(
+            "Source",
+            "string",
+            ".source.component",
+            "The component reporting this event",
+            1,
+        ),
+        path_column(
+            "Message",
+            "string",
+            ".message",
+            "A human-readable description of the status of this operation.",
+            0,
+        ),
+        path_column(
+            "First Seen",
+            "string",
+            ".firstTimestamp",
+            "Time when this Event was first seen",
+            1,
+        ),
+        path_column(
+            "Count",
+            "string",
+            ".count",
+            "Number of times this event has occurred",
+            1,
+        ),
         path_column("Name", "string", ".metadata.name", "Name of the event", 1),
     ]
 }
@@ -328,7 +403,13 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
     data.source = CellSource::DataCount;
     let mut cm_data = data.clone();
     cm_data.description = "Number of data in the configmap".into();
-    let mut crd_created = path_column("Created At", "date", ".metadata.creationTimestamp", "CreationTimestamp is a timestamp representing the server time when this object was created.", 0);
+    let mut crd_created = path_column(
+        "Created At",
+        "date",
+        ".metadata.creationTimestamp",
+        "CreationTimestamp is a timestamp representing the server time when this object was created.",
+        0,
+    );
     crd_created.format = "date-time".into();
     crd_created.ty = "string".into();
     let event_selectors: &[(&str, &str)] = &[
@@ -337,7 +418,10 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
         ("involvedObject.name", "involvedObject.name"),
         ("involvedObject.uid", "involvedObject.uid"),
         ("involvedObject.apiVersion", "involvedObject.apiVersion"),
-        ("involvedObject.resourceVersion", "involvedObject.resourceVersion"),
+        (
+            "involvedObject.resourceVersion",
+            "involvedObject.resourceVersion",
+        ),
         ("involvedObject.fieldPath", "involvedObject.fieldPath"),
         ("reason", "reason"),
         ("reportingComponent", "reportingComponent"),
@@ -367,7 +451,13 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             &["ns"],
             namespace_schema(),
             vec![
-                path_column("Status", "string", ".status.phase", "The status of the namespace", 0),
+                path_column(
+                    "Status",
+                    "string",
+                    ".status.phase",
+                    "The status of the namespace",
+                    0,
+                ),
                 age_column(),
             ],
             &[("status.phase", "status.phase")],
@@ -381,7 +471,11 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             true,
             &[],
             secret_schema(),
-            vec![path_column("Type", "string", ".type", "The type of the secret", 0), data, age_column()],
+            vec![
+                path_column("Type", "string", ".type", "The type of the secret", 0),
+                data,
+                age_column(),
+            ],
             &[("type", "type")],
         ),
         def(
@@ -396,7 +490,18 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             vec![cm_data, age_column()],
             &[],
         ),
-        def(Builtin::Event, "", "v1", "events", "Event", true, &["ev"], event_schema(), event_columns(), event_selectors),
+        def(
+            Builtin::Event,
+            "",
+            "v1",
+            "events",
+            "Event",
+            true,
+            &["ev"],
+            event_schema(),
+            event_columns(),
+            event_selectors,
+        ),
         def(
             Builtin::EventV1,
             "events.k8s.io",
@@ -418,7 +523,16 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             true,
             &[],
             lease_schema(),
-            vec![path_column("Holder", "string", ".spec.holderIdentity", "The holder of the lease", 0), age_column()],
+            vec![
+                path_column(
+                    "Holder",
+                    "string",
+                    ".spec.holderIdentity",
+                    "The holder of the lease",
+                    0,
+                ),
+                age_column(),
+            ],
             &[],
         ),
         def(
@@ -456,7 +570,10 @@ pub(crate) fn event_to_v1(core: &Value) -> Value {
                 m.insert((*v1).to_string(), x);
             }
         }
-        m.insert("apiVersion".into(), Value::String("events.k8s.io/v1".into()));
+        m.insert(
+            "apiVersion".into(),
+            Value::String("events.k8s.io/v1".into()),
+        );
     }
     out
 }
@@ -476,10 +593,16 @@ pub(crate) fn event_from_v1(v1: Value) -> Value {
 }
 
 /// What the built-in registry strategies do before validation, on create and on update.
-pub(crate) fn prepare(builtin: Builtin, obj: &mut Value, old: Option<&Value>) -> Result<(), ApiError> {
+pub(crate) fn prepare(
+    builtin: Builtin,
+    obj: &mut Value,
+    old: Option<&Value>,
+) -> Result<(), ApiError> {
     match builtin {
         Builtin::Secret => {
-            let Some(m) = obj.as_object_mut() else { return Ok(()) };
+            let Some(m) = obj.as_object_mut() else {
+                return Ok(());
+            };
             if let Some(Value::Object(string_data)) = m.remove("stringData") {
                 let data = m.entry("data").or_insert_with(|| Value::Object(Map::new()));
                 if !data.is_object() {
@@ -488,11 +611,17 @@ pub(crate) fn prepare(builtin: Builtin, obj: &mut Value, old: Option<&Value>) ->
                 if let Value::Object(d) = data {
                     for (k, v) in string_data {
                         let s = v.as_str().unwrap_or("");
-                        d.insert(k, Value::String(base64::engine::general_purpose::STANDARD.encode(s)));
+                        d.insert(
+                            k,
+                            Value::String(base64::engine::general_purpose::STANDARD.encode(s)),
+                        );
                     }
                 }
             }
-            if m.get("type").and_then(Value::as_str).is_none_or(str::is_empty) {
+            if m.get("type")
+                .and_then(Value::as_str)
+                .is_none_or(str::is_empty)
+            {
                 m.insert("type".into(), Value::String("Opaque".into()));
             }
             check_base64(m.get("data"), "data")?;
@@ -503,7 +632,9 @@ pub(crate) fn prepare(builtin: Builtin, obj: &mut Value, old: Option<&Value>) ->
             }
         }
         Builtin::Namespace => {
-            let Some(m) = obj.as_object_mut() else { return Ok(()) };
+            let Some(m) = obj.as_object_mut() else {
+                return Ok(());
+            };
             match old {
                 None => {
                     let spec = m.entry("spec").or_insert_with(|| json!({}));
@@ -544,24 +675,40 @@ fn check_base64(v: Option<&Value>, field: &str) -> Result<(), ApiError> {
 /// Update rules of the built-in strategies (immutable Secrets and ConfigMaps).
 pub(crate) fn validate_update(builtin: Builtin, new: &Value, old: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    if matches!(builtin, Builtin::Secret | Builtin::ConfigMap) && old.get("immutable").and_then(Value::as_bool) == Some(true) {
+    if matches!(builtin, Builtin::Secret | Builtin::ConfigMap)
+        && old.get("immutable").and_then(Value::as_bool) == Some(true)
+    {
         if new.get("immutable").and_then(Value::as_bool) != Some(true) {
-            errs.push(FieldError::forbidden("immutable", "field is immutable when `immutable` is set"));
+            errs.push(FieldError::forbidden(
+                "immutable",
+                "field is immutable when `immutable` is set",
+            ));
         }
         for field in ["data", "binaryData"] {
             if new.get(field) != old.get(field) {
-                errs.push(FieldError::forbidden(field, "field is immutable when `immutable` is set"));
+                errs.push(FieldError::forbidden(
+                    field,
+                    "field is immutable when `immutable` is set",
+                ));
             }
         }
         if builtin == Builtin::Secret && new.get("type") != old.get("type") {
-            errs.push(FieldError::invalid("type", new.get("type").unwrap_or(&Value::Null), "field is immutable"));
+            errs.push(FieldError::invalid(
+                "type",
+                new.get("type").unwrap_or(&Value::Null),
+                "field is immutable",
+            ));
         }
     }
     if builtin == Builtin::Secret
         && old.get("type") != new.get("type")
         && !errs.iter().any(|e| e.field == "type")
     {
-        errs.push(FieldError::invalid("type", new.get("type").unwrap_or(&Value::Null), "field is immutable"));
+        errs.push(FieldError::invalid(
+            "type",
+            new.get("type").unwrap_or(&Value::Null),
+            "field is immutable",
+        ));
     }
     errs
 }
@@ -583,7 +730,10 @@ mod tests {
         prepare(Builtin::Secret, &mut s, None).unwrap();
         assert_eq!(s, json!({"data": {"a": "aGVsbG8="}, "type": "Opaque"}));
         let mut bad = json!({"data": {"a": "!!"}});
-        assert_eq!(prepare(Builtin::Secret, &mut bad, None).unwrap_err().code, 400);
+        assert_eq!(
+            prepare(Builtin::Secret, &mut bad, None).unwrap_err().code,
+            400
+        );
     }
 
     #[test]

@@ -27,21 +27,32 @@ pub struct KubeArgs {
 
 /// Serves until interrupted, printing the URL and the kubeconfig path.
 pub async fn run(args: KubeArgs) -> Result<(), Error> {
-    let mut options = EmulatorOptions::default().history_limit(args.history_limit).watch_buffer(args.watch_buffer);
+    let mut options = EmulatorOptions::default()
+        .history_limit(args.history_limit)
+        .watch_buffer(args.watch_buffer);
     options.bind = std::net::SocketAddr::new(args.address, args.port);
     let emulator = Emulator::start(options).await?;
     emulator.write_kubeconfig(&args.kubeconfig)?;
     println!("Kubernetes API emulator at {}", emulator.base_url());
     println!("kubeconfig written to {}", args.kubeconfig.display());
-    println!("try: kubectl --kubeconfig {} api-resources", args.kubeconfig.display());
+    println!(
+        "try: kubectl --kubeconfig {} api-resources",
+        args.kubeconfig.display()
+    );
     wait_for_signal().await?;
-    tracing::info!(requests = emulator.counters().total(), "stopping the Kubernetes API emulator");
+    tracing::info!(
+        requests = emulator.counters().total(),
+        "stopping the Kubernetes API emulator"
+    );
     emulator.shutdown().await;
     Ok(())
 }
 
 async fn wait_for_signal() -> Result<(), Error> {
-    let io = |what: &str, source| Error::Io { what: what.to_string(), source };
+    let io = |what: &str, source| Error::Io {
+        what: what.to_string(),
+        source,
+    };
     #[cfg(unix)]
     {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -53,6 +64,8 @@ async fn wait_for_signal() -> Result<(), Error> {
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c().await.map_err(|e| io("waiting for Ctrl-C", e))
+        tokio::signal::ctrl_c()
+            .await
+            .map_err(|e| io("waiting for Ctrl-C", e))
     }
 }

@@ -47,15 +47,21 @@ impl fmt::Display for Verb {
     }
 }
 
+/// Counts of one client, by verb and resource.
+type PerAgent = HashMap<(Verb, Arc<str>), u64>;
+
 /// Live counters, per client (the product part of its User-Agent); cheap to bump from request handlers.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
-    inner: Mutex<HashMap<Arc<str>, HashMap<(Verb, Arc<str>), u64>>>,
+    inner: Mutex<HashMap<Arc<str>, PerAgent>>,
 }
 
 impl Counters {
     pub(crate) fn bump(&self, verb: Verb, resource: &Arc<str>, agent: &str) {
-        let mut map = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut map = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let per_agent = match map.get_mut(agent) {
             Some(m) => m,
             None => map.entry(Arc::from(agent)).or_default(),
@@ -80,7 +86,10 @@ impl Counters {
     }
 
     fn snapshot_where(&self, keep: impl Fn(&str) -> bool) -> CounterSnapshot {
-        let map = self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let map = self
+            .inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut counts = BTreeMap::new();
         for per_agent in map.iter().filter(|(a, _)| keep(a)).map(|(_, m)| m) {
             for ((v, r), n) in per_agent {
@@ -91,7 +100,10 @@ impl Counters {
     }
 
     pub(crate) fn reset(&self) {
-        self.inner.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clear();
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clear();
     }
 }
 
@@ -111,17 +123,28 @@ pub struct CounterSnapshot {
 impl CounterSnapshot {
     /// Requests of one verb on one resource.
     pub fn get(&self, verb: Verb, resource: &str) -> u64 {
-        self.counts.get(&(verb, resource.to_string())).copied().unwrap_or(0)
+        self.counts
+            .get(&(verb, resource.to_string()))
+            .copied()
+            .unwrap_or(0)
     }
 
     /// Requests of one verb on any resource.
     pub fn verb_total(&self, verb: Verb) -> u64 {
-        self.counts.iter().filter(|((v, _), _)| *v == verb).map(|(_, n)| n).sum()
+        self.counts
+            .iter()
+            .filter(|((v, _), _)| *v == verb)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// Requests on one resource (any verb).
     pub fn resource_total(&self, resource: &str) -> u64 {
-        self.counts.iter().filter(|((_, r), _)| r == resource).map(|(_, n)| n).sum()
+        self.counts
+            .iter()
+            .filter(|((_, r), _)| r == resource)
+            .map(|(_, n)| n)
+            .sum()
     }
 
     /// All requests counted.
@@ -139,7 +162,12 @@ impl CounterSnapshot {
         let counts = self
             .counts
             .iter()
-            .map(|(k, n)| (k.clone(), n.saturating_sub(earlier.counts.get(k).copied().unwrap_or(0))))
+            .map(|(k, n)| {
+                (
+                    k.clone(),
+                    n.saturating_sub(earlier.counts.get(k).copied().unwrap_or(0)),
+                )
+            })
             .filter(|(_, n)| *n > 0)
             .collect();
         CounterSnapshot { counts }

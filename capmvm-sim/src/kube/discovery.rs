@@ -9,7 +9,16 @@ use serde_json::{Map, Value, json};
 use super::builtin;
 use super::registry::{Builtin, Registry, ResourceDef};
 
-const VERBS: &[&str] = &["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"];
+const VERBS: &[&str] = &[
+    "create",
+    "delete",
+    "deletecollection",
+    "get",
+    "list",
+    "patch",
+    "update",
+    "watch",
+];
 
 /// The Kubernetes version the emulator answers as.
 pub(crate) fn version() -> Value {
@@ -49,20 +58,29 @@ pub(crate) fn api_versions(server_address: &str) -> Value {
 }
 
 fn group_doc(name: &str, versions: &[String]) -> Value {
-    let vs: Vec<Value> =
-        versions.iter().map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v})).collect();
+    let vs: Vec<Value> = versions
+        .iter()
+        .map(|v| json!({"groupVersion": format!("{name}/{v}"), "version": v}))
+        .collect();
     let preferred = vs.first().cloned().unwrap_or(Value::Null);
     json!({"name": name, "versions": vs, "preferredVersion": preferred})
 }
 
 pub(crate) fn api_group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> =
-        registry.groups().iter().filter(|(g, _)| !g.is_empty()).map(|(g, vs)| group_doc(g, vs)).collect();
+    let groups: Vec<Value> = registry
+        .groups()
+        .iter()
+        .filter(|(g, _)| !g.is_empty())
+        .map(|(g, vs)| group_doc(g, vs))
+        .collect();
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 pub(crate) fn api_group(registry: &Registry, group: &str) -> Option<Value> {
-    let (g, vs) = registry.groups().into_iter().find(|(g, _)| g == group && !g.is_empty())?;
+    let (g, vs) = registry
+        .groups()
+        .into_iter()
+        .find(|(g, _)| g == group && !g.is_empty())?;
     let mut doc = group_doc(&g, &vs);
     if let Value::Object(m) = &mut doc {
         m.insert("kind".into(), json!("APIGroup"));
@@ -103,15 +121,23 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
             }));
         }
     }
-    let gv = if group.is_empty() { version.to_string() } else { format!("{group}/{version}") };
-    Some(json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}))
+    let gv = if group.is_empty() {
+        version.to_string()
+    } else {
+        format!("{group}/{version}")
+    };
+    Some(
+        json!({"kind": "APIResourceList", "apiVersion": "v1", "groupVersion": gv, "resources": resources}),
+    )
 }
 
 /// The OpenAPI component name of a kind: `io.k8s.api.core.v1.Secret`, or the reversed group for custom
 /// resources (`io.x-k8s.cluster.infrastructure.v1alpha2.MicrovmMachine`).
 fn schema_name(def: &ResourceDef, kind: &str) -> String {
     match def.builtin {
-        Some(Builtin::Crd) => format!("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.{kind}"),
+        Some(Builtin::Crd) => {
+            format!("io.k8s.apiextensions-apiserver.pkg.apis.apiextensions.v1.{kind}")
+        }
         Some(Builtin::Lease) => format!("io.k8s.api.coordination.v1.{kind}"),
         Some(Builtin::EventV1) => format!("io.k8s.api.events.v1.{kind}"),
         Some(_) => format!("io.k8s.api.core.v1.{kind}"),
@@ -134,7 +160,10 @@ fn gvk(def: &ResourceDef, kind: &str) -> Value {
 }
 
 fn kind_schema(def: &ResourceDef) -> Value {
-    let mut s = def.raw_schema.clone().unwrap_or_else(|| json!({"type": "object"}));
+    let mut s = def
+        .raw_schema
+        .clone()
+        .unwrap_or_else(|| json!({"type": "object"}));
     if let Value::Object(m) = &mut s {
         let props = m.entry("properties").or_insert_with(|| json!({}));
         if let Value::Object(p) = props {
@@ -142,7 +171,10 @@ fn kind_schema(def: &ResourceDef) -> Value {
             p.insert("kind".into(), json!({"type": "string", "description": "Kind is a string value representing the REST resource this object represents. Servers may infer this from the endpoint the client submits requests to. Cannot be updated. In CamelCase. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#types-kinds"}));
             p.insert("metadata".into(), json!({"allOf": [reference(OBJECT_META)], "default": {}, "description": "Standard object's metadata. More info: https://git.k8s.io/community/contributors/devel/sig-architecture/api-conventions.md#metadata"}));
         }
-        m.insert("x-kubernetes-group-version-kind".into(), json!([gvk(def, &def.kind)]));
+        m.insert(
+            "x-kubernetes-group-version-kind".into(),
+            json!([gvk(def, &def.kind)]),
+        );
     }
     s
 }
@@ -166,10 +198,20 @@ fn query(name: &str, description: &str, ty: &str) -> Value {
     json!({"name": name, "in": "query", "description": description, "schema": {"type": ty, "uniqueItems": true}})
 }
 
-fn operation(def: &ResourceDef, action: &str, kind: &str, response: &str, extra_params: Vec<Value>, body: Option<Value>) -> Value {
+fn operation(
+    def: &ResourceDef,
+    action: &str,
+    kind: &str,
+    response: &str,
+    extra_params: Vec<Value>,
+    body: Option<Value>,
+) -> Value {
     let mut op = Map::new();
     op.insert("description".into(), json!(format!("{action} {kind}")));
-    op.insert("operationId".into(), json!(format!("{action}{}{}", def.kind, def.version)));
+    op.insert(
+        "operationId".into(),
+        json!(format!("{action}{}{}", def.kind, def.version)),
+    );
     op.insert("parameters".into(), Value::Array(extra_params));
     if let Some(b) = body {
         op.insert("requestBody".into(), b);
@@ -180,14 +222,25 @@ fn operation(def: &ResourceDef, action: &str, kind: &str, response: &str, extra_
                "401": {"description": "Unauthorized"}}),
     );
     op.insert("x-kubernetes-action".into(), json!(action));
-    op.insert("x-kubernetes-group-version-kind".into(), gvk(def, &def.kind));
+    op.insert(
+        "x-kubernetes-group-version-kind".into(),
+        gvk(def, &def.kind),
+    );
     Value::Object(op)
 }
 
 fn write_params() -> Vec<Value> {
     vec![
-        query("dryRun", "When present, indicates that modifications should not be persisted.", "string"),
-        query("fieldManager", "fieldManager is a name associated with the actor or entity that is making these changes.", "string"),
+        query(
+            "dryRun",
+            "When present, indicates that modifications should not be persisted.",
+            "string",
+        ),
+        query(
+            "fieldManager",
+            "fieldManager is a name associated with the actor or entity that is making these changes.",
+            "string",
+        ),
         query(
             "fieldValidation",
             "fieldValidation instructs the server on how to handle objects in the request (POST/PUT/PATCH) containing unknown or duplicate fields. Valid values are: - Ignore - Warn - Strict",
@@ -199,17 +252,29 @@ fn write_params() -> Vec<Value> {
 fn paths_for(def: &ResourceDef, out: &mut Map<String, Value>) {
     let kind_ref = schema_name(def, &def.kind);
     let list_ref = schema_name(def, &def.list_kind);
-    let base = if def.group.is_empty() { format!("/api/{}", def.version) } else { format!("/apis/{}/{}", def.group, def.version) };
-    let collection =
-        if def.namespaced { format!("{base}/namespaces/{{namespace}}/{}", def.plural) } else { format!("{base}/{}", def.plural) };
+    let base = if def.group.is_empty() {
+        format!("/api/{}", def.version)
+    } else {
+        format!("/apis/{}/{}", def.group, def.version)
+    };
+    let collection = if def.namespaced {
+        format!("{base}/namespaces/{{namespace}}/{}", def.plural)
+    } else {
+        format!("{base}/{}", def.plural)
+    };
     let item = format!("{collection}/{{name}}");
     let body = |types: &[&str]| {
-        let content: Map<String, Value> =
-            types.iter().map(|t| ((*t).to_string(), json!({"schema": reference(&kind_ref)}))).collect();
+        let content: Map<String, Value> = types
+            .iter()
+            .map(|t| ((*t).to_string(), json!({"schema": reference(&kind_ref)})))
+            .collect();
         json!({"content": content, "required": true})
     };
     let patch_body = {
-        let mut types = vec!["application/json-patch+json", "application/merge-patch+json"];
+        let mut types = vec![
+            "application/json-patch+json",
+            "application/merge-patch+json",
+        ];
         if def.builtin.is_some() {
             types.push("application/strategic-merge-patch+json");
         }
@@ -220,12 +285,36 @@ fn paths_for(def: &ResourceDef, out: &mut Map<String, Value>) {
         json!({"content": content, "required": true})
     };
     let list_params = vec![
-        query("labelSelector", "A selector to restrict the list of returned objects by their labels.", "string"),
-        query("fieldSelector", "A selector to restrict the list of returned objects by their fields.", "string"),
-        query("limit", "limit is a maximum number of responses to return for a list call.", "integer"),
-        query("continue", "The continue option should be set when retrieving more results from the server.", "string"),
-        query("resourceVersion", "resourceVersion sets a constraint on what resource versions a request may be served from.", "string"),
-        query("watch", "Watch for changes to the described resources and return them as a stream of add, update, and remove notifications.", "boolean"),
+        query(
+            "labelSelector",
+            "A selector to restrict the list of returned objects by their labels.",
+            "string",
+        ),
+        query(
+            "fieldSelector",
+            "A selector to restrict the list of returned objects by their fields.",
+            "string",
+        ),
+        query(
+            "limit",
+            "limit is a maximum number of responses to return for a list call.",
+            "integer",
+        ),
+        query(
+            "continue",
+            "The continue option should be set when retrieving more results from the server.",
+            "string",
+        ),
+        query(
+            "resourceVersion",
+            "resourceVersion sets a constraint on what resource versions a request may be served from.",
+            "string",
+        ),
+        query(
+            "watch",
+            "Watch for changes to the described resources and return them as a stream of add, update, and remove notifications.",
+            "boolean",
+        ),
     ];
     out.insert(
         collection.clone(),
@@ -236,7 +325,11 @@ fn paths_for(def: &ResourceDef, out: &mut Map<String, Value>) {
         }),
     );
     let mut patch_params = write_params();
-    patch_params.push(query("force", "Force is going to \"force\" Apply requests.", "boolean"));
+    patch_params.push(query(
+        "force",
+        "Force is going to \"force\" Apply requests.",
+        "boolean",
+    ));
     out.insert(
         item.clone(),
         json!({
@@ -261,7 +354,10 @@ fn paths_for(def: &ResourceDef, out: &mut Map<String, Value>) {
         );
     }
     if def.namespaced {
-        out.insert(format!("{base}/{}", def.plural), json!({"get": operation(def, "list", &def.kind, &list_ref, list_params, None)}));
+        out.insert(
+            format!("{base}/{}", def.plural),
+            json!({"get": operation(def, "list", &def.kind, &list_ref, list_params, None)}),
+        );
     }
 }
 
@@ -276,7 +372,10 @@ pub(crate) fn openapi_doc(registry: &Registry, group: &str, version: &str) -> Op
     for d in &defs {
         paths_for(d, &mut paths);
         schemas.insert(schema_name(d, &d.kind), kind_schema(d));
-        schemas.insert(schema_name(d, &d.list_kind), list_schema(d, &schema_name(d, &d.kind)));
+        schemas.insert(
+            schema_name(d, &d.list_kind),
+            list_schema(d, &schema_name(d, &d.kind)),
+        );
     }
     schemas.insert(OBJECT_META.into(), builtin::object_meta_schema());
     schemas.insert(
@@ -306,11 +405,18 @@ pub(crate) fn openapi_index(registry: &Registry) -> Value {
     let mut paths = Map::new();
     for (g, versions) in registry.groups() {
         for v in versions {
-            let key = if g.is_empty() { format!("api/{v}") } else { format!("apis/{g}/{v}") };
+            let key = if g.is_empty() {
+                format!("api/{v}")
+            } else {
+                format!("apis/{g}/{v}")
+            };
             let hash = openapi_doc(registry, &g, &v)
                 .map(|d| format!("{:016X}", fnv64(d.to_string().as_bytes())))
                 .unwrap_or_default();
-            paths.insert(key.clone(), json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}")}));
+            paths.insert(
+                key.clone(),
+                json!({"serverRelativeURL": format!("/openapi/v3/{key}?hash={hash}")}),
+            );
         }
     }
     json!({"paths": paths})

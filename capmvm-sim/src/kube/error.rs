@@ -73,7 +73,11 @@ pub(crate) struct FieldError {
 
 impl FieldError {
     pub(crate) fn required(field: impl Into<String>) -> Self {
-        Self { kind: FieldErrorKind::Required, field: field.into(), message: "Required value".into() }
+        Self {
+            kind: FieldErrorKind::Required,
+            field: field.into(),
+            message: "Required value".into(),
+        }
     }
 
     pub(crate) fn required_detail(field: impl Into<String>, detail: &str) -> Self {
@@ -100,17 +104,29 @@ impl FieldError {
         }
     }
 
-    pub(crate) fn not_supported(field: impl Into<String>, value: &Value, allowed: &[String]) -> Self {
+    pub(crate) fn not_supported(
+        field: impl Into<String>,
+        value: &Value,
+        allowed: &[String],
+    ) -> Self {
         let allowed: Vec<String> = allowed.iter().map(|a| format!("{a:?}")).collect();
         Self {
             kind: FieldErrorKind::NotSupported,
             field: field.into(),
-            message: format!("Unsupported value: {}: supported values: {}", go_value(value), allowed.join(", ")),
+            message: format!(
+                "Unsupported value: {}: supported values: {}",
+                go_value(value),
+                allowed.join(", ")
+            ),
         }
     }
 
     pub(crate) fn forbidden(field: impl Into<String>, detail: &str) -> Self {
-        Self { kind: FieldErrorKind::Forbidden, field: field.into(), message: format!("Forbidden: {detail}") }
+        Self {
+            kind: FieldErrorKind::Forbidden,
+            field: field.into(),
+            message: format!("Forbidden: {detail}"),
+        }
     }
 
     pub(crate) fn duplicate(field: impl Into<String>, value: &Value) -> Self {
@@ -163,7 +179,11 @@ pub(crate) struct ApiError {
 
 /// A resource as it appears in error messages: `microvmmachines.infrastructure.cluster.x-k8s.io`.
 pub(crate) fn qualified(resource: &str, group: &str) -> String {
-    if group.is_empty() { resource.to_string() } else { format!("{resource}.{group}") }
+    if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
+    }
 }
 
 fn details(name: &str, group: &str, kind: &str) -> Map<String, Value> {
@@ -182,7 +202,12 @@ fn details(name: &str, group: &str, kind: &str) -> Map<String, Value> {
 
 impl ApiError {
     pub(crate) fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
-        Self { code, reason, message: message.into(), details: None }
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            details: None,
+        }
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
@@ -203,7 +228,11 @@ impl ApiError {
 
     /// A path the server does not serve (the real server answers these with a plain 404 Status).
     pub(crate) fn path_not_found() -> Self {
-        Self::new(404, "NotFound", "the server could not find the requested resource")
+        Self::new(
+            404,
+            "NotFound",
+            "the server could not find the requested resource",
+        )
     }
 
     pub(crate) fn not_found(resource: &str, group: &str, name: &str) -> Self {
@@ -228,7 +257,10 @@ impl ApiError {
         Self {
             code: 409,
             reason: "Conflict",
-            message: format!("Operation cannot be fulfilled on {} {name:?}: {why}", qualified(resource, group)),
+            message: format!(
+                "Operation cannot be fulfilled on {} {name:?}: {why}",
+                qualified(resource, group)
+            ),
             details: Some(details(name, group, resource)),
         }
     }
@@ -258,10 +290,20 @@ impl ApiError {
 
     /// 422 Invalid: `Kind.group "name" is invalid: field: message`.
     pub(crate) fn invalid(kind: &str, group: &str, name: &str, errors: &[FieldError]) -> Self {
-        let subject = if group.is_empty() { kind.to_string() } else { format!("{kind}.{group}") };
+        let subject = if group.is_empty() {
+            kind.to_string()
+        } else {
+            format!("{kind}.{group}")
+        };
         let summary = match errors {
             [one] => one.full(),
-            many => format!("[{}]", many.iter().map(FieldError::full).collect::<Vec<_>>().join(", ")),
+            many => format!(
+                "[{}]",
+                many.iter()
+                    .map(FieldError::full)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
         };
         let mut d = details(name, group, kind);
         let causes: Vec<Value> = errors
@@ -269,11 +311,20 @@ impl ApiError {
             .map(|e| json!({ "reason": e.kind.reason(), "message": e.message, "field": e.field }))
             .collect();
         d.insert("causes".into(), Value::Array(causes));
-        Self { code: 422, reason: "Invalid", message: format!("{subject} {name:?} is invalid: {summary}"), details: Some(d) }
+        Self {
+            code: 422,
+            reason: "Invalid",
+            message: format!("{subject} {name:?} is invalid: {summary}"),
+            details: Some(d),
+        }
     }
 
     pub(crate) fn method_not_allowed() -> Self {
-        Self::new(405, "MethodNotAllowed", "the server does not allow this method on the requested resource")
+        Self::new(
+            405,
+            "MethodNotAllowed",
+            "the server does not allow this method on the requested resource",
+        )
     }
 
     pub(crate) fn unsupported_media_type(message: impl Into<String>) -> Self {
@@ -289,11 +340,23 @@ impl ApiError {
     }
 
     pub(crate) fn too_large() -> Self {
-        Self::new(413, "RequestEntityTooLarge", "Request entity too large: limit is 3145728")
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            "Request entity too large: limit is 3145728",
+        )
     }
 
+    /// 504 Timeout, with the one-second retry hint the real server gives.
     pub(crate) fn timeout(message: impl Into<String>) -> Self {
-        Self::new(504, "Timeout", message)
+        let mut d = Map::new();
+        d.insert("retryAfterSeconds".into(), json!(1));
+        Self {
+            code: 504,
+            reason: "Timeout",
+            message: message.into(),
+            details: Some(d),
+        }
     }
 
     /// The `Status` object of this error.
@@ -323,7 +386,11 @@ mod tests {
             "MicrovmMachine",
             "infrastructure.cluster.x-k8s.io",
             "m1",
-            &[FieldError::invalid("spec.vcpu", &json!(100), "spec.vcpu in body should be less than or equal to 64")],
+            &[FieldError::invalid(
+                "spec.vcpu",
+                &json!(100),
+                "spec.vcpu in body should be less than or equal to 64",
+            )],
         );
         assert_eq!(
             e.message,

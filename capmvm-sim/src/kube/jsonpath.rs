@@ -48,14 +48,22 @@ impl JsonPath {
         let chars: Vec<char> = s.chars().collect();
         let (steps, end) = parse_steps(&chars, 0, false)?;
         if end != chars.len() {
-            return Err(format!("unexpected {:?} in {expr:?}", chars[end..].iter().collect::<String>()));
+            return Err(format!(
+                "unexpected {:?} in {expr:?}",
+                chars[end..].iter().collect::<String>()
+            ));
         }
         Ok(Self { steps })
     }
 
     /// An expression that selects nothing (a stand-in for one that failed to parse).
     pub(crate) fn nothing() -> Self {
-        Self { steps: vec![Step::Filter(Box::new(Filter { path: Vec::new(), cmp: Some((CmpOp::Lt, Value::Null)) }))] }
+        Self {
+            steps: vec![Step::Filter(Box::new(Filter {
+                path: Vec::new(),
+                cmp: Some((CmpOp::Lt, Value::Null)),
+            }))],
+        }
     }
 
     /// All values the expression selects, in document order.
@@ -87,7 +95,11 @@ fn parse_name(chars: &[char], mut i: usize) -> (String, usize) {
     (name, i)
 }
 
-fn parse_steps(chars: &[char], mut i: usize, in_filter: bool) -> Result<(Vec<Step>, usize), String> {
+fn parse_steps(
+    chars: &[char],
+    mut i: usize,
+    in_filter: bool,
+) -> Result<(Vec<Step>, usize), String> {
     let mut steps = Vec::new();
     while i < chars.len() {
         match chars[i] {
@@ -171,19 +183,31 @@ fn parse_bracket(chars: &[char], mut i: usize) -> Result<(Step, usize), String> 
         }
         return Ok((Step::Filter(Box::new(Filter { path, cmp })), i + 2));
     }
-    let close = chars[i..].iter().position(|&c| c == ']').ok_or("unterminated [")? + i;
+    let close = chars[i..]
+        .iter()
+        .position(|&c| c == ']')
+        .ok_or("unterminated [")?
+        + i;
     let inner: String = chars[i..close].iter().collect();
     let inner = inner.trim();
     let step = if inner == "*" {
         Step::Wildcard
-    } else if (inner.starts_with('\'') && inner.ends_with('\'') || inner.starts_with('"') && inner.ends_with('"'))
+    } else if (inner.starts_with('\'') && inner.ends_with('\'')
+        || inner.starts_with('"') && inner.ends_with('"'))
         && inner.len() >= 2
     {
         Step::Field(inner[1..inner.len() - 1].to_string())
     } else if let Some((a, b)) = inner.split_once(':') {
         let b = b.split(':').next().unwrap_or("");
         let parse = |s: &str| -> Result<Option<i64>, String> {
-            if s.trim().is_empty() { Ok(None) } else { s.trim().parse().map(Some).map_err(|_| format!("bad slice {inner:?}")) }
+            if s.trim().is_empty() {
+                Ok(None)
+            } else {
+                s.trim()
+                    .parse()
+                    .map(Some)
+                    .map_err(|_| format!("bad slice {inner:?}"))
+            }
         };
         Step::Slice(parse(a)?, parse(b)?)
     } else {
@@ -314,7 +338,10 @@ fn recurse<'a>(v: &'a Value, name: &str, out: &mut Vec<&'a Value>) {
 fn compare(x: &Value, op: &CmpOp, lit: &Value) -> bool {
     match (x, lit) {
         (Value::Number(a), Value::Number(b)) => {
-            let (a, b) = (a.as_f64().unwrap_or(f64::NAN), b.as_f64().unwrap_or(f64::NAN));
+            let (a, b) = (
+                a.as_f64().unwrap_or(f64::NAN),
+                b.as_f64().unwrap_or(f64::NAN),
+            );
             match op {
                 CmpOp::Eq => a == b,
                 CmpOp::Ne => a != b,

@@ -35,8 +35,12 @@ pub(crate) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
     if !obj.is_object() {
         *obj = Value::Object(Map::new());
     }
-    let Value::Object(map) = obj else { unreachable!("made an object above") };
-    let entry = map.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let Value::Object(map) = obj else {
+        unreachable!("made an object above")
+    };
+    let entry = map
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !entry.is_object() {
         *entry = Value::Object(Map::new());
     }
@@ -47,23 +51,34 @@ pub(crate) fn metadata_mut(obj: &mut Value) -> &mut Map<String, Value> {
 }
 
 pub(crate) fn meta_str<'a>(obj: &'a Value, field: &str) -> &'a str {
-    metadata(obj).and_then(|m| m.get(field)).and_then(Value::as_str).unwrap_or("")
+    metadata(obj)
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 pub(crate) fn labels(obj: &Value) -> Option<&Map<String, Value>> {
-    metadata(obj).and_then(|m| m.get("labels")).and_then(Value::as_object)
+    metadata(obj)
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
 }
 
 pub(crate) fn finalizers(obj: &Value) -> Vec<String> {
     metadata(obj)
         .and_then(|m| m.get("finalizers"))
         .and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|f| f.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|f| f.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 pub(crate) fn is_deleting(obj: &Value) -> bool {
-    metadata(obj).and_then(|m| m.get("deletionTimestamp")).is_some_and(|t| !t.is_null())
+    metadata(obj)
+        .and_then(|m| m.get("deletionTimestamp"))
+        .is_some_and(|t| !t.is_null())
 }
 
 /// The uids named by `metadata.ownerReferences`.
@@ -71,13 +86,19 @@ pub(crate) fn owner_uids(obj: &Value) -> Vec<String> {
     metadata(obj)
         .and_then(|m| m.get("ownerReferences"))
         .and_then(Value::as_array)
-        .map(|refs| refs.iter().filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string)).collect())
+        .map(|refs| {
+            refs.iter()
+                .filter_map(|r| r.get("uid").and_then(Value::as_str).map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Now, as the RFC 3339 second-precision timestamps of `metav1.Time`.
 pub(crate) fn now_rfc3339() -> String {
-    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 /// Parses a `metav1.Time` or `MicroTime`.
@@ -99,13 +120,22 @@ fn seed() -> u64 {
     static SEED: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     *SEED.get_or_init(|| {
         let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        h.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos()));
+        h.write_u128(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos()),
+        );
         h.finish()
     })
 }
 
 fn random_u64() -> u64 {
-    splitmix64(seed() ^ UID_COUNTER.fetch_add(1, Ordering::Relaxed).wrapping_mul(0xA24B_AED4_963E_E407))
+    splitmix64(
+        seed()
+            ^ UID_COUNTER
+                .fetch_add(1, Ordering::Relaxed)
+                .wrapping_mul(0xA24B_AED4_963E_E407),
+    )
 }
 
 /// A random (version 4) UUID; uniqueness is what matters here, not unpredictability.
@@ -145,7 +175,8 @@ const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist 
 pub(crate) fn is_dns1123_label(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
@@ -157,7 +188,8 @@ pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
 fn is_qualified_name_part(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 63
-        && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
         && s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
         && s.as_bytes().last().is_some_and(u8::is_ascii_alphanumeric)
 }
@@ -180,9 +212,7 @@ pub(crate) fn qualified_name_errors(s: &str) -> Vec<String> {
         errs.push("name part must be non-empty".into());
     } else if name.len() > 63 {
         errs.push("name part must be no more than 63 characters".into());
-    } else if !is_qualified_name_part(name) {
-        errs.push(QUALIFIED_NAME_MSG.into());
-    } else if name.contains('/') {
+    } else if !is_qualified_name_part(name) || name.contains('/') {
         errs.push(QUALIFIED_NAME_MSG.into());
     }
     errs
@@ -208,18 +238,28 @@ pub(crate) fn name_errors(rule: NameRule, name: &str, field: &str) -> Vec<FieldE
         return Vec::new();
     }
     let msg = match rule {
-        NameRule::Dns1123Label if name.len() > 63 => "must be no more than 63 characters".to_string(),
+        NameRule::Dns1123Label if name.len() > 63 => {
+            "must be no more than 63 characters".to_string()
+        }
         NameRule::Dns1123Label => DNS1123_LABEL_MSG.to_string(),
-        NameRule::Dns1123Subdomain if name.len() > 253 => "must be no more than 253 characters".to_string(),
+        NameRule::Dns1123Subdomain if name.len() > 253 => {
+            "must be no more than 253 characters".to_string()
+        }
         NameRule::Dns1123Subdomain => DNS1123_SUBDOMAIN_MSG.to_string(),
     };
-    vec![FieldError::invalid(field, &Value::String(name.to_string()), &msg)]
+    vec![FieldError::invalid(
+        field,
+        &Value::String(name.to_string()),
+        &msg,
+    )]
 }
 
 /// Decoding checks on `metadata`: a wrongly typed field makes the whole body undecodable (400), as with
 /// the real server's JSON decoder. Unknown fields are removed and returned as paths.
 pub(crate) fn decode_metadata(obj: &mut Value, what: &str) -> Result<Vec<String>, ApiError> {
-    let Some(meta) = obj.get_mut("metadata") else { return Ok(Vec::new()) };
+    let Some(meta) = obj.get_mut("metadata") else {
+        return Ok(Vec::new());
+    };
     if meta.is_null() {
         *meta = Value::Object(Map::new());
         return Ok(Vec::new());
@@ -246,31 +286,35 @@ pub(crate) fn decode_metadata(obj: &mut Value, what: &str) -> Result<Vec<String>
     };
     for (field, v) in meta.iter() {
         match field.as_str() {
-            "name" | "generateName" | "namespace" | "selfLink" | "uid" | "resourceVersion" | "creationTimestamp"
-            | "deletionTimestamp" => {
-                if !v.is_string() {
-                    return Err(bad(field, "string", v));
-                }
+            "name" | "generateName" | "namespace" | "selfLink" | "uid" | "resourceVersion"
+            | "creationTimestamp" | "deletionTimestamp"
+                if !v.is_string() =>
+            {
+                return Err(bad(field, "string", v));
             }
-            "generation" | "deletionGracePeriodSeconds" => {
-                if !v.is_i64() {
-                    return Err(bad(field, "int64", v));
-                }
+            "generation" | "deletionGracePeriodSeconds" if !v.is_i64() => {
+                return Err(bad(field, "int64", v));
             }
             "labels" | "annotations" => {
-                let Some(m) = v.as_object() else { return Err(bad(field, "map[string]string", v)) };
+                let Some(m) = v.as_object() else {
+                    return Err(bad(field, "map[string]string", v));
+                };
                 if let Some((_, inner)) = m.iter().find(|(_, inner)| !inner.is_string()) {
                     return Err(bad(field, "string", inner));
                 }
             }
             "finalizers" => {
-                let Some(a) = v.as_array() else { return Err(bad(field, "[]string", v)) };
+                let Some(a) = v.as_array() else {
+                    return Err(bad(field, "[]string", v));
+                };
                 if let Some(inner) = a.iter().find(|i| !i.is_string()) {
                     return Err(bad(field, "string", inner));
                 }
             }
             "ownerReferences" | "managedFields" => {
-                let Some(a) = v.as_array() else { return Err(bad(field, "[]", v)) };
+                let Some(a) = v.as_array() else {
+                    return Err(bad(field, "[]", v));
+                };
                 if let Some(inner) = a.iter().find(|i| !i.is_object()) {
                     return Err(bad(field, "object", inner));
                 }
@@ -305,16 +349,30 @@ pub(crate) fn json_type(v: &Value) -> &'static str {
 /// The `ObjectMeta` rules every kind shares: labels, annotations, finalizers, owner references.
 pub(crate) fn validate_common(obj: &Value) -> Vec<FieldError> {
     let mut errs = Vec::new();
-    let Some(meta) = metadata(obj) else { return errs };
+    let Some(meta) = metadata(obj) else {
+        return errs;
+    };
     if let Some(labels) = meta.get("labels").and_then(Value::as_object) {
         for (k, v) in labels {
             for e in qualified_name_errors(k) {
-                errs.push(FieldError::invalid("metadata.labels", &Value::String(k.clone()), &e));
+                errs.push(FieldError::invalid(
+                    "metadata.labels",
+                    &Value::String(k.clone()),
+                    &e,
+                ));
             }
             let v = v.as_str().unwrap_or("");
             if !is_label_value(v) {
-                let msg = if v.len() > 63 { "must be no more than 63 characters" } else { LABEL_VALUE_MSG };
-                errs.push(FieldError::invalid("metadata.labels", &Value::String(v.into()), msg));
+                let msg = if v.len() > 63 {
+                    "must be no more than 63 characters"
+                } else {
+                    LABEL_VALUE_MSG
+                };
+                errs.push(FieldError::invalid(
+                    "metadata.labels",
+                    &Value::String(v.into()),
+                    msg,
+                ));
             }
         }
     }
@@ -322,7 +380,11 @@ pub(crate) fn validate_common(obj: &Value) -> Vec<FieldError> {
         let mut total = 0usize;
         for (k, v) in ann {
             for e in qualified_name_errors(&k.to_ascii_lowercase()) {
-                errs.push(FieldError::invalid("metadata.annotations", &Value::String(k.clone()), &e));
+                errs.push(FieldError::invalid(
+                    "metadata.annotations",
+                    &Value::String(k.clone()),
+                    &e,
+                ));
             }
             total += k.len() + v.as_str().map_or(0, str::len);
         }
@@ -334,7 +396,11 @@ pub(crate) fn validate_common(obj: &Value) -> Vec<FieldError> {
         for (i, f) in fins.iter().enumerate() {
             let f = f.as_str().unwrap_or("");
             for e in qualified_name_errors(f) {
-                errs.push(FieldError::invalid(format!("metadata.finalizers[{i}]"), &Value::String(f.into()), &e));
+                errs.push(FieldError::invalid(
+                    format!("metadata.finalizers[{i}]"),
+                    &Value::String(f.into()),
+                    &e,
+                ));
             }
         }
     }
@@ -342,9 +408,16 @@ pub(crate) fn validate_common(obj: &Value) -> Vec<FieldError> {
         let mut controllers = 0;
         for (i, r) in refs.iter().enumerate() {
             for field in ["apiVersion", "kind", "name", "uid"] {
-                if r.get(field).and_then(Value::as_str).is_none_or(str::is_empty) {
+                if r.get(field)
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
                     let path = format!("metadata.ownerReferences[{i}].{field}");
-                    errs.push(FieldError::invalid(path, &Value::String(String::new()), &format!("{field} must not be empty")));
+                    errs.push(FieldError::invalid(
+                        path,
+                        &Value::String(String::new()),
+                        &format!("{field} must not be empty"),
+                    ));
                 }
             }
             if r.get("controller").and_then(Value::as_bool) == Some(true) {

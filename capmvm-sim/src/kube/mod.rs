@@ -118,33 +118,50 @@ impl Emulator {
     /// Binds and starts serving in the current tokio runtime.
     pub async fn start(options: EmulatorOptions) -> Result<EmulatorHandle, Error> {
         if options.history_limit == 0 || options.watch_buffer == 0 {
-            return Err(Error::Options("history_limit and watch_buffer must be at least 1".into()));
+            return Err(Error::Options(
+                "history_limit and watch_buffer must be at least 1".into(),
+            ));
         }
         if options.bookmark_interval.is_zero() {
             return Err(Error::Options("bookmark_interval must not be zero".into()));
         }
         let listener = tokio::net::TcpListener::bind(options.bind)
             .await
-            .map_err(|source| Error::Bind { addr: options.bind, source })?;
-        let addr = listener
-            .local_addr()
-            .map_err(|source| Error::Io { what: "reading the bound address".into(), source })?;
+            .map_err(|source| Error::Bind {
+                addr: options.bind,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| Error::Io {
+            what: "reading the bound address".into(),
+            source,
+        })?;
         let (shutdown_tx, shutdown_rx) = tokio::sync::watch::channel(false);
         let shared = Arc::new(ops::Shared::new(
             store::Store::new(options.history_limit, options.watch_buffer),
             options.default_watch_timeout,
             shutdown_rx,
         ));
-        let app = Arc::new(server::App { shared: shared.clone(), address: addr.to_string() });
+        let app = Arc::new(server::App {
+            shared: shared.clone(),
+            address: addr.to_string(),
+        });
         let server = tokio::spawn(async move {
             if let Err(e) = server::serve(listener, app).await {
                 tracing::error!(error = %e, "the API emulator stopped serving");
             }
         });
         let gc = tokio::spawn(ops::gc_worker(shared.clone()));
-        let bookmarks = tokio::spawn(ops::bookmark_ticker(shared.clone(), options.bookmark_interval));
+        let bookmarks = tokio::spawn(ops::bookmark_ticker(
+            shared.clone(),
+            options.bookmark_interval,
+        ));
         tracing::info!(%addr, history_limit = options.history_limit, watch_buffer = options.watch_buffer, "Kubernetes API emulator serving");
-        Ok(EmulatorHandle { addr, shared, shutdown_tx, tasks: vec![server, gc, bookmarks] })
+        Ok(EmulatorHandle {
+            addr,
+            shared,
+            shutdown_tx,
+            tasks: vec![server, gc, bookmarks],
+        })
     }
 }
 
@@ -192,11 +209,14 @@ impl EmulatorHandle {
     /// A kube client for the emulator (default namespace `default`).
     pub fn client(&self) -> Result<kube::Client, Error> {
         let url = self.base_url();
-        let uri = url
-            .parse()
-            .map_err(|e: axum::http::uri::InvalidUri| Error::Options(format!("base URL {url}: {e}")))?;
+        let uri = url.parse().map_err(|e: axum::http::uri::InvalidUri| {
+            Error::Options(format!("base URL {url}: {e}"))
+        })?;
         let config = kube::Config::new(uri);
-        kube::Client::try_from(config).map_err(|e| Error::Client { url, source: Box::new(e) })
+        kube::Client::try_from(config).map_err(|e| Error::Client {
+            url,
+            source: Box::new(e),
+        })
     }
 
     /// A kubeconfig (plain HTTP, no credentials) for kubectl and kube-rs.
@@ -207,8 +227,10 @@ impl EmulatorHandle {
     /// Writes [`EmulatorHandle::kubeconfig`] to a file.
     pub fn write_kubeconfig(&self, path: impl AsRef<Path>) -> Result<(), Error> {
         let path = path.as_ref();
-        std::fs::write(path, self.kubeconfig())
-            .map_err(|source| Error::Io { what: format!("writing the kubeconfig {}", path.display()), source })
+        std::fs::write(path, self.kubeconfig()).map_err(|source| Error::Io {
+            what: format!("writing the kubeconfig {}", path.display()),
+            source,
+        })
     }
 
     /// Requests served so far, by verb and resource.

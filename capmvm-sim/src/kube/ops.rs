@@ -17,8 +17,8 @@ use super::meta;
 use super::patch::{self, PatchType};
 use super::registry::{self, Builtin, Conversion, ResourceDef};
 use super::store::{
-    CRD_CLEANUP_FINALIZER, CRDS, CommitError, Filter, GcItem, NAMESPACES, ObjKey, Propagation, Store, Stored,
-    WatchMsg, Written, removable,
+    CRD_CLEANUP_FINALIZER, CRDS, CommitError, Filter, GcItem, NAMESPACES, ObjKey, Propagation,
+    Store, Stored, WatchMsg, Written, removable,
 };
 
 /// State shared by the HTTP handlers, the watch streams and the background tasks.
@@ -31,14 +31,26 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(store: Store, default_watch_timeout: Duration, shutdown: tokio::sync::watch::Receiver<bool>) -> Self {
-        Self { store: Mutex::new(store), counters: Counters::default(), gc_notify: Notify::new(), default_watch_timeout, shutdown }
+    pub(crate) fn new(
+        store: Store,
+        default_watch_timeout: Duration,
+        shutdown: tokio::sync::watch::Receiver<bool>,
+    ) -> Self {
+        Self {
+            store: Mutex::new(store),
+            counters: Counters::default(),
+            gc_notify: Notify::new(),
+            default_watch_timeout,
+            shutdown,
+        }
     }
 
     /// The store; a panic elsewhere while holding the lock leaves consistent data (every write is
     /// completed under the lock before it is published), so a poisoned lock is still used.
     pub(crate) fn lock(&self) -> MutexGuard<'_, Store> {
-        self.store.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.store
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn finish(&self, store: MutexGuard<'_, Store>) {
@@ -120,7 +132,10 @@ fn to_storage(def: &ResourceDef, value: Value) -> Value {
 }
 
 fn cannot_handle(def: &ResourceDef) -> String {
-    format!("{} in version {:?} cannot be handled as a {}", def.kind, def.version, def.kind)
+    format!(
+        "{} in version {:?} cannot be handled as a {}",
+        def.kind, def.version, def.kind
+    )
 }
 
 /// The checks the real decoder makes on `apiVersion` and `kind`, and on `metadata`'s types.
@@ -136,10 +151,16 @@ fn decode_body(def: &ResourceDef, obj: &mut Value) -> Result<Vec<String>, ApiErr
     let kind = m.get("kind").and_then(Value::as_str).unwrap_or("");
     let api_version = m.get("apiVersion").and_then(Value::as_str).unwrap_or("");
     if kind.is_empty() {
-        return Err(ApiError::bad_request(format!("Object 'Kind' is missing in '{}'", truncate(&obj.to_string()))));
+        return Err(ApiError::bad_request(format!(
+            "Object 'Kind' is missing in '{}'",
+            truncate(&obj.to_string())
+        )));
     }
     if api_version.is_empty() {
-        return Err(ApiError::bad_request(format!("Object 'apiVersion' is missing in '{}'", truncate(&obj.to_string()))));
+        return Err(ApiError::bad_request(format!(
+            "Object 'apiVersion' is missing in '{}'",
+            truncate(&obj.to_string())
+        )));
     }
     if api_version != def.api_version() {
         return Err(ApiError::bad_request(format!(
@@ -148,7 +169,10 @@ fn decode_body(def: &ResourceDef, obj: &mut Value) -> Result<Vec<String>, ApiErr
         )));
     }
     if kind != def.kind {
-        return Err(ApiError::bad_request(format!("the kind in the data ({kind}) does not match the expected kind ({})", def.kind)));
+        return Err(ApiError::bad_request(format!(
+            "the kind in the data ({kind}) does not match the expected kind ({})",
+            def.kind
+        )));
     }
     meta::decode_metadata(obj, &cannot_handle(def))
 }
@@ -174,18 +198,35 @@ fn apply_schema(
     if !unknown.is_empty() {
         match fv {
             FieldValidation::Strict => {
-                let list: Vec<String> = unknown.iter().map(|u| format!("unknown field {u:?}")).collect();
-                return Err(ApiError::bad_request(format!("{}: strict decoding error: {}", cannot_handle(def), list.join(", "))));
+                let list: Vec<String> = unknown
+                    .iter()
+                    .map(|u| format!("unknown field {u:?}"))
+                    .collect();
+                return Err(ApiError::bad_request(format!(
+                    "{}: strict decoding error: {}",
+                    cannot_handle(def),
+                    list.join(", ")
+                )));
             }
-            FieldValidation::Warn => warnings.extend(unknown.iter().map(|u| format!("unknown field {u:?}"))),
+            FieldValidation::Warn => {
+                warnings.extend(unknown.iter().map(|u| format!("unknown field {u:?}")))
+            }
             FieldValidation::Ignore => {}
         }
     }
-    let mut errs = def.schema.as_ref().map(|s| s.validate_root(obj)).unwrap_or_default();
+    let mut errs = def
+        .schema
+        .as_ref()
+        .map(|s| s.validate_root(obj))
+        .unwrap_or_default();
     if let Some(old) = old {
         // Ratcheting: a field that was already invalid and did not change is not an error.
         errs.retain(|e| {
-            let path = if e.field == "body" { "" } else { e.field.as_str() };
+            let path = if e.field == "body" {
+                ""
+            } else {
+                e.field.as_str()
+            };
             let now = super::schema::value_at(obj, path);
             now.is_none() || now != super::schema::value_at(old, path)
         });
@@ -194,7 +235,12 @@ fn apply_schema(
     if errs.is_empty() {
         Ok(())
     } else {
-        Err(ApiError::invalid(&def.kind, &def.group, meta::meta_str(obj, "name"), &errs))
+        Err(ApiError::invalid(
+            &def.kind,
+            &def.group,
+            meta::meta_str(obj, "name"),
+            &errs,
+        ))
     }
 }
 
@@ -202,7 +248,9 @@ fn without(v: &Value, skip_status: bool) -> Map<String, Value> {
     v.as_object()
         .map(|m| {
             m.iter()
-                .filter(|(k, _)| k.as_str() != "metadata" && !(skip_status && k.as_str() == "status"))
+                .filter(|(k, _)| {
+                    k.as_str() != "metadata" && !(skip_status && k.as_str() == "status")
+                })
                 .map(|(k, v)| (k.clone(), v.clone()))
                 .collect()
         })
@@ -210,7 +258,11 @@ fn without(v: &Value, skip_status: bool) -> Map<String, Value> {
 }
 
 /// CRD-specific work on create and update: validation, defaults, the served status.
-fn prepare_crd(obj: &mut Value, old: Option<&Value>, warnings: &mut Vec<String>) -> Result<(), ApiError> {
+fn prepare_crd(
+    obj: &mut Value,
+    old: Option<&Value>,
+    warnings: &mut Vec<String>,
+) -> Result<(), ApiError> {
     if let Err(e) = serde_json::from_value::<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>(obj.clone()) {
         return Err(ApiError::bad_request(format!(
             "CustomResourceDefinition in version \"v1\" cannot be handled as a CustomResourceDefinition: {e}"
@@ -219,14 +271,32 @@ fn prepare_crd(obj: &mut Value, old: Option<&Value>, warnings: &mut Vec<String>)
     registry::default_crd(obj);
     let errs = registry::validate_crd(obj);
     if !errs.is_empty() {
-        return Err(ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", meta::meta_str(obj, "name"), &errs));
+        return Err(ApiError::invalid(
+            "CustomResourceDefinition",
+            "apiextensions.k8s.io",
+            meta::meta_str(obj, "name"),
+            &errs,
+        ));
     }
     if let Some(old) = old {
         let field = |v: &Value, p: &str| v.pointer(p).cloned();
-        for (path, name) in [("/spec/group", "spec.group"), ("/spec/names/plural", "spec.names.plural"), ("/spec/scope", "spec.scope")] {
+        for (path, name) in [
+            ("/spec/group", "spec.group"),
+            ("/spec/names/plural", "spec.names.plural"),
+            ("/spec/scope", "spec.scope"),
+        ] {
             if field(obj, path) != field(old, path) {
-                let errs = [FieldError::invalid(name, &field(obj, path).unwrap_or(Value::Null), "field is immutable")];
-                return Err(ApiError::invalid("CustomResourceDefinition", "apiextensions.k8s.io", meta::meta_str(obj, "name"), &errs));
+                let errs = [FieldError::invalid(
+                    name,
+                    &field(obj, path).unwrap_or(Value::Null),
+                    "field is immutable",
+                )];
+                return Err(ApiError::invalid(
+                    "CustomResourceDefinition",
+                    "apiextensions.k8s.io",
+                    meta::meta_str(obj, "name"),
+                    &errs,
+                ));
             }
         }
     }
@@ -239,9 +309,16 @@ fn prepare_crd(obj: &mut Value, old: Option<&Value>, warnings: &mut Vec<String>)
         .filter_map(|s| super::schema::Schema::compile(s, "schema").ok())
         .any(|s| s.has_cel);
     if has_cel {
-        warnings.push("x-kubernetes-validations (CEL) rules are not evaluated by the capmvm-sim API emulator".into());
+        warnings.push(
+            "x-kubernetes-validations (CEL) rules are not evaluated by the capmvm-sim API emulator"
+                .into(),
+        );
     }
-    if obj.pointer("/spec/conversion/strategy").and_then(Value::as_str) == Some("Webhook") {
+    if obj
+        .pointer("/spec/conversion/strategy")
+        .and_then(Value::as_str)
+        == Some("Webhook")
+    {
         warnings.push("conversion webhooks are not called by the capmvm-sim API emulator: versions differ only in apiVersion".into());
     }
     let status = registry::crd_status(obj, old);
@@ -249,7 +326,9 @@ fn prepare_crd(obj: &mut Value, old: Option<&Value>, warnings: &mut Vec<String>)
         m.insert("status".into(), status);
     }
     if old.is_none() {
-        let fins = meta::metadata_mut(obj).entry("finalizers").or_insert_with(|| json!([]));
+        let fins = meta::metadata_mut(obj)
+            .entry("finalizers")
+            .or_insert_with(|| json!([]));
         if let Value::Array(a) = fins
             && !a.iter().any(|f| f == CRD_CLEANUP_FINALIZER)
         {
@@ -288,12 +367,25 @@ pub(crate) fn create(
                 m.remove("namespace");
             }
         }
-        if m.get("resourceVersion").and_then(Value::as_str).is_some_and(|s| !s.is_empty()) {
-            return Err(ApiError::bad_request("resourceVersion should not be set on objects to be created"));
+        if m.get("resourceVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|s| !s.is_empty())
+        {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
         }
         m.insert("uid".into(), Value::String(meta::new_uid()));
-        m.insert("creationTimestamp".into(), Value::String(meta::now_rfc3339()));
-        for f in ["deletionTimestamp", "deletionGracePeriodSeconds", "selfLink", "generation"] {
+        m.insert(
+            "creationTimestamp".into(),
+            Value::String(meta::now_rfc3339()),
+        );
+        for f in [
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "selfLink",
+            "generation",
+        ] {
             m.remove(f);
         }
         if def.builtin != Some(Builtin::Lease) || params.field_manager.is_some() {
@@ -310,10 +402,14 @@ pub(crate) fn create(
             &def.kind,
             &def.group,
             "",
-            &[FieldError::required_detail("metadata.name", "name or generateName is required")],
+            &[FieldError::required_detail(
+                "metadata.name",
+                "name or generateName is required",
+            )],
         ));
     }
-    if def.status_subresource && def.builtin.is_none()
+    if def.status_subresource
+        && def.builtin.is_none()
         && let Value::Object(m) = &mut obj
     {
         m.remove("status");
@@ -321,9 +417,20 @@ pub(crate) fn create(
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut obj, None)?;
     }
-    let probe_name = if name.is_empty() { format!("{generate}xxxxx") } else { name.clone() };
+    let probe_name = if name.is_empty() {
+        format!("{generate}xxxxx")
+    } else {
+        name.clone()
+    };
     meta::metadata_mut(&mut obj).insert("name".into(), Value::String(probe_name.clone()));
-    apply_schema(def, &mut obj, None, unknown, params.field_validation, &mut warnings)?;
+    apply_schema(
+        def,
+        &mut obj,
+        None,
+        unknown,
+        params.field_validation,
+        &mut warnings,
+    )?;
     let mut name_errs = meta::name_errors(def.name_rule, &probe_name, "metadata.name");
     if name.is_empty() {
         for e in &mut name_errs {
@@ -348,24 +455,47 @@ pub(crate) fn create(
     if let Some(col) = store.collections.get(&storage)
         && col.terminating
     {
-        return Err(ApiError::new(405, "MethodNotAllowed", "create not allowed while custom resource definition is terminating"));
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "create not allowed while custom resource definition is terminating",
+        ));
     }
     for attempt in 0..8 {
-        let final_name = if name.is_empty() { format!("{generate}{}", meta::generated_suffix()) } else { name.clone() };
+        let final_name = if name.is_empty() {
+            format!("{generate}{}", meta::generated_suffix())
+        } else {
+            name.clone()
+        };
         let mut candidate = obj.clone();
         meta::metadata_mut(&mut candidate).insert("name".into(), Value::String(final_name.clone()));
-        let key = ObjKey::new(if def.namespaced { ns.unwrap_or("") } else { "" }, &final_name);
+        let key = ObjKey::new(
+            if def.namespaced { ns.unwrap_or("") } else { "" },
+            &final_name,
+        );
         if params.dry_run {
             if store.get(&storage, &key).is_some() {
-                return Err(ApiError::already_exists(&def.plural, &def.group, &final_name));
+                return Err(ApiError::already_exists(
+                    &def.plural,
+                    &def.group,
+                    &final_name,
+                ));
             }
             let stored = Arc::new(dry_run_stored(candidate));
-            return Ok(WriteResult { written: Written::Stored(stored), warnings, created: true });
+            return Ok(WriteResult {
+                written: Written::Stored(stored),
+                warnings,
+                created: true,
+            });
         }
         match store.insert(&storage, key, candidate) {
             Ok(stored) => {
                 shared.finish(store);
-                return Ok(WriteResult { written: Written::Stored(stored), warnings, created: true });
+                return Ok(WriteResult {
+                    written: Written::Stored(stored),
+                    warnings,
+                    created: true,
+                });
             }
             Err(e) if e.reason == "AlreadyExists" && name.is_empty() && attempt < 7 => continue,
             Err(e) => return Err(e),
@@ -380,7 +510,12 @@ fn dry_run_stored(value: Value) -> Stored {
     super::store::Stored::detached(value, bytes)
 }
 
-fn check_namespace(store: &Store, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<(), ApiError> {
+fn check_namespace(
+    store: &Store,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<(), ApiError> {
     if !def.namespaced {
         return Ok(());
     }
@@ -392,7 +527,9 @@ fn check_namespace(store: &Store, def: &ResourceDef, ns: Option<&str>, name: &st
                 &def.plural,
                 &def.group,
                 name,
-                &format!("unable to create new content in namespace {ns} because it is being terminated"),
+                &format!(
+                    "unable to create new content in namespace {ns} because it is being terminated"
+                ),
             );
             if let Some(d) = &mut e.details {
                 d.insert(
@@ -411,7 +548,12 @@ fn key_for(def: &ResourceDef, ns: Option<&str>, name: &str) -> ObjKey {
 }
 
 /// GET of one object.
-pub(crate) fn get(shared: &Shared, def: &ResourceDef, ns: Option<&str>, name: &str) -> Result<Arc<Stored>, ApiError> {
+pub(crate) fn get(
+    shared: &Shared,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+) -> Result<Arc<Stored>, ApiError> {
     let store = shared.lock();
     store
         .get(&def.storage, &key_for(def, ns, name))
@@ -454,7 +596,16 @@ pub(crate) fn prepare_update(
     {
         let old_meta = meta::metadata(&old).cloned().unwrap_or_default();
         let m = meta::metadata_mut(&mut new);
-        for f in ["uid", "creationTimestamp", "deletionTimestamp", "deletionGracePeriodSeconds", "generation", "managedFields", "namespace", "name"] {
+        for f in [
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "managedFields",
+            "namespace",
+            "name",
+        ] {
             match old_meta.get(f) {
                 Some(v) => m.insert(f.into(), v.clone()),
                 None => m.remove(f),
@@ -464,39 +615,73 @@ pub(crate) fn prepare_update(
     }
     if meta::is_deleting(&old) {
         let old_fins = meta::finalizers(&old);
-        let added: Vec<String> = meta::finalizers(&new).into_iter().filter(|f| !old_fins.contains(f)).collect();
+        let added: Vec<String> = meta::finalizers(&new)
+            .into_iter()
+            .filter(|f| !old_fins.contains(f))
+            .collect();
         if !added.is_empty() {
             let errs = [FieldError::forbidden(
                 "metadata.finalizers",
-                &format!("no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"),
+                &format!(
+                    "no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                ),
             )];
-            return Err(ApiError::invalid(&def.kind, &def.group, meta::meta_str(&old, "name"), &errs));
+            return Err(ApiError::invalid(
+                &def.kind,
+                &def.group,
+                meta::meta_str(&old, "name"),
+                &errs,
+            ));
         }
     }
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut new, Some(&old))?;
     }
-    let unknown = if sub == Sub::Status { Vec::new() } else { unknown };
-    apply_schema(def, &mut new, Some(&old), unknown, params.field_validation, warnings)?;
+    let unknown = if sub == Sub::Status {
+        Vec::new()
+    } else {
+        unknown
+    };
+    apply_schema(
+        def,
+        &mut new,
+        Some(&old),
+        unknown,
+        params.field_validation,
+        warnings,
+    )?;
     if let Some(b) = def.builtin {
         let errs = builtin::validate_update(b, &new, &old);
         if !errs.is_empty() {
-            return Err(ApiError::invalid(&def.kind, &def.group, meta::meta_str(&old, "name"), &errs));
+            return Err(ApiError::invalid(
+                &def.kind,
+                &def.group,
+                meta::meta_str(&old, "name"),
+                &errs,
+            ));
         }
     }
     if def.builtin == Some(Builtin::Crd) {
         if sub == Sub::Main {
             prepare_crd(&mut new, Some(&old), warnings)?;
         }
-    } else if def.has_generation && without(&new, def.status_subresource) != without(&old, def.status_subresource) {
-        let g = meta::metadata(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
+    } else if def.has_generation
+        && without(&new, def.status_subresource) != without(&old, def.status_subresource)
+    {
+        let g = meta::metadata(&old)
+            .and_then(|m| m.get("generation"))
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         meta::metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
     if def.builtin == Some(Builtin::Crd)
         && sub == Sub::Main
         && without(&new, true) != without(&old, true)
     {
-        let g = meta::metadata(&old).and_then(|m| m.get("generation")).and_then(Value::as_i64).unwrap_or(0);
+        let g = meta::metadata(&old)
+            .and_then(|m| m.get("generation"))
+            .and_then(Value::as_i64)
+            .unwrap_or(0);
         meta::metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
     Ok(to_storage(def, new))
@@ -510,7 +695,8 @@ fn track_lease(def: &ResourceDef, current: &Stored, new: &mut Value, params: &Wr
 }
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse::<u64>().map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+    s.parse::<u64>()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
 }
 
 /// PUT: replaces an object (or its status).
@@ -534,7 +720,9 @@ pub(crate) fn update(
     if def.namespaced {
         let body_ns = meta::meta_str(&obj, "namespace");
         if !body_ns.is_empty() && Some(body_ns) != ns {
-            return Err(ApiError::bad_request("the namespace of the provided object does not match the namespace sent on the request"));
+            return Err(ApiError::bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request",
+            ));
         }
     }
     let body_rv = meta::meta_str(&obj, "resourceVersion").to_string();
@@ -551,28 +739,50 @@ pub(crate) fn update(
         };
         if body_rv.is_empty() {
             if !def.allow_unconditional_update {
-                let errs = [FieldError::invalid("metadata.resourceVersion", &json!(0), "must be specified for an update")];
+                let errs = [FieldError::invalid(
+                    "metadata.resourceVersion",
+                    &json!(0),
+                    "must be specified for an update",
+                )];
                 return Err(ApiError::invalid(&def.kind, &def.group, name, &errs));
             }
         } else if parse_rv(&body_rv)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
-        let mut new = prepare_update(def, sub, &current, obj.clone(), unknown.clone(), params, &mut warnings)?;
+        let mut new = prepare_update(
+            def,
+            sub,
+            &current,
+            obj.clone(),
+            unknown.clone(),
+            params,
+            &mut warnings,
+        )?;
         track_lease(def, &current, &mut new, params);
         if params.dry_run {
-            return Ok(WriteResult { written: Written::Stored(Arc::new(dry_run_stored(new))), warnings, created: false });
+            return Ok(WriteResult {
+                written: Written::Stored(Arc::new(dry_run_stored(new))),
+                warnings,
+                created: false,
+            });
         }
         let mut store = shared.lock();
         match store.replace(&def.storage, &key, &current, new) {
             Ok(written) => {
                 shared.finish(store);
-                return Ok(WriteResult { written, warnings, created: false });
+                return Ok(WriteResult {
+                    written,
+                    warnings,
+                    created: false,
+                });
             }
             Err(CommitError::Stale) if body_rv.is_empty() => {
                 warnings.truncate(usize::from(def.deprecation_warning.is_some()));
                 continue;
             }
-            Err(CommitError::Stale) => return Err(ApiError::modified_conflict(&def.plural, &def.group, name)),
+            Err(CommitError::Stale) => {
+                return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
+            }
             Err(CommitError::Api(e)) => return Err(e),
         }
     }
@@ -609,7 +819,9 @@ pub(crate) fn patch(
         attempts += 1;
         let mut warnings: Vec<String> = def.deprecation_warning.iter().cloned().collect();
         let current = { shared.lock().get(&def.storage, &key) };
-        let Some(current) = current else { return Err(ApiError::not_found(&def.plural, &def.group, name)) };
+        let Some(current) = current else {
+            return Err(ApiError::not_found(&def.plural, &def.group, name));
+        };
         let mut doc = view(def, &current.value).into_owned();
         match ptype {
             PatchType::Merge => patch::merge(&mut doc, body)?,
@@ -631,17 +843,27 @@ pub(crate) fn patch(
         let mut new = prepare_update(def, sub, &current, doc, unknown, params, &mut warnings)?;
         track_lease(def, &current, &mut new, params);
         if params.dry_run {
-            return Ok(WriteResult { written: Written::Stored(Arc::new(dry_run_stored(new))), warnings, created: false });
+            return Ok(WriteResult {
+                written: Written::Stored(Arc::new(dry_run_stored(new))),
+                warnings,
+                created: false,
+            });
         }
         let mut store = shared.lock();
         match store.replace(&def.storage, &key, &current, new) {
             Ok(written) => {
                 shared.finish(store);
-                return Ok(WriteResult { written, warnings, created: false });
+                return Ok(WriteResult {
+                    written,
+                    warnings,
+                    created: false,
+                });
             }
             // Patches without a precondition are retried on a fresh read, as the real server does.
             Err(CommitError::Stale) if attempts < 64 => continue,
-            Err(CommitError::Stale) => return Err(ApiError::modified_conflict(&def.plural, &def.group, name)),
+            Err(CommitError::Stale) => {
+                return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
+            }
             Err(CommitError::Api(e)) => return Err(e),
         }
     }
@@ -664,8 +886,15 @@ pub(crate) fn delete(
     name: &str,
     opts: &DeleteOpts,
 ) -> Result<Written, ApiError> {
-    if def.builtin == Some(Builtin::Namespace) && ["default", "kube-system", "kube-public"].contains(&name) {
-        return Err(ApiError::forbidden("namespaces", "", name, "this namespace may not be deleted"));
+    if def.builtin == Some(Builtin::Namespace)
+        && ["default", "kube-system", "kube-public"].contains(&name)
+    {
+        return Err(ApiError::forbidden(
+            "namespaces",
+            "",
+            name,
+            "this namespace may not be deleted",
+        ));
     }
     let mut store = shared.lock();
     let out = delete_locked(&mut store, &def.storage, &key_for(def, ns, name), opts)?;
@@ -680,7 +909,9 @@ pub(crate) fn delete_locked(
     key: &ObjKey,
     opts: &DeleteOpts,
 ) -> Result<Written, ApiError> {
-    let Some(col) = store.collections.get(storage) else { return Err(ApiError::path_not_found()) };
+    let Some(col) = store.collections.get(storage) else {
+        return Err(ApiError::path_not_found());
+    };
     let def = col.def.clone();
     let Some(current) = col.objects.get(key).cloned() else {
         return Err(ApiError::not_found(&def.plural, &def.group, &key.name));
@@ -703,7 +934,10 @@ pub(crate) fn delete_locked(
             &def.plural,
             &def.group,
             &key.name,
-            &format!("Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {}", current.rv),
+            &format!(
+                "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {}",
+                current.rv
+            ),
         ));
     }
     let mut next = current.value.clone();
@@ -729,7 +963,10 @@ pub(crate) fn delete_locked(
                 let g = m.get("generation").and_then(Value::as_i64).unwrap_or(0);
                 m.insert("generation".into(), json!(g + 1));
             }
-            m.insert("deletionTimestamp".into(), Value::String(meta::now_rfc3339()));
+            m.insert(
+                "deletionTimestamp".into(),
+                Value::String(meta::now_rfc3339()),
+            );
             m.insert("deletionGracePeriodSeconds".into(), json!(0));
         }
     }
@@ -750,13 +987,22 @@ pub(crate) fn delete_locked(
     }
     match store.replace(storage, key, &current, next) {
         Ok(w) => Ok(w),
-        Err(CommitError::Stale) => Err(ApiError::modified_conflict(&def.plural, &def.group, &key.name)),
+        Err(CommitError::Stale) => Err(ApiError::modified_conflict(
+            &def.plural,
+            &def.group,
+            &key.name,
+        )),
         Err(CommitError::Api(e)) => Err(e),
     }
 }
 
 /// A server-side update of metadata (garbage collector, namespace and CRD controllers).
-fn update_locked(store: &mut Store, storage: &Arc<str>, key: &ObjKey, f: impl FnOnce(&mut Value)) -> Option<Written> {
+fn update_locked(
+    store: &mut Store,
+    storage: &Arc<str>,
+    key: &ObjKey,
+    f: impl FnOnce(&mut Value),
+) -> Option<Written> {
     let current = store.get(storage, key)?;
     let mut next = current.value.clone();
     f(&mut next);
@@ -795,23 +1041,43 @@ fn decode_continue(token: &str) -> Result<(u64, ObjKey), ApiError> {
         .map_err(|_| bad("illegal base64 data"))?;
     let doc: Value = serde_json::from_slice(&raw).map_err(|_| bad("not a JSON document"))?;
     if doc.get("v").and_then(Value::as_str) != Some("meta.k8s.io/v1") {
-        return Err(bad("incorrect encoded start resourceVersion (version meta.k8s.io/v1)"));
+        return Err(bad(
+            "incorrect encoded start resourceVersion (version meta.k8s.io/v1)",
+        ));
     }
-    let rv = doc.get("rv").and_then(Value::as_u64).filter(|r| *r > 0).ok_or_else(|| bad("incorrect encoded start resourceVersion"))?;
-    let start = doc.get("start").and_then(Value::as_str).ok_or_else(|| bad("missing start"))?;
+    let rv = doc
+        .get("rv")
+        .and_then(Value::as_u64)
+        .filter(|r| *r > 0)
+        .ok_or_else(|| bad("incorrect encoded start resourceVersion"))?;
+    let start = doc
+        .get("start")
+        .and_then(Value::as_str)
+        .ok_or_else(|| bad("missing start"))?;
     let start = start.strip_suffix('\u{0}').unwrap_or(start);
-    let (ns, name) = start.split_once('/').ok_or_else(|| bad("malformed start key"))?;
+    let (ns, name) = start
+        .split_once('/')
+        .ok_or_else(|| bad("malformed start key"))?;
     Ok((rv, ObjKey::new(ns, name)))
 }
 
 /// LIST: a consistent page of the objects the filter selects.
-pub(crate) fn list(shared: &Shared, def: &ResourceDef, filter: &Filter, opts: &ListOpts) -> Result<ListPage, ApiError> {
+pub(crate) fn list(
+    shared: &Shared,
+    def: &ResourceDef,
+    filter: &Filter,
+    opts: &ListOpts,
+) -> Result<ListPage, ApiError> {
     let rv_param = opts.resource_version.as_deref().unwrap_or("");
     if opts.resource_version_match.is_some() && rv_param.is_empty() {
-        return Err(ApiError::bad_request("resourceVersionMatch is forbidden unless resourceVersion is provided"));
+        return Err(ApiError::bad_request(
+            "resourceVersionMatch is forbidden unless resourceVersion is provided",
+        ));
     }
     if opts.continue_token.is_some() && !rv_param.is_empty() && rv_param != "0" {
-        return Err(ApiError::bad_request("specifying resource version is not allowed when using continue"));
+        return Err(ApiError::bad_request(
+            "specifying resource version is not allowed when using continue",
+        ));
     }
     let store = shared.lock();
     let (mut at, after) = match &opts.continue_token {
@@ -827,7 +1093,10 @@ pub(crate) fn list(shared: &Shared, def: &ResourceDef, filter: &Filter, opts: &L
             Some("Exact") => at = Some(rv),
             None | Some("NotOlderThan") => {
                 if rv > store.rev {
-                    return Err(ApiError::timeout(format!("Too large resource version: {rv}, current: {}", store.rev)));
+                    return Err(ApiError::timeout(format!(
+                        "Too large resource version: {rv}, current: {}",
+                        store.rev
+                    )));
                 }
             }
             Some(other) => {
@@ -840,7 +1109,10 @@ pub(crate) fn list(shared: &Shared, def: &ResourceDef, filter: &Filter, opts: &L
     if let Some(a) = at
         && a > store.rev
     {
-        return Err(ApiError::timeout(format!("Too large resource version: {a}, current: {}", store.rev)));
+        return Err(ApiError::timeout(format!(
+            "Too large resource version: {a}, current: {}",
+            store.rev
+        )));
     }
     let list_rv = at.unwrap_or(store.rev);
     let limit = opts.limit.filter(|l| *l > 0);
@@ -850,25 +1122,34 @@ pub(crate) fn list(shared: &Shared, def: &ResourceDef, filter: &Filter, opts: &L
     let mut more = false;
     let mut remaining = 0u64;
     let trivial = filter.is_trivial();
-    let result = store.snapshot(&def.storage, at, filter.ns.as_deref(), after.as_ref(), |obj| {
-        if let Some(p) = &pinned
-            && meta::meta_str(&obj.value, "name") != p
-        {
-            return true;
-        }
-        if !filter.matches(&obj.value) {
-            return true;
-        }
-        if limit.is_some_and(|l| items.len() >= l) {
-            more = true;
-            remaining += 1;
-            // Counting the rest is only needed (and only reported) without selectors.
-            return trivial;
-        }
-        last_key = Some(ObjKey::new(meta::meta_str(&obj.value, "namespace"), meta::meta_str(&obj.value, "name")));
-        items.push(obj.clone());
-        true
-    });
+    let result = store.snapshot(
+        &def.storage,
+        at,
+        filter.ns.as_deref(),
+        after.as_ref(),
+        |obj| {
+            if let Some(p) = &pinned
+                && meta::meta_str(&obj.value, "name") != p
+            {
+                return true;
+            }
+            if !filter.matches(&obj.value) {
+                return true;
+            }
+            if limit.is_some_and(|l| items.len() >= l) {
+                more = true;
+                remaining += 1;
+                // Counting the rest is only needed (and only reported) without selectors.
+                return trivial;
+            }
+            last_key = Some(ObjKey::new(
+                meta::meta_str(&obj.value, "namespace"),
+                meta::meta_str(&obj.value, "name"),
+            ));
+            items.push(obj.clone());
+            true
+        },
+    );
     if let Err(e) = result {
         if opts.continue_token.is_some() {
             return Err(ApiError::gone(
@@ -877,7 +1158,11 @@ pub(crate) fn list(shared: &Shared, def: &ResourceDef, filter: &Filter, opts: &L
         }
         return Err(e);
     }
-    let continue_token = if more { last_key.as_ref().map(|k| encode_continue(list_rv, k)) } else { None };
+    let continue_token = if more {
+        last_key.as_ref().map(|k| encode_continue(list_rv, k))
+    } else {
+        None
+    };
     Ok(ListPage {
         items,
         resource_version: list_rv,
@@ -920,7 +1205,10 @@ pub(crate) fn watch(
                 "ListOptions",
                 "meta.k8s.io",
                 "",
-                &[FieldError::forbidden("allowWatchBookmarks", "sendInitialEvents requires setting allowWatchBookmarks to true")],
+                &[FieldError::forbidden(
+                    "allowWatchBookmarks",
+                    "sendInitialEvents requires setting allowWatchBookmarks to true",
+                )],
             ));
         }
     } else if opts.resource_version_match.is_some() {
@@ -928,12 +1216,25 @@ pub(crate) fn watch(
             "ListOptions",
             "meta.k8s.io",
             "",
-            &[FieldError::forbidden("resourceVersionMatch", "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided")],
+            &[FieldError::forbidden(
+                "resourceVersionMatch",
+                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
+            )],
         ));
     }
-    let from = if opts.send_initial_events || rv.is_empty() || rv == "0" { None } else { Some(parse_rv(rv)?) };
+    let from = if opts.send_initial_events || rv.is_empty() || rv == "0" {
+        None
+    } else {
+        Some(parse_rv(rv)?)
+    };
     let mut store = shared.lock();
-    store.watch(&def.storage, filter, from, opts.bookmarks, opts.send_initial_events)
+    store.watch(
+        &def.storage,
+        filter,
+        from,
+        opts.bookmarks,
+        opts.send_initial_events,
+    )
 }
 
 /// Runs garbage collection and namespace/CRD cleanup until shutdown.
@@ -954,13 +1255,20 @@ pub(crate) async fn gc_worker(shared: Arc<Shared>) {
 /// Processes one queued item; false when the queue is empty.
 fn gc_step(shared: &Shared) -> bool {
     let mut store = shared.lock();
-    let Some(item) = store.gc_queue.pop_front() else { return false };
+    let Some(item) = store.gc_queue.pop_front() else {
+        return false;
+    };
     process_gc(&mut store, item);
     true
 }
 
 fn background() -> DeleteOpts {
-    DeleteOpts { propagation: Propagation::Background, uid: None, resource_version: None, dry_run: false }
+    DeleteOpts {
+        propagation: Propagation::Background,
+        uid: None,
+        resource_version: None,
+        dry_run: false,
+    }
 }
 
 fn process_gc(store: &mut Store, item: GcItem) {
@@ -971,26 +1279,39 @@ fn process_gc(store: &mut Store, item: GcItem) {
             }
         }
         GcItem::Dependent(storage, key) => {
-            let Some(obj) = store.get(&storage, &key) else { return };
+            let Some(obj) = store.get(&storage, &key) else {
+                return;
+            };
             let owners = meta::owner_uids(&obj.value);
             if owners.is_empty() {
                 return;
             }
-            let alive: Vec<&String> = owners.iter().filter(|u| store.owner_alive(u, &key.ns)).collect();
+            let alive: Vec<&String> = owners
+                .iter()
+                .filter(|u| store.owner_alive(u, &key.ns))
+                .collect();
             if alive.is_empty() {
                 tracing::debug!(resource = %storage, namespace = %key.ns, name = %key.name, "garbage collecting an object whose owners are gone");
                 let _ = delete_locked(store, &storage, &key, &background());
             } else if alive.len() < owners.len() {
                 let alive: Vec<String> = alive.into_iter().cloned().collect();
                 update_locked(store, &storage, &key, |v| {
-                    if let Some(Value::Array(refs)) = meta::metadata_mut(v).get_mut("ownerReferences") {
-                        refs.retain(|r| r.get("uid").and_then(Value::as_str).is_some_and(|u| alive.iter().any(|a| a == u)));
+                    if let Some(Value::Array(refs)) =
+                        meta::metadata_mut(v).get_mut("ownerReferences")
+                    {
+                        refs.retain(|r| {
+                            r.get("uid")
+                                .and_then(Value::as_str)
+                                .is_some_and(|u| alive.iter().any(|a| a == u))
+                        });
                     }
                 });
             }
         }
         GcItem::Orphan(storage, key) => {
-            let Some(obj) = store.get(&storage, &key) else { return };
+            let Some(obj) = store.get(&storage, &key) else {
+                return;
+            };
             let uid = meta::meta_str(&obj.value, "uid").to_string();
             for (s, k) in store.dependents_of(&uid) {
                 update_locked(store, &s, &k, |v| {
@@ -1006,21 +1327,26 @@ fn process_gc(store: &mut Store, item: GcItem) {
             remove_finalizer(store, &storage, &key, "orphan");
         }
         GcItem::Foreground(storage, key) => {
-            let Some(obj) = store.get(&storage, &key) else { return };
+            let Some(obj) = store.get(&storage, &key) else {
+                return;
+            };
             if !meta::is_deleting(&obj.value) {
                 return;
             }
             let uid = meta::meta_str(&obj.value, "uid").to_string();
             let mut blocking = false;
             for (s, k) in store.dependents_of(&uid) {
-                let Some(dep) = store.get(&s, &k) else { continue };
+                let Some(dep) = store.get(&s, &k) else {
+                    continue;
+                };
                 let blocks = meta::metadata(&dep.value)
                     .and_then(|m| m.get("ownerReferences"))
                     .and_then(Value::as_array)
                     .is_some_and(|refs| {
                         refs.iter().any(|r| {
                             r.get("uid").and_then(Value::as_str) == Some(uid.as_str())
-                                && r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true)
+                                && r.get("blockOwnerDeletion").and_then(Value::as_bool)
+                                    == Some(true)
                         })
                     });
                 blocking |= blocks;
@@ -1050,16 +1376,31 @@ fn process_gc(store: &mut Store, item: GcItem) {
         GcItem::Crd(name) => {
             let crds: Arc<str> = Arc::from(CRDS);
             let key = ObjKey::new("", &name);
-            let Some(crd) = store.get(&crds, &key) else { return };
+            let Some(crd) = store.get(&crds, &key) else {
+                return;
+            };
             if !meta::is_deleting(&crd.value) {
                 return;
             }
-            let group = crd.value.pointer("/spec/group").and_then(Value::as_str).unwrap_or("").to_string();
-            let plural = crd.value.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("").to_string();
+            let group = crd
+                .value
+                .pointer("/spec/group")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
+            let plural = crd
+                .value
+                .pointer("/spec/names/plural")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let storage = registry::storage_key(&group, &plural);
             store.crd_terminating(&storage);
-            let keys: Vec<ObjKey> =
-                store.collections.get(&storage).map(|c| c.objects.keys().cloned().collect()).unwrap_or_default();
+            let keys: Vec<ObjKey> = store
+                .collections
+                .get(&storage)
+                .map(|c| c.objects.keys().cloned().collect())
+                .unwrap_or_default();
             for k in keys {
                 let _ = delete_locked(store, &storage, &k, &background());
             }
@@ -1103,7 +1444,10 @@ mod tests {
     #[test]
     fn continue_tokens_round_trip() {
         let t = encode_continue(42, &ObjKey::new("ns", "name"));
-        assert_eq!(decode_continue(&t).unwrap(), (42, ObjKey::new("ns", "name")));
+        assert_eq!(
+            decode_continue(&t).unwrap(),
+            (42, ObjKey::new("ns", "name"))
+        );
         assert_eq!(decode_continue("garbage!").unwrap_err().code, 400);
     }
 }

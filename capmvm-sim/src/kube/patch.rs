@@ -16,7 +16,12 @@ pub(crate) enum PatchType {
 
 impl PatchType {
     pub(crate) fn from_content_type(ct: &str) -> Option<Self> {
-        let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+        let base = ct
+            .split(';')
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_ascii_lowercase();
         match base.as_str() {
             "application/merge-patch+json" => Some(Self::Merge),
             "application/json-patch+json" => Some(Self::Json),
@@ -31,14 +36,17 @@ impl PatchType {
 const MAX_JSON_PATCH_OPERATIONS: usize = 10_000;
 
 pub(crate) fn decode_json(body: &[u8]) -> Result<Value, ApiError> {
-    serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))
 }
 
 /// Applies an RFC 7386 merge patch.
 pub(crate) fn merge(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
     let patch = decode_json(body)?;
     if !patch.is_object() {
-        return Err(ApiError::bad_request("error decoding patch: the merge patch must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "error decoding patch: the merge patch must be a JSON object",
+        ));
     }
     json_patch::merge(doc, &patch);
     Ok(())
@@ -46,8 +54,8 @@ pub(crate) fn merge(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
 
 /// Applies an RFC 6902 JSON patch; a failed operation (such as a `test`) changes nothing and is a 422.
 pub(crate) fn json(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
-    let patch: json_patch::Patch =
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    let patch: json_patch::Patch = serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
     if patch.0.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(ApiError::new(
             413,
@@ -83,12 +91,21 @@ pub(crate) fn json(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
         }
         Err(e) => {
             let detail = match e.kind {
-                json_patch::PatchErrorKind::TestFailed => format!("testing value {} failed: test failed", e.path),
+                json_patch::PatchErrorKind::TestFailed => {
+                    format!("testing value {} failed: test failed", e.path)
+                }
                 _ => format!("{e}"),
             };
-            let mut err = ApiError::new(422, "Invalid", "the server rejected our request due to an error in our request");
+            let mut err = ApiError::new(
+                422,
+                "Invalid",
+                "the server rejected our request due to an error in our request",
+            );
             let mut details = Map::new();
-            details.insert("causes".into(), serde_json::json!([{ "reason": "UnexpectedServerResponse", "message": detail }]));
+            details.insert(
+                "causes".into(),
+                serde_json::json!([{ "reason": "UnexpectedServerResponse", "message": detail }]),
+            );
             err.details = Some(details);
             Err(err)
         }
@@ -118,19 +135,27 @@ fn strategy(path: &str) -> ListStrategy {
 pub(crate) fn strategic(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
     let patch = decode_json(body)?;
     let Value::Object(p) = patch else {
-        return Err(ApiError::bad_request("error decoding patch: the strategic merge patch must be a JSON object"));
+        return Err(ApiError::bad_request(
+            "error decoding patch: the strategic merge patch must be a JSON object",
+        ));
     };
     if !doc.is_object() {
         *doc = Value::Object(Map::new());
     }
     if let Value::Object(d) = doc {
-        merge_map(d, &p, "").map_err(|e| ApiError::bad_request(format!("unable to apply strategic merge patch: {e}")))?;
+        merge_map(d, &p, "").map_err(|e| {
+            ApiError::bad_request(format!("unable to apply strategic merge patch: {e}"))
+        })?;
     }
     Ok(())
 }
 
 fn child_path(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 fn strip_directives(v: &Value) -> Value {
@@ -146,7 +171,11 @@ fn strip_directives(v: &Value) -> Value {
     }
 }
 
-fn merge_map(doc: &mut Map<String, Value>, patch: &Map<String, Value>, path: &str) -> Result<(), String> {
+fn merge_map(
+    doc: &mut Map<String, Value>,
+    patch: &Map<String, Value>,
+    path: &str,
+) -> Result<(), String> {
     match patch.get("$patch").and_then(Value::as_str) {
         Some("replace") => {
             let Value::Object(replacement) = strip_directives(&Value::Object(patch.clone())) else {
@@ -167,7 +196,9 @@ fn merge_map(doc: &mut Map<String, Value>, patch: &Map<String, Value>, path: &st
             continue;
         }
         if let Some(field) = k.strip_prefix("$deleteFromPrimitiveList/") {
-            let Some(remove) = pv.as_array() else { return Err(format!("{k} must be a list")) };
+            let Some(remove) = pv.as_array() else {
+                return Err(format!("{k} must be a list"));
+            };
             if let Some(Value::Array(list)) = doc.get_mut(field) {
                 list.retain(|x| !remove.contains(x));
             }
@@ -203,7 +234,9 @@ fn merge_map(doc: &mut Map<String, Value>, patch: &Map<String, Value>, path: &st
                         }
                     }
                 }
-                (ListStrategy::MergeByKey(key), Some(Value::Array(da))) => merge_keyed_list(da, pa, key, &cp)?,
+                (ListStrategy::MergeByKey(key), Some(Value::Array(da))) => {
+                    merge_keyed_list(da, pa, key, &cp)?
+                }
                 _ => {
                     doc.insert(k.clone(), strip_directives(pv));
                 }
@@ -214,14 +247,24 @@ fn merge_map(doc: &mut Map<String, Value>, patch: &Map<String, Value>, path: &st
         }
     }
     if let Some(retain) = patch.get("$retainKeys") {
-        let Some(keys) = retain.as_array() else { return Err("$retainKeys must be a list".into()) };
+        let Some(keys) = retain.as_array() else {
+            return Err("$retainKeys must be a list".into());
+        };
         doc.retain(|k, _| keys.iter().any(|x| x.as_str() == Some(k.as_str())));
     }
     Ok(())
 }
 
-fn merge_keyed_list(doc: &mut Vec<Value>, patch: &[Value], key: &str, path: &str) -> Result<(), String> {
-    if patch.iter().any(|p| p.get("$patch").and_then(Value::as_str) == Some("replace")) {
+fn merge_keyed_list(
+    doc: &mut Vec<Value>,
+    patch: &[Value],
+    key: &str,
+    path: &str,
+) -> Result<(), String> {
+    if patch
+        .iter()
+        .any(|p| p.get("$patch").and_then(Value::as_str) == Some("replace"))
+    {
         *doc = patch
             .iter()
             .filter(|p| p.get("$patch").is_none())
@@ -230,8 +273,14 @@ fn merge_keyed_list(doc: &mut Vec<Value>, patch: &[Value], key: &str, path: &str
         return Ok(());
     }
     for item in patch {
-        let Value::Object(pm) = item else { return Err(format!("{path}: list items must be objects")) };
-        let Some(kv) = pm.get(key) else { return Err(format!("{path}: map: {pm:?} does not contain declared merge key: {key}")) };
+        let Value::Object(pm) = item else {
+            return Err(format!("{path}: list items must be objects"));
+        };
+        let Some(kv) = pm.get(key) else {
+            return Err(format!(
+                "{path}: map: {pm:?} does not contain declared merge key: {key}"
+            ));
+        };
         let pos = doc.iter().position(|d| d.get(key) == Some(kv));
         if pm.get("$patch").and_then(Value::as_str) == Some("delete") {
             doc.retain(|d| d.get(key) != Some(kv));
@@ -272,7 +321,10 @@ mod tests {
         strategic(&mut doc, body).unwrap();
         assert_eq!(doc["metadata"]["finalizers"], json!(["a", "b"]));
         assert_eq!(doc["metadata"]["ownerReferences"][0]["name"], "y");
-        assert_eq!(doc["metadata"]["ownerReferences"].as_array().unwrap().len(), 2);
+        assert_eq!(
+            doc["metadata"]["ownerReferences"].as_array().unwrap().len(),
+            2
+        );
         assert_eq!(doc["metadata"]["labels"], json!({"k": "v"}));
         assert_eq!(doc["data"], json!({"a": "b", "c": "d"}));
     }

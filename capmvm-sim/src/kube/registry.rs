@@ -93,11 +93,18 @@ pub(crate) struct ResourceDef {
 
 impl ResourceDef {
     pub(crate) fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     pub(crate) fn selectors(&self) -> Vec<(&str, &str)> {
-        self.field_selectors.iter().map(|(a, b)| (a.as_str(), b.as_str())).collect()
+        self.field_selectors
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect()
     }
 
     /// `group/resource` for errors and counters (the core group is spelled `core`).
@@ -132,12 +139,20 @@ impl Registry {
         if !self.group_order.contains(&def.group) {
             self.group_order.push(def.group.clone());
         }
-        let list = self.by_gv.entry((def.group.clone(), def.version.clone())).or_default();
+        let list = self
+            .by_gv
+            .entry((def.group.clone(), def.version.clone()))
+            .or_default();
         list.retain(|d| d.plural != def.plural);
         list.push(def);
     }
 
-    pub(crate) fn lookup(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceDef>> {
+    pub(crate) fn lookup(
+        &self,
+        group: &str,
+        version: &str,
+        plural: &str,
+    ) -> Option<Arc<ResourceDef>> {
         self.by_gv
             .get(&(group.to_string(), version.to_string()))
             .and_then(|l| l.iter().find(|d| d.plural == plural))
@@ -145,30 +160,45 @@ impl Registry {
     }
 
     pub(crate) fn has_group_version(&self, group: &str, version: &str) -> bool {
-        self.by_gv.contains_key(&(group.to_string(), version.to_string()))
+        self.by_gv
+            .contains_key(&(group.to_string(), version.to_string()))
     }
 
     pub(crate) fn resources(&self, group: &str, version: &str) -> Vec<Arc<ResourceDef>> {
-        self.by_gv.get(&(group.to_string(), version.to_string())).cloned().unwrap_or_default()
+        self.by_gv
+            .get(&(group.to_string(), version.to_string()))
+            .cloned()
+            .unwrap_or_default()
     }
 
     /// Groups with their versions, preferred version first.
     pub(crate) fn groups(&self) -> Vec<(String, Vec<String>)> {
         let mut out = Vec::new();
         for g in &self.group_order {
-            let mut versions: Vec<String> =
-                self.by_gv.keys().filter(|(gg, _)| gg == g).map(|(_, v)| v.clone()).collect();
+            let mut versions: Vec<String> = self
+                .by_gv
+                .keys()
+                .filter(|(gg, _)| gg == g)
+                .map(|(_, v)| v.clone())
+                .collect();
             if versions.is_empty() {
                 continue;
             }
-            versions.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)).then_with(|| a.cmp(b)));
+            versions.sort_by(|a, b| {
+                version_priority(b)
+                    .cmp(&version_priority(a))
+                    .then_with(|| a.cmp(b))
+            });
             out.push((g.clone(), versions));
         }
         out
     }
 
     pub(crate) fn all(&self) -> Vec<Arc<ResourceDef>> {
-        self.by_gv.values().flat_map(|l| l.iter().cloned()).collect()
+        self.by_gv
+            .values()
+            .flat_map(|l| l.iter().cloned())
+            .collect()
     }
 
     /// Replaces what a CRD serves (an empty list stops serving it).
@@ -187,9 +217,13 @@ impl Registry {
 
 /// Kube-like version priority: GA > beta > alpha, then by numbers, then others.
 pub(crate) fn version_priority(v: &str) -> (u8, u64, u64) {
-    let Some(rest) = v.strip_prefix('v') else { return (0, 0, 0) };
+    let Some(rest) = v.strip_prefix('v') else {
+        return (0, 0, 0);
+    };
     let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
-    let Ok(major) = digits.parse::<u64>() else { return (0, 0, 0) };
+    let Ok(major) = digits.parse::<u64>() else {
+        return (0, 0, 0);
+    };
     let tail = &rest[digits.len()..];
     if tail.is_empty() {
         return (3, major, 0);
@@ -214,19 +248,38 @@ fn str_field<'a>(v: &'a Value, path: &[&str]) -> Option<&'a str> {
 
 fn str_list(v: Option<&Value>) -> Vec<String> {
     v.and_then(Value::as_array)
-        .map(|a| a.iter().filter_map(|x| x.as_str().map(str::to_string)).collect())
+        .map(|a| {
+            a.iter()
+                .filter_map(|x| x.as_str().map(str::to_string))
+                .collect()
+        })
         .unwrap_or_default()
 }
 
 /// Server-side defaults of a CRD (`singular`, `listKind`, `conversion`).
 pub(crate) fn default_crd(crd: &mut Value) {
-    let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) else { return };
+    let Some(spec) = crd.get_mut("spec").and_then(Value::as_object_mut) else {
+        return;
+    };
     if let Some(names) = spec.get_mut("names").and_then(Value::as_object_mut) {
-        let kind = names.get("kind").and_then(Value::as_str).unwrap_or("").to_string();
-        if names.get("singular").and_then(Value::as_str).is_none_or(str::is_empty) {
+        let kind = names
+            .get("kind")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        if names
+            .get("singular")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+        {
             names.insert("singular".into(), Value::String(kind.to_ascii_lowercase()));
         }
-        if names.get("listKind").and_then(Value::as_str).is_none_or(str::is_empty) && !kind.is_empty() {
+        if names
+            .get("listKind")
+            .and_then(Value::as_str)
+            .is_none_or(str::is_empty)
+            && !kind.is_empty()
+        {
             names.insert("listKind".into(), Value::String(format!("{kind}List")));
         }
     }
@@ -245,14 +298,26 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
     if group.is_empty() {
         errs.push(FieldError::required("spec.group"));
     } else if !meta::is_dns1123_subdomain(group) {
-        errs.extend(meta::name_errors(NameRule::Dns1123Subdomain, group, "spec.group"));
+        errs.extend(meta::name_errors(
+            NameRule::Dns1123Subdomain,
+            group,
+            "spec.group",
+        ));
     } else if !group.contains('.') {
-        errs.push(FieldError::invalid("spec.group", &json!(group), "should be a domain with at least one dot"));
+        errs.push(FieldError::invalid(
+            "spec.group",
+            &json!(group),
+            "should be a domain with at least one dot",
+        ));
     }
     if plural.is_empty() {
         errs.push(FieldError::required("spec.names.plural"));
     } else if !meta::is_dns1123_label(plural) {
-        errs.extend(meta::name_errors(NameRule::Dns1123Label, plural, "spec.names.plural"));
+        errs.extend(meta::name_errors(
+            NameRule::Dns1123Label,
+            plural,
+            "spec.names.plural",
+        ));
     }
     if kind.is_empty() {
         errs.push(FieldError::required("spec.names.kind"));
@@ -261,15 +326,30 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
         && !s.is_empty()
         && !meta::is_dns1123_label(s)
     {
-        errs.extend(meta::name_errors(NameRule::Dns1123Label, s, "spec.names.singular"));
+        errs.extend(meta::name_errors(
+            NameRule::Dns1123Label,
+            s,
+            "spec.names.singular",
+        ));
     }
-    for (i, sn) in str_list(crd.pointer("/spec/names/shortNames")).iter().enumerate() {
+    for (i, sn) in str_list(crd.pointer("/spec/names/shortNames"))
+        .iter()
+        .enumerate()
+    {
         if !meta::is_dns1123_label(sn) {
-            errs.extend(meta::name_errors(NameRule::Dns1123Label, sn, &format!("spec.names.shortNames[{i}]")));
+            errs.extend(meta::name_errors(
+                NameRule::Dns1123Label,
+                sn,
+                &format!("spec.names.shortNames[{i}]"),
+            ));
         }
     }
     if !group.is_empty() && !plural.is_empty() && name != format!("{plural}.{group}") {
-        errs.push(FieldError::invalid("metadata.name", &json!(name), "must be spec.names.plural+\".\"+spec.group"));
+        errs.push(FieldError::invalid(
+            "metadata.name",
+            &json!(name),
+            "must be spec.names.plural+\".\"+spec.group",
+        ));
     }
     match str_field(crd, &["spec", "scope"]) {
         Some("Namespaced" | "Cluster") => {}
@@ -288,12 +368,23 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
             &["None".to_string(), "Webhook".to_string()],
         )),
     }
-    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     if versions.is_empty() {
-        errs.push(FieldError::invalid("spec.versions", &json!([]), "must have exactly one version marked as storage version"));
+        errs.push(FieldError::invalid(
+            "spec.versions",
+            &json!([]),
+            "must have exactly one version marked as storage version",
+        ));
         return errs;
     }
-    let storage = versions.iter().filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true)).count();
+    let storage = versions
+        .iter()
+        .filter(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        .count();
     if storage != 1 {
         errs.push(FieldError::invalid(
             "spec.versions",
@@ -301,8 +392,15 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
             "must have exactly one version marked as storage version",
         ));
     }
-    if !versions.iter().any(|v| v.get("served").and_then(Value::as_bool) == Some(true)) {
-        errs.push(FieldError::invalid("spec.versions", &Value::Array(versions.clone()), "must serve at least one version"));
+    if !versions
+        .iter()
+        .any(|v| v.get("served").and_then(Value::as_bool) == Some(true))
+    {
+        errs.push(FieldError::invalid(
+            "spec.versions",
+            &Value::Array(versions.clone()),
+            "must serve at least one version",
+        ));
     }
     let mut seen = Vec::new();
     for (i, v) in versions.iter().enumerate() {
@@ -311,13 +409,20 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
         if vname.is_empty() {
             errs.push(FieldError::required(format!("{base}.name")));
         } else if !meta::is_dns1123_label(vname) {
-            errs.extend(meta::name_errors(NameRule::Dns1123Label, vname, &format!("{base}.name")));
+            errs.extend(meta::name_errors(
+                NameRule::Dns1123Label,
+                vname,
+                &format!("{base}.name"),
+            ));
         } else if seen.contains(&vname) {
             errs.push(FieldError::duplicate(format!("{base}.name"), &json!(vname)));
         }
         seen.push(vname);
         match v.pointer("/schema/openAPIV3Schema") {
-            None => errs.push(FieldError::required_detail(format!("{base}.schema.openAPIV3Schema"), "schemas are required")),
+            None => errs.push(FieldError::required_detail(
+                format!("{base}.schema.openAPIV3Schema"),
+                "schemas are required",
+            )),
             Some(s) => {
                 if s.get("type").and_then(Value::as_str) != Some("object") {
                     errs.push(FieldError::invalid(
@@ -334,7 +439,10 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
         if let Some(cols) = v.get("additionalPrinterColumns").and_then(Value::as_array) {
             for (j, c) in cols.iter().enumerate() {
                 let cbase = format!("{base}.additionalPrinterColumns[{j}]");
-                if c.get("name").and_then(Value::as_str).is_none_or(str::is_empty) {
+                if c.get("name")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
                     errs.push(FieldError::required(format!("{cbase}.name")));
                 }
                 let ty = c.get("type").and_then(Value::as_str).unwrap_or("");
@@ -349,7 +457,11 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
                 if path.is_empty() {
                     errs.push(FieldError::required(format!("{cbase}.jsonPath")));
                 } else if let Err(e) = JsonPath::parse(path) {
-                    errs.push(FieldError::invalid(format!("{cbase}.jsonPath"), &json!(path), &format!("must be a simple json path: {e}")));
+                    errs.push(FieldError::invalid(
+                        format!("{cbase}.jsonPath"),
+                        &json!(path),
+                        &format!("must be a simple json path: {e}"),
+                    ));
                 }
             }
         }
@@ -360,7 +472,10 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
 /// The `status` a CRD gets once it is served: names accepted, established, stored versions.
 pub(crate) fn crd_status(crd: &Value, previous: Option<&Value>) -> Value {
     let now = meta::now_rfc3339();
-    let names = crd.pointer("/spec/names").cloned().unwrap_or(Value::Object(Map::new()));
+    let names = crd
+        .pointer("/spec/names")
+        .cloned()
+        .unwrap_or(Value::Object(Map::new()));
     let storage: Vec<String> = crd
         .pointer("/spec/versions")
         .and_then(Value::as_array)
@@ -371,7 +486,8 @@ pub(crate) fn crd_status(crd: &Value, previous: Option<&Value>) -> Value {
                 .collect()
         })
         .unwrap_or_default();
-    let mut stored: Vec<String> = str_list(previous.and_then(|p| p.pointer("/status/storedVersions")));
+    let mut stored: Vec<String> =
+        str_list(previous.and_then(|p| p.pointer("/status/storedVersions")));
     for s in storage {
         if !stored.contains(&s) {
             stored.push(s);
@@ -381,7 +497,10 @@ pub(crate) fn crd_status(crd: &Value, previous: Option<&Value>) -> Value {
         previous
             .and_then(|p| p.pointer("/status/conditions"))
             .and_then(Value::as_array)
-            .and_then(|cs| cs.iter().find(|c| c.get("type").and_then(Value::as_str) == Some(ty)))
+            .and_then(|cs| {
+                cs.iter()
+                    .find(|c| c.get("type").and_then(Value::as_str) == Some(ty))
+            })
             .and_then(|c| c.get("lastTransitionTime").and_then(Value::as_str))
             .map_or_else(|| now.clone(), str::to_string)
     };
@@ -403,10 +522,16 @@ pub(crate) fn defs_from_crd(crd: &Value) -> Vec<ResourceDef> {
     let names = crd.pointer("/spec/names").cloned().unwrap_or(Value::Null);
     let plural = str_field(&names, &["plural"]).unwrap_or("").to_string();
     let kind = str_field(&names, &["kind"]).unwrap_or("").to_string();
-    let singular = str_field(&names, &["singular"]).map_or_else(|| kind.to_ascii_lowercase(), str::to_string);
-    let list_kind = str_field(&names, &["listKind"]).map_or_else(|| format!("{kind}List"), str::to_string);
+    let singular =
+        str_field(&names, &["singular"]).map_or_else(|| kind.to_ascii_lowercase(), str::to_string);
+    let list_kind =
+        str_field(&names, &["listKind"]).map_or_else(|| format!("{kind}List"), str::to_string);
     let namespaced = str_field(crd, &["spec", "scope"]) != Some("Cluster");
-    let versions = crd.pointer("/spec/versions").and_then(Value::as_array).cloned().unwrap_or_default();
+    let versions = crd
+        .pointer("/spec/versions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
     let stored = versions
         .iter()
         .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
@@ -416,18 +541,52 @@ pub(crate) fn defs_from_crd(crd: &Value) -> Vec<ResourceDef> {
     let storage = storage_key(&group, &plural);
     let counter_base = format!("{group}/{plural}");
     let mut out = Vec::new();
-    for v in versions.iter().filter(|v| v.get("served").and_then(Value::as_bool) == Some(true)) {
-        let vname = v.get("name").and_then(Value::as_str).unwrap_or("").to_string();
+    for v in versions
+        .iter()
+        .filter(|v| v.get("served").and_then(Value::as_bool) == Some(true))
+    {
+        let vname = v
+            .get("name")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
         let raw_schema = v.pointer("/schema/openAPIV3Schema").cloned();
-        let schema = raw_schema.as_ref().and_then(|s| Schema::compile(s, "schema").ok()).map(Arc::new);
+        let schema = raw_schema
+            .as_ref()
+            .and_then(|s| Schema::compile(s, "schema").ok())
+            .map(Arc::new);
         let mut columns = Vec::new();
-        for c in v.get("additionalPrinterColumns").and_then(Value::as_array).into_iter().flatten() {
-            let Ok(path) = JsonPath::parse(c.get("jsonPath").and_then(Value::as_str).unwrap_or("")) else { continue };
+        for c in v
+            .get("additionalPrinterColumns")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            let Ok(path) = JsonPath::parse(c.get("jsonPath").and_then(Value::as_str).unwrap_or(""))
+            else {
+                continue;
+            };
             columns.push(Column {
-                name: c.get("name").and_then(Value::as_str).unwrap_or("").to_string(),
-                ty: c.get("type").and_then(Value::as_str).unwrap_or("string").to_string(),
-                format: c.get("format").and_then(Value::as_str).unwrap_or("").to_string(),
-                description: c.get("description").and_then(Value::as_str).unwrap_or("").to_string(),
+                name: c
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                ty: c
+                    .get("type")
+                    .and_then(Value::as_str)
+                    .unwrap_or("string")
+                    .to_string(),
+                format: c
+                    .get("format")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
+                description: c
+                    .get("description")
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+                    .to_string(),
                 priority: c.get("priority").and_then(Value::as_i64).unwrap_or(0),
                 source: CellSource::Path(path),
             });
@@ -437,21 +596,38 @@ pub(crate) fn defs_from_crd(crd: &Value) -> Vec<ResourceDef> {
         }
         let mut field_selectors = vec![
             ("metadata.name".to_string(), "metadata.name".to_string()),
-            ("metadata.namespace".to_string(), "metadata.namespace".to_string()),
+            (
+                "metadata.namespace".to_string(),
+                "metadata.namespace".to_string(),
+            ),
         ];
-        for f in v.get("selectableFields").and_then(Value::as_array).into_iter().flatten() {
+        for f in v
+            .get("selectableFields")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
             if let Some(p) = f.get("jsonPath").and_then(Value::as_str) {
                 let p = p.trim_start_matches('.').to_string();
                 field_selectors.push((p.clone(), p));
             }
         }
-        let conversion =
-            if vname == stored { Conversion::None } else { Conversion::ApiVersion { stored: format!("{group}/{stored}") } };
+        let conversion = if vname == stored {
+            Conversion::None
+        } else {
+            Conversion::ApiVersion {
+                stored: format!("{group}/{stored}"),
+            }
+        };
         let deprecation_warning = if v.get("deprecated").and_then(Value::as_bool) == Some(true) {
-            Some(v.get("deprecationWarning").and_then(Value::as_str).map_or_else(
-                || format!("{group}/{vname} {kind} is deprecated"),
-                str::to_string,
-            ))
+            Some(
+                v.get("deprecationWarning")
+                    .and_then(Value::as_str)
+                    .map_or_else(
+                        || format!("{group}/{vname} {kind} is deprecated"),
+                        str::to_string,
+                    ),
+            )
         } else {
             None
         };
@@ -492,7 +668,7 @@ mod tests {
     #[test]
     fn version_ordering() {
         let mut v = vec!["v1alpha1", "v1", "v2beta1", "v1beta2", "foo"];
-        v.sort_by(|a, b| version_priority(b).cmp(&version_priority(a)));
+        v.sort_by_key(|x| std::cmp::Reverse(version_priority(x)));
         assert_eq!(v, vec!["v1", "v2beta1", "v1beta2", "v1alpha1", "foo"]);
     }
 }

@@ -58,11 +58,18 @@ fn f64_of(v: Option<&Value>) -> Option<f64> {
 }
 
 fn u64_of(v: Option<&Value>) -> Option<u64> {
-    v.and_then(|x| x.as_u64().or_else(|| x.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64)))
+    v.and_then(|x| {
+        x.as_u64()
+            .or_else(|| x.as_f64().filter(|f| *f >= 0.0).map(|f| f as u64))
+    })
 }
 
 fn join(path: &str, key: &str) -> String {
-    if path.is_empty() { key.to_string() } else { format!("{path}.{key}") }
+    if path.is_empty() {
+        key.to_string()
+    } else {
+        format!("{path}.{key}")
+    }
 }
 
 const TYPES: &[&str] = &["object", "array", "string", "integer", "number", "boolean"];
@@ -81,18 +88,32 @@ impl Schema {
             return Self::default();
         };
         let mut s = Self {
-            ty: m.get("type").and_then(Value::as_str).filter(|t| !t.is_empty()).map(str::to_string),
+            ty: m
+                .get("type")
+                .and_then(Value::as_str)
+                .filter(|t| !t.is_empty())
+                .map(str::to_string),
             nullable: m.get("nullable").and_then(Value::as_bool).unwrap_or(false),
             required: m
                 .get("required")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|r| r.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default(),
             enumeration: m.get("enum").and_then(Value::as_array).cloned(),
             minimum: f64_of(m.get("minimum")),
             maximum: f64_of(m.get("maximum")),
-            exclusive_minimum: m.get("exclusiveMinimum").and_then(Value::as_bool).unwrap_or(false),
-            exclusive_maximum: m.get("exclusiveMaximum").and_then(Value::as_bool).unwrap_or(false),
+            exclusive_minimum: m
+                .get("exclusiveMinimum")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            exclusive_maximum: m
+                .get("exclusiveMaximum")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
             multiple_of: f64_of(m.get("multipleOf")),
             min_length: u64_of(m.get("minLength")),
             max_length: u64_of(m.get("maxLength")),
@@ -102,16 +123,34 @@ impl Schema {
             max_properties: u64_of(m.get("maxProperties")),
             format: m.get("format").and_then(Value::as_str).map(str::to_string),
             default: m.get("default").cloned(),
-            preserve_unknown: m.get("x-kubernetes-preserve-unknown-fields").and_then(Value::as_bool).unwrap_or(false),
-            int_or_string: m.get("x-kubernetes-int-or-string").and_then(Value::as_bool).unwrap_or(false),
-            embedded: m.get("x-kubernetes-embedded-resource").and_then(Value::as_bool).unwrap_or(false),
-            list_type: m.get("x-kubernetes-list-type").and_then(Value::as_str).map(str::to_string),
+            preserve_unknown: m
+                .get("x-kubernetes-preserve-unknown-fields")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            int_or_string: m
+                .get("x-kubernetes-int-or-string")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            embedded: m
+                .get("x-kubernetes-embedded-resource")
+                .and_then(Value::as_bool)
+                .unwrap_or(false),
+            list_type: m
+                .get("x-kubernetes-list-type")
+                .and_then(Value::as_str)
+                .map(str::to_string),
             list_map_keys: m
                 .get("x-kubernetes-list-map-keys")
                 .and_then(Value::as_array)
-                .map(|a| a.iter().filter_map(|r| r.as_str().map(str::to_string)).collect())
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|r| r.as_str().map(str::to_string))
+                        .collect()
+                })
                 .unwrap_or_default(),
-            has_cel: m.get("x-kubernetes-validations").is_some_and(|r| r.as_array().is_some_and(|a| !a.is_empty())),
+            has_cel: m
+                .get("x-kubernetes-validations")
+                .is_some_and(|r| r.as_array().is_some_and(|a| !a.is_empty())),
             ..Self::default()
         };
         if let Some(t) = &s.ty
@@ -124,7 +163,10 @@ impl Schema {
             ));
         }
         if structural && s.ty.is_none() && !s.int_or_string && !s.preserve_unknown {
-            errs.push(FieldError::required_detail(join(path, "type"), "must not be empty for specified object fields"));
+            errs.push(FieldError::required_detail(
+                join(path, "type"),
+                "must not be empty for specified object fields",
+            ));
         }
         if let Some(p) = m.get("pattern").and_then(Value::as_str) {
             match Regex::new(p) {
@@ -139,7 +181,8 @@ impl Schema {
         if let Some(props) = m.get("properties").and_then(Value::as_object) {
             let mut out = BTreeMap::new();
             for (k, pv) in props {
-                let child = Self::compile_inner(pv, &format!("{path}.properties[{k}]"), errs, structural);
+                let child =
+                    Self::compile_inner(pv, &format!("{path}.properties[{k}]"), errs, structural);
                 s.has_cel |= child.has_cel;
                 out.insert(k.clone(), child);
             }
@@ -148,7 +191,12 @@ impl Schema {
         match m.get("additionalProperties") {
             Some(Value::Bool(b)) => s.additional = Some(Additional::Allowed(*b)),
             Some(a @ Value::Object(_)) => {
-                let child = Self::compile_inner(a, &format!("{path}.additionalProperties"), errs, structural);
+                let child = Self::compile_inner(
+                    a,
+                    &format!("{path}.additionalProperties"),
+                    errs,
+                    structural,
+                );
                 s.has_cel |= child.has_cel;
                 s.additional = Some(Additional::Schema(Box::new(child)));
             }
@@ -164,7 +212,9 @@ impl Schema {
                 let compiled: Vec<Schema> = list
                     .iter()
                     .enumerate()
-                    .map(|(i, x)| Self::compile_inner(x, &format!("{path}.{key}[{i}]"), errs, false))
+                    .map(|(i, x)| {
+                        Self::compile_inner(x, &format!("{path}.{key}[{i}]"), errs, false)
+                    })
                     .collect();
                 match target {
                     0 => s.all_of = compiled,
@@ -174,7 +224,12 @@ impl Schema {
             }
         }
         if let Some(not) = m.get("not") {
-            s.not = Some(Box::new(Self::compile_inner(not, &format!("{path}.not"), errs, false)));
+            s.not = Some(Box::new(Self::compile_inner(
+                not,
+                &format!("{path}.not"),
+                errs,
+                false,
+            )));
         }
         s
     }
@@ -280,14 +335,21 @@ impl Schema {
                     _ => None,
                 };
                 for (k, cv) in m.iter_mut() {
-                    let child = self.properties.as_ref().and_then(|p| p.get(k)).or(additional);
+                    let child = self
+                        .properties
+                        .as_ref()
+                        .and_then(|p| p.get(k))
+                        .or(additional);
                     if let Some(child) = child {
                         child.default_and_drop_nulls(cv);
                     }
                 }
                 if let Some(add) = additional {
-                    let nulls: Vec<String> =
-                        m.iter().filter(|(k, v)| v.is_null() && !self.has_property(k)).map(|(k, _)| k.clone()).collect();
+                    let nulls: Vec<String> = m
+                        .iter()
+                        .filter(|(k, v)| v.is_null() && !self.has_property(k))
+                        .map(|(k, _)| k.clone())
+                        .collect();
                     if !add.nullable {
                         for k in nulls {
                             match &add.default {
@@ -335,7 +397,11 @@ impl Schema {
         if v.is_null() {
             if !self.nullable && (self.ty.is_some() || self.int_or_string) {
                 let t = self.ty.as_deref().unwrap_or("integer-or-string");
-                errs.push(FieldError::type_invalid(shown, v, &format!("{shown} in body must be of type {t}: \"null\"")));
+                errs.push(FieldError::type_invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body must be of type {t}: \"null\""),
+                ));
             }
             return;
         }
@@ -344,21 +410,30 @@ impl Schema {
                 errs.push(FieldError::type_invalid(
                     shown,
                     v,
-                    &format!("{shown} in body must be of type integer-or-string: {:?}", type_name(v)),
+                    &format!(
+                        "{shown} in body must be of type integer-or-string: {:?}",
+                        type_name(v)
+                    ),
                 ));
                 return;
             }
         } else if let Some(t) = &self.ty
             && !type_matches(t, v)
         {
-            errs.push(FieldError::type_invalid(shown, v, &format!("{shown} in body must be of type {t}: {:?}", type_name(v))));
+            errs.push(FieldError::type_invalid(
+                shown,
+                v,
+                &format!("{shown} in body must be of type {t}: {:?}", type_name(v)),
+            ));
             return;
         }
         if let Some(en) = &self.enumeration
             && !en.iter().any(|e| json_eq(e, v))
         {
-            let allowed: Vec<String> =
-                en.iter().map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string)).collect();
+            let allowed: Vec<String> = en
+                .iter()
+                .map(|e| e.as_str().map_or_else(|| e.to_string(), str::to_string))
+                .collect();
             errs.push(FieldError::not_supported(shown, v, &allowed));
         }
         match v {
@@ -372,18 +447,30 @@ impl Schema {
             s.validate(v, path, errs, root);
         }
         if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.passes(v)) {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must validate at least one schema (anyOf)")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body must validate at least one schema (anyOf)"),
+            ));
         }
         if !self.one_of.is_empty() {
             let n = self.one_of.iter().filter(|s| s.passes(v)).count();
             if n != 1 {
-                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must validate one and only one schema (oneOf)")));
+                errs.push(FieldError::invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body must validate one and only one schema (oneOf)"),
+                ));
             }
         }
         if let Some(not) = &self.not
             && not.passes(v)
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must not validate the schema (not)")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body must not validate the schema (not)"),
+            ));
         }
     }
 
@@ -396,19 +483,37 @@ impl Schema {
     fn validate_number(&self, n: f64, v: &Value, shown: &str, errs: &mut Vec<FieldError>) {
         if let Some(max) = self.maximum {
             if self.exclusive_maximum && n >= max {
-                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be less than {}", num(max))));
+                errs.push(FieldError::invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body should be less than {}", num(max)),
+                ));
             } else if n > max {
-                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be less than or equal to {}", num(max))));
+                errs.push(FieldError::invalid(
+                    shown,
+                    v,
+                    &format!(
+                        "{shown} in body should be less than or equal to {}",
+                        num(max)
+                    ),
+                ));
             }
         }
         if let Some(min) = self.minimum {
             if self.exclusive_minimum && n <= min {
-                errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be greater than {}", num(min))));
+                errs.push(FieldError::invalid(
+                    shown,
+                    v,
+                    &format!("{shown} in body should be greater than {}", num(min)),
+                ));
             } else if n < min {
                 errs.push(FieldError::invalid(
                     shown,
                     v,
-                    &format!("{shown} in body should be greater than or equal to {}", num(min)),
+                    &format!(
+                        "{shown} in body should be greater than or equal to {}",
+                        num(min)
+                    ),
                 ));
             }
         }
@@ -416,13 +521,21 @@ impl Schema {
             && m != 0.0
             && (n / m).fract().abs() > 1e-9
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be a multiple of {}", num(m))));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body should be a multiple of {}", num(m)),
+            ));
         }
         if self.ty.as_deref() == Some("integer")
             && self.format.as_deref() == Some("int32")
             && !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&n)
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must be of type int32: {:?}", v.to_string())));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body must be of type int32: {:?}", v.to_string()),
+            ));
         }
     }
 
@@ -436,21 +549,40 @@ impl Schema {
         if let Some(min) = self.min_length
             && len < min
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should be at least {min} chars long")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body should be at least {min} chars long"),
+            ));
         }
         if let Some((src, re)) = &self.pattern
             && !re.is_match(s)
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should match '{src}'")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body should match '{src}'"),
+            ));
         }
         if let Some(f) = &self.format
             && !format_ok(f, s)
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body must be of type {f}: {s:?}")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body must be of type {f}: {s:?}"),
+            ));
         }
     }
 
-    fn validate_array(&self, a: &[Value], v: &Value, path: &str, shown: &str, errs: &mut Vec<FieldError>) {
+    fn validate_array(
+        &self,
+        a: &[Value],
+        v: &Value,
+        path: &str,
+        shown: &str,
+        errs: &mut Vec<FieldError>,
+    ) {
         if let Some(max) = self.max_items
             && a.len() as u64 > max
         {
@@ -459,7 +591,11 @@ impl Schema {
         if let Some(min) = self.min_items
             && (a.len() as u64) < min
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should have at least {min} items")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body should have at least {min} items"),
+            ));
         }
         match self.list_type.as_deref() {
             Some("set") => {
@@ -479,7 +615,10 @@ impl Schema {
                 for (i, item) in a.iter().enumerate() {
                     let key = key_of(item);
                     if a[..i].iter().any(|prev| key_of(prev) == key) {
-                        errs.push(FieldError::duplicate(format!("{path}[{i}]"), &Value::Object(key)));
+                        errs.push(FieldError::duplicate(
+                            format!("{path}[{i}]"),
+                            &Value::Object(key),
+                        ));
                     }
                 }
             }
@@ -502,7 +641,9 @@ impl Schema {
         root: bool,
     ) {
         let counted = if root || self.embedded {
-            m.keys().filter(|k| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata")).count()
+            m.keys()
+                .filter(|k| !matches!(k.as_str(), "apiVersion" | "kind" | "metadata"))
+                .count()
         } else {
             m.len()
         };
@@ -514,7 +655,11 @@ impl Schema {
         if let Some(min) = self.min_properties
             && (counted as u64) < min
         {
-            errs.push(FieldError::invalid(shown, v, &format!("{shown} in body should have at least {min} properties")));
+            errs.push(FieldError::invalid(
+                shown,
+                v,
+                &format!("{shown} in body should have at least {min} properties"),
+            ));
         }
         for r in &self.required {
             if !m.contains_key(r) {
@@ -540,12 +685,18 @@ impl Schema {
 }
 
 fn num(f: f64) -> String {
-    if f.fract() == 0.0 && f.abs() < 1e15 { format!("{}", f as i64) } else { format!("{f}") }
+    if f.fract() == 0.0 && f.abs() < 1e15 {
+        format!("{}", f as i64)
+    } else {
+        format!("{f}")
+    }
 }
 
 fn is_integer(v: &Value) -> bool {
     match v {
-        Value::Number(n) => n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0),
+        Value::Number(n) => {
+            n.is_i64() || n.is_u64() || n.as_f64().is_some_and(|f| f.fract() == 0.0)
+        }
         _ => false,
     }
 }
@@ -589,12 +740,20 @@ fn format_ok(format: &str, s: &str) -> bool {
         "byte" => base64::engine::general_purpose::STANDARD.decode(s).is_ok(),
         "uuid" => {
             s.len() == 36
-                && s.chars().enumerate().all(|(i, c)| if [8, 13, 18, 23].contains(&i) { c == '-' } else { c.is_ascii_hexdigit() })
+                && s.chars().enumerate().all(|(i, c)| {
+                    if [8, 13, 18, 23].contains(&i) {
+                        c == '-'
+                    } else {
+                        c.is_ascii_hexdigit()
+                    }
+                })
         }
         "ipv4" => s.parse::<std::net::Ipv4Addr>().is_ok(),
         "ipv6" => s.parse::<std::net::Ipv6Addr>().is_ok(),
         "cidr" => s.split_once('/').is_some_and(|(ip, bits)| {
-            let Ok(bits) = bits.parse::<u8>() else { return false };
+            let Ok(bits) = bits.parse::<u8>() else {
+                return false;
+            };
             match ip.parse::<std::net::IpAddr>() {
                 Ok(std::net::IpAddr::V4(_)) => bits <= 32,
                 Ok(std::net::IpAddr::V6(_)) => bits <= 128,
@@ -603,7 +762,10 @@ fn format_ok(format: &str, s: &str) -> bool {
         }),
         "mac" => {
             let parts: Vec<&str> = s.split([':', '-']).collect();
-            parts.len() == 6 && parts.iter().all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
+            parts.len() == 6
+                && parts
+                    .iter()
+                    .all(|p| p.len() == 2 && p.chars().all(|c| c.is_ascii_hexdigit()))
         }
         _ => true,
     }
@@ -672,7 +834,14 @@ mod tests {
             "extra": true});
         let mut unknown = Vec::new();
         s.prune(&mut v, &mut unknown);
-        assert_eq!(unknown, vec!["extra".to_string(), "spec.list[0].x".into(), "spec.zzz".into()]);
+        assert_eq!(
+            unknown,
+            vec![
+                "extra".to_string(),
+                "spec.list[0].x".into(),
+                "spec.zzz".into()
+            ]
+        );
         s.default_and_drop_nulls(&mut v);
         assert_eq!(v["spec"]["kind"], "a");
         assert_eq!(v["spec"]["list"][0]["type"], "tap");
@@ -680,12 +849,20 @@ mod tests {
         let errs = s.validate_root(&v);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.vcpu");
-        assert_eq!(errs[0].message, "Invalid value: 100: spec.vcpu in body should be less than or equal to 64");
+        assert_eq!(
+            errs[0].message,
+            "Invalid value: 100: spec.vcpu in body should be less than or equal to 64"
+        );
         let v = json!({"spec": {"name": "ABCD", "kind": "c"}});
         let errs = s.validate_root(&v);
         let msgs: Vec<String> = errs.iter().map(FieldError::full).collect();
-        assert!(msgs.contains(&"spec.vcpu: Required value".to_string()), "{msgs:?}");
-        assert!(msgs.contains(&"spec.kind: Unsupported value: \"c\": supported values: \"a\", \"b\"".to_string()));
+        assert!(
+            msgs.contains(&"spec.vcpu: Required value".to_string()),
+            "{msgs:?}"
+        );
+        assert!(msgs.contains(
+            &"spec.kind: Unsupported value: \"c\": supported values: \"a\", \"b\"".to_string()
+        ));
         assert!(msgs.contains(&"spec.name: Too long: may not be more than 3 bytes".to_string()));
         assert!(msgs.iter().any(|m| m.contains("should match '^[a-z]+$'")));
     }
@@ -699,7 +876,8 @@ mod tests {
 
     #[test]
     fn non_structural_schema_is_rejected() {
-        let errs = Schema::compile(&json!({"type": "object", "properties": {"a": {}}}), "s").unwrap_err();
+        let errs =
+            Schema::compile(&json!({"type": "object", "properties": {"a": {}}}), "s").unwrap_err();
         assert_eq!(errs[0].field, "s.properties[a].type");
     }
 }

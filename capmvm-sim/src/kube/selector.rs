@@ -109,7 +109,10 @@ fn check_key(key: &str) -> Result<(), ApiError> {
     if errs.is_empty() {
         Ok(())
     } else {
-        Err(parse_error(format!("<nil>: Invalid value: {key:?}: {}", errs.join("; "))))
+        Err(parse_error(format!(
+            "<nil>: Invalid value: {key:?}: {}",
+            errs.join("; ")
+        )))
     }
 }
 
@@ -117,7 +120,9 @@ fn check_value(v: &str) -> Result<(), ApiError> {
     if meta::is_label_value(v) {
         Ok(())
     } else {
-        Err(parse_error(format!("values[0][{v}]: Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character")))
+        Err(parse_error(format!(
+            "values[0][{v}]: Invalid value: {v:?}: a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character"
+        )))
     }
 }
 
@@ -135,13 +140,19 @@ impl LabelSelector {
                     };
                     check_key(key)?;
                     i += 2;
-                    Requirement { key: key.clone(), op: Op::DoesNotExist }
+                    Requirement {
+                        key: key.clone(),
+                        op: Op::DoesNotExist,
+                    }
                 }
                 Tok::Ident(key) => {
                     check_key(key)?;
                     i += 1;
                     match toks.get(i) {
-                        None | Some(Tok::Comma) => Requirement { key: key.clone(), op: Op::Exists },
+                        None | Some(Tok::Comma) => Requirement {
+                            key: key.clone(),
+                            op: Op::Exists,
+                        },
                         Some(Tok::Eq | Tok::DoubleEq | Tok::NotEq) => {
                             let negate = toks[i] == Tok::NotEq;
                             let value = match toks.get(i + 1) {
@@ -153,22 +164,40 @@ impl LabelSelector {
                                     i += 1;
                                     String::new()
                                 }
-                                Some(other) => return Err(parse_error(format!("found '{other:?}', expected: identifier"))),
+                                Some(other) => {
+                                    return Err(parse_error(format!(
+                                        "found '{other:?}', expected: identifier"
+                                    )));
+                                }
                             };
                             check_value(&value)?;
-                            let op = if negate { Op::NotIn(vec![value]) } else { Op::In(vec![value]) };
-                            Requirement { key: key.clone(), op }
+                            let op = if negate {
+                                Op::NotIn(vec![value])
+                            } else {
+                                Op::In(vec![value])
+                            };
+                            Requirement {
+                                key: key.clone(),
+                                op,
+                            }
                         }
                         Some(Tok::Gt | Tok::Lt) => {
                             let gt = toks[i] == Tok::Gt;
                             let Some(Tok::Ident(v)) = toks.get(i + 1) else {
-                                return Err(parse_error("identifier expected after comparison operator"));
+                                return Err(parse_error(
+                                    "identifier expected after comparison operator",
+                                ));
                             };
                             let n: i64 = v.parse().map_err(|_| {
-                                parse_error(format!("for 'Gt', 'Lt' operators, the value must be an integer: {v:?}"))
+                                parse_error(format!(
+                                    "for 'Gt', 'Lt' operators, the value must be an integer: {v:?}"
+                                ))
                             })?;
                             i += 2;
-                            Requirement { key: key.clone(), op: if gt { Op::Gt(n) } else { Op::Lt(n) } }
+                            Requirement {
+                                key: key.clone(),
+                                op: if gt { Op::Gt(n) } else { Op::Lt(n) },
+                            }
                         }
                         Some(Tok::Ident(word)) if word == "in" || word == "notin" => {
                             let notin = word == "notin";
@@ -190,7 +219,11 @@ impl LabelSelector {
                                                 i += 1;
                                                 break;
                                             }
-                                            _ => return Err(parse_error("found '', expected: ',' or ')'")),
+                                            _ => {
+                                                return Err(parse_error(
+                                                    "found '', expected: ',' or ')'",
+                                                ));
+                                            }
                                         }
                                     }
                                     Some(Tok::Close) => {
@@ -202,10 +235,21 @@ impl LabelSelector {
                                         values.push(String::new());
                                         i += 1;
                                     }
-                                    _ => return Err(parse_error("found '', expected: ',', ')' or identifier")),
+                                    _ => {
+                                        return Err(parse_error(
+                                            "found '', expected: ',', ')' or identifier",
+                                        ));
+                                    }
                                 }
                             }
-                            Requirement { key: key.clone(), op: if notin { Op::NotIn(values) } else { Op::In(values) } }
+                            Requirement {
+                                key: key.clone(),
+                                op: if notin {
+                                    Op::NotIn(values)
+                                } else {
+                                    Op::In(values)
+                                },
+                            }
                         }
                         Some(other) => {
                             return Err(parse_error(format!(
@@ -214,7 +258,11 @@ impl LabelSelector {
                         }
                     }
                 }
-                other => return Err(parse_error(format!("found '{other:?}', expected: !, identifier, or 'end of string'"))),
+                other => {
+                    return Err(parse_error(format!(
+                        "found '{other:?}', expected: !, identifier, or 'end of string'"
+                    )));
+                }
             };
             reqs.push(req);
             match toks.get(i) {
@@ -225,7 +273,9 @@ impl LabelSelector {
                         return Err(parse_error("found '', expected: identifier after ','"));
                     }
                 }
-                Some(other) => return Err(parse_error(format!("found '{other:?}', expected: ','"))),
+                Some(other) => {
+                    return Err(parse_error(format!("found '{other:?}', expected: ','")));
+                }
             }
         }
         Ok(Self { reqs })
@@ -244,8 +294,12 @@ impl LabelSelector {
                 Op::NotIn(vals) => v.is_none_or(|v| !vals.iter().any(|x| x == v)),
                 Op::Exists => v.is_some(),
                 Op::DoesNotExist => v.is_none(),
-                Op::Gt(n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|x| x > *n),
-                Op::Lt(n) => v.and_then(|v| v.parse::<i64>().ok()).is_some_and(|x| x < *n),
+                Op::Gt(n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|x| x > *n),
+                Op::Lt(n) => v
+                    .and_then(|v| v.parse::<i64>().ok())
+                    .is_some_and(|x| x < *n),
             }
         })
     }
@@ -297,8 +351,16 @@ fn unescape(s: &str) -> Result<String, ApiError> {
         if c == '\\' {
             match chars.next() {
                 Some(e @ ('\\' | ',' | '=' | '!')) => out.push(e),
-                Some(e) => return Err(ApiError::bad_request(format!("invalid field selector: invalid escape sequence: \\{e}"))),
-                None => return Err(ApiError::bad_request("invalid field selector: unterminated escape sequence")),
+                Some(e) => {
+                    return Err(ApiError::bad_request(format!(
+                        "invalid field selector: invalid escape sequence: \\{e}"
+                    )));
+                }
+                None => {
+                    return Err(ApiError::bad_request(
+                        "invalid field selector: unterminated escape sequence",
+                    ));
+                }
             }
         } else {
             out.push(c);
@@ -322,7 +384,9 @@ impl FieldSelector {
             } else if let Some(idx) = find_unescaped(&part, "=") {
                 (&part[..idx], &part[idx + 1..], false)
             } else {
-                return Err(ApiError::bad_request(format!("invalid selector: '{s}'; can't understand '{part}'")));
+                return Err(ApiError::bad_request(format!(
+                    "invalid selector: '{s}'; can't understand '{part}'"
+                )));
             };
             let key = key.trim();
             let Some((_, path)) = supported.iter().find(|(label, _)| *label == key) else {
@@ -332,7 +396,11 @@ impl FieldSelector {
                     names.join(", ")
                 )));
             };
-            terms.push(FieldTerm { path: (*path).to_string(), value: unescape(value)?, negate });
+            terms.push(FieldTerm {
+                path: (*path).to_string(),
+                value: unescape(value)?,
+                negate,
+            });
         }
         Ok(Self { terms })
     }
@@ -343,7 +411,10 @@ impl FieldSelector {
 
     /// The name this selector pins (`metadata.name=x`), which lets a list skip the scan.
     pub(crate) fn pinned_name(&self) -> Option<&str> {
-        self.terms.iter().find(|t| t.path == "metadata.name" && !t.negate).map(|t| t.value.as_str())
+        self.terms
+            .iter()
+            .find(|t| t.path == "metadata.name" && !t.negate)
+            .map(|t| t.value.as_str())
     }
 
     pub(crate) fn matches(&self, obj: &Value) -> bool {
@@ -395,7 +466,9 @@ mod tests {
     use serde_json::json;
 
     fn m(sel: &str, labels: Value) -> bool {
-        LabelSelector::parse(sel).unwrap().matches(labels.as_object())
+        LabelSelector::parse(sel)
+            .unwrap()
+            .matches(labels.as_object())
     }
 
     #[test]
@@ -411,7 +484,10 @@ mod tests {
         assert!(m("!a", json!({"b": ""})));
         assert!(m("a,b=c", json!({"a": "x", "b": "c"})));
         assert!(m("n>3", json!({"n": "4"})));
-        assert!(m("cluster.x-k8s.io/cluster-name=c1", json!({"cluster.x-k8s.io/cluster-name": "c1"})));
+        assert!(m(
+            "cluster.x-k8s.io/cluster-name=c1",
+            json!({"cluster.x-k8s.io/cluster-name": "c1"})
+        ));
         assert!(LabelSelector::parse("a in b").is_err());
         assert!(LabelSelector::parse("a=b,").is_err());
         assert!(LabelSelector::parse("a=(b").is_err());
@@ -420,7 +496,10 @@ mod tests {
 
     #[test]
     fn field_selectors() {
-        let sup = [("metadata.name", "metadata.name"), ("metadata.namespace", "metadata.namespace")];
+        let sup = [
+            ("metadata.name", "metadata.name"),
+            ("metadata.namespace", "metadata.namespace"),
+        ];
         let s = FieldSelector::parse("metadata.name=a", &sup).unwrap();
         assert!(s.matches(&json!({"metadata": {"name": "a"}})));
         let s = FieldSelector::parse("metadata.name!=a,metadata.namespace==x", &sup).unwrap();

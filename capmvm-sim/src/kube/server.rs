@@ -16,7 +16,9 @@ use super::counters::Verb;
 use super::discovery;
 use super::error::{ApiError, FieldError};
 use super::meta;
-use super::ops::{self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WriteParams};
+use super::ops::{
+    self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WriteParams,
+};
 use super::patch::PatchType;
 use super::registry::{Builtin, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
@@ -55,7 +57,9 @@ fn percent_decode(s: &str) -> String {
                 i += 1;
             }
             b'%' if i + 2 < bytes.len() => {
-                let hex = std::str::from_utf8(&bytes[i + 1..i + 3]).ok().and_then(|h| u8::from_str_radix(h, 16).ok());
+                let hex = std::str::from_utf8(&bytes[i + 1..i + 3])
+                    .ok()
+                    .and_then(|h| u8::from_str_radix(h, 16).ok());
                 match hex {
                     Some(b) => {
                         out.push(b);
@@ -98,24 +102,30 @@ impl Query {
     }
 
     fn get(&self, key: &str) -> Option<&str> {
-        self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.0
+            .iter()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     fn flag(&self, key: &str) -> Result<bool, ApiError> {
         match self.get(key) {
             None | Some("" | "false" | "0") => Ok(false),
             Some("true" | "1") => Ok(true),
-            Some(other) => Err(ApiError::bad_request(format!("invalid value {other:?} for parameter {key}: expected a boolean"))),
+            Some(other) => Err(ApiError::bad_request(format!(
+                "invalid value {other:?} for parameter {key}: expected a boolean"
+            ))),
         }
     }
 
     fn number(&self, key: &str) -> Result<Option<i64>, ApiError> {
         match self.get(key) {
             None | Some("") => Ok(None),
-            Some(v) => v
-                .parse::<i64>()
-                .map(Some)
-                .map_err(|_| ApiError::bad_request(format!("invalid value {v:?} for parameter {key}: expected an integer"))),
+            Some(v) => v.parse::<i64>().map(Some).map_err(|_| {
+                ApiError::bad_request(format!(
+                    "invalid value {v:?} for parameter {key}: expected an integer"
+                ))
+            }),
         }
     }
 }
@@ -129,10 +139,16 @@ fn warning_value(w: &str) -> Option<HeaderValue> {
     HeaderValue::from_str(&format!("299 - \"{escaped}\"")).ok()
 }
 
-fn respond(code: StatusCode, content_type: &'static str, body: Bytes, warnings: &[String]) -> Response {
+fn respond(
+    code: StatusCode,
+    content_type: &'static str,
+    body: Bytes,
+    warnings: &[String],
+) -> Response {
     let mut resp = Response::new(Body::from(body));
     *resp.status_mut() = code;
-    resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    resp.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
     for w in warnings {
         if let Some(v) = warning_value(w) {
             resp.headers_mut().append(header::WARNING, v);
@@ -146,7 +162,17 @@ fn respond_value(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
 }
 
 fn respond_error(e: &ApiError) -> Response {
-    respond_value(status_code(e.code), &e.to_status(), &[])
+    let mut resp = respond_value(status_code(e.code), &e.to_status(), &[]);
+    if let Some(secs) = e
+        .details
+        .as_ref()
+        .and_then(|d| d.get("retryAfterSeconds"))
+        .and_then(Value::as_u64)
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        resp.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    resp
 }
 
 /// What the client accepts.
@@ -158,7 +184,9 @@ enum Format {
 }
 
 fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
-    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else { return Ok(Format::Json) };
+    let Some(accept) = headers.get(header::ACCEPT).and_then(|v| v.to_str().ok()) else {
+        return Ok(Format::Json);
+    };
     if accept.trim().is_empty() {
         return Ok(Format::Json);
     }
@@ -166,13 +194,27 @@ fn negotiate(headers: &HeaderMap) -> Result<Format, ApiError> {
         let mut pieces = part.split(';').map(str::trim);
         let media = pieces.next().unwrap_or("").to_ascii_lowercase();
         let params: Vec<(String, String)> = pieces
-            .filter_map(|p| p.split_once('=').map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string())))
+            .filter_map(|p| {
+                p.split_once('=')
+                    .map(|(k, v)| (k.trim().to_ascii_lowercase(), v.trim().to_string()))
+            })
             .collect();
-        let param = |k: &str| params.iter().find(|(pk, _)| pk == k).map(|(_, v)| v.as_str());
+        let param = |k: &str| {
+            params
+                .iter()
+                .find(|(pk, _)| pk == k)
+                .map(|(_, v)| v.as_str())
+        };
         if media == "application/json" || media == "*/*" || media == "application/*" {
             match (param("as"), param("g"), param("v")) {
-                (Some("Table"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => return Ok(Format::Table),
-                (Some("PartialObjectMetadata" | "PartialObjectMetadataList"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => {
+                (Some("Table"), Some("meta.k8s.io"), Some("v1" | "v1beta1")) => {
+                    return Ok(Format::Table);
+                }
+                (
+                    Some("PartialObjectMetadata" | "PartialObjectMetadataList"),
+                    Some("meta.k8s.io"),
+                    Some("v1" | "v1beta1"),
+                ) => {
                     return Ok(Format::Partial);
                 }
                 (None, _, _) => return Ok(Format::Json),
@@ -209,7 +251,11 @@ enum Route {
 }
 
 fn route(path: &str, shared: &Shared) -> Option<Route> {
-    let segs: Vec<String> = path.split('/').filter(|s| !s.is_empty()).map(path_decode).collect();
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(path_decode)
+        .collect();
     let s: Vec<&str> = segs.iter().map(String::as_str).collect();
     match s.as_slice() {
         ["version"] => Some(Route::Version),
@@ -221,14 +267,21 @@ fn route(path: &str, shared: &Shared) -> Option<Route> {
         ["apis", g, v] => Some(Route::ResourceList((*g).to_string(), (*v).to_string())),
         ["openapi", "v3"] => Some(Route::OpenApiIndex),
         ["openapi", "v3", "api", v] => Some(Route::OpenApiDoc(String::new(), (*v).to_string())),
-        ["openapi", "v3", "apis", g, v] => Some(Route::OpenApiDoc((*g).to_string(), (*v).to_string())),
+        ["openapi", "v3", "apis", g, v] => {
+            Some(Route::OpenApiDoc((*g).to_string(), (*v).to_string()))
+        }
         ["api", v, rest @ ..] => resource_path("", v, rest, shared).map(Route::Resource),
         ["apis", g, v, rest @ ..] => resource_path(g, v, rest, shared).map(Route::Resource),
         _ => None,
     }
 }
 
-fn resource_path(group: &str, version: &str, rest: &[&str], shared: &Shared) -> Option<ResourcePath> {
+fn resource_path(
+    group: &str,
+    version: &str,
+    rest: &[&str],
+    shared: &Shared,
+) -> Option<ResourcePath> {
     let (watch, rest) = match rest {
         ["watch", more @ ..] => (true, more),
         other => (false, other),
@@ -246,7 +299,10 @@ fn resource_path(group: &str, version: &str, rest: &[&str], shared: &Shared) -> 
         ["namespaces", ns, plural, tail @ ..] => {
             let namespaced = {
                 let store = shared.lock();
-                store.registry.lookup(group, version, plural).is_some_and(|d| d.namespaced)
+                store
+                    .registry
+                    .lookup(group, version, plural)
+                    .is_some_and(|d| d.namespaced)
             };
             if namespaced || !group.is_empty() {
                 match tail {
@@ -278,7 +334,8 @@ async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
         Ok(b) => b,
         Err(e) => {
             let mut resp = respond_error(&e);
-            resp.headers_mut().insert(header::CONNECTION, HeaderValue::from_static("close"));
+            resp.headers_mut()
+                .insert(header::CONNECTION, HeaderValue::from_static("close"));
             return resp;
         }
     };
@@ -300,7 +357,8 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
     let mut buf: Vec<u8> = Vec::new();
     let mut total = 0usize;
     while let Some(chunk) = stream.next().await {
-        let chunk = chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
+        let chunk =
+            chunk.map_err(|e| ApiError::bad_request(format!("reading the request body: {e}")))?;
         total = total.saturating_add(chunk.len());
         if total <= MAX_BODY {
             buf.extend_from_slice(&chunk);
@@ -308,7 +366,11 @@ async fn read_body(body: Body) -> Result<Bytes, ApiError> {
             break;
         }
     }
-    if total > MAX_BODY { Err(ApiError::too_large()) } else { Ok(Bytes::from(buf)) }
+    if total > MAX_BODY {
+        Err(ApiError::too_large())
+    } else {
+        Ok(Bytes::from(buf))
+    }
 }
 
 async fn dispatch(
@@ -321,13 +383,16 @@ async fn dispatch(
 ) -> Result<Response, ApiError> {
     let shared = &app.shared;
     let agent = request_agent(headers);
-    let Some(r) = route(path, shared) else { return Err(ApiError::path_not_found()) };
+    let Some(r) = route(path, shared) else {
+        return Err(ApiError::path_not_found());
+    };
     let discovery_get = |counter: &str, v: Option<Value>| -> Result<Response, ApiError> {
         if method != Method::GET {
             return Err(ApiError::method_not_allowed());
         }
         shared.counters.bump(Verb::Get, &Arc::from(counter), agent);
-        v.map(|v| respond_value(StatusCode::OK, &v, &[])).ok_or_else(ApiError::path_not_found)
+        v.map(|v| respond_value(StatusCode::OK, &v, &[]))
+            .ok_or_else(ApiError::path_not_found)
     };
     match r {
         Route::Version => discovery_get("discovery", Some(discovery::version())),
@@ -335,7 +400,12 @@ async fn dispatch(
             if method != Method::GET {
                 return Err(ApiError::method_not_allowed());
             }
-            Ok(respond(StatusCode::OK, "text/plain; charset=utf-8", Bytes::from_static(b"ok"), &[]))
+            Ok(respond(
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                Bytes::from_static(b"ok"),
+                &[],
+            ))
         }
         Route::Api => discovery_get("discovery", Some(discovery::api_versions(&app.address))),
         Route::GroupList => {
@@ -364,7 +434,10 @@ async fn dispatch(
 
 /// The client's User-Agent product, for the request counters ("" when it sends none).
 fn request_agent(headers: &HeaderMap) -> &str {
-    let ua = headers.get(header::USER_AGENT).and_then(|v| v.to_str().ok()).unwrap_or("");
+    let ua = headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
     super::counters::user_agent_product(ua)
 }
 
@@ -389,13 +462,17 @@ fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiEr
         }
     };
     // The real server names an unnamed manager after the user agent's product.
-    let field_manager = query.get("fieldManager").filter(|m| !m.is_empty()).map(str::to_string).or_else(|| {
-        headers
-            .get(header::USER_AGENT)
-            .and_then(|v| v.to_str().ok())
-            .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
-            .filter(|m| !m.is_empty())
-    });
+    let field_manager = query
+        .get("fieldManager")
+        .filter(|m| !m.is_empty())
+        .map(str::to_string)
+        .or_else(|| {
+            headers
+                .get(header::USER_AGENT)
+                .and_then(|v| v.to_str().ok())
+                .map(|ua| ua.split('/').next().unwrap_or(ua).to_string())
+                .filter(|m| !m.is_empty())
+        });
     if field_manager.as_ref().is_some_and(|m| m.len() > 128) {
         return Err(ApiError::invalid(
             "PatchOptions",
@@ -404,19 +481,34 @@ fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiEr
             &[FieldError::too_long("fieldManager", 128)],
         ));
     }
-    Ok(WriteParams { dry_run, field_validation, field_manager })
+    Ok(WriteParams {
+        dry_run,
+        field_validation,
+        field_manager,
+    })
 }
 
 fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
-    let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("application/json");
-    let base = ct.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let base = ct
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     match base.as_str() {
-        "" | "application/json" | "*/*" => serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))),
+        "" | "application/json" | "*/*" => serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        }),
         "application/yaml" | "application/x-yaml" | "text/yaml" => {
-            let text = std::str::from_utf8(body).map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
-            serde_saphyr::from_str::<Value>(text)
-                .map_err(|e| ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}")))
+            let text = std::str::from_utf8(body)
+                .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
+            serde_saphyr::from_str::<Value>(text).map_err(|e| {
+                ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}"))
+            })
         }
         _ => Err(ApiError::unsupported_media_type(
             "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
@@ -443,21 +535,63 @@ fn include_object(query: &Query) -> Result<IncludeObject, ApiError> {
     }
 }
 
-fn object_response(def: &ResourceDef, stored: &store::Stored, format: Format, query: &Query, code: StatusCode, warnings: &[String]) -> Result<Response, ApiError> {
+fn object_response(
+    def: &ResourceDef,
+    stored: &store::Stored,
+    format: Format,
+    query: &Query,
+    code: StatusCode,
+    warnings: &[String],
+) -> Result<Response, ApiError> {
     match format {
-        Format::Json => Ok(respond(code, "application/json", ops::view_bytes(def, stored), warnings)),
-        Format::Partial => Ok(respond_value(code, &table::partial_metadata(&stored.value), warnings)),
+        Format::Json => Ok(respond(
+            code,
+            "application/json",
+            ops::view_bytes(def, stored),
+            warnings,
+        )),
+        Format::Partial => Ok(respond_value(
+            code,
+            &table::partial_metadata(&stored.value),
+            warnings,
+        )),
         Format::Table => {
             let v = ops::view(def, &stored.value);
-            let t = table::table(def, std::slice::from_ref(&v), include_object(query)?, Some(stored.rv), None, true);
-            Ok(respond(code, "application/json;as=Table;v=v1;g=meta.k8s.io", store::encode(&t), warnings))
+            let t = table::table(
+                def,
+                std::slice::from_ref(&v),
+                include_object(query)?,
+                Some(stored.rv),
+                None,
+                true,
+            );
+            Ok(respond(
+                code,
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                store::encode(&t),
+                warnings,
+            ))
         }
     }
 }
 
-fn written_response(def: &ResourceDef, written: &Written, created: bool, warnings: &[String]) -> Response {
-    let code = if created { StatusCode::CREATED } else { StatusCode::OK };
-    respond(code, "application/json", ops::view_bytes(def, written.object()), warnings)
+fn written_response(
+    def: &ResourceDef,
+    written: &Written,
+    created: bool,
+    warnings: &[String],
+) -> Response {
+    let code = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    respond(
+        code,
+        "application/json",
+        ops::view_bytes(def, written.object()),
+        warnings,
+    )
 }
 
 async fn resource(
@@ -474,7 +608,9 @@ async fn resource(
         let store = shared.lock();
         store.registry.lookup(&rp.group, &rp.version, &rp.plural)
     };
-    let Some(def) = def else { return Err(ApiError::path_not_found()) };
+    let Some(def) = def else {
+        return Err(ApiError::path_not_found());
+    };
     if def.namespaced && rp.name.is_some() && rp.ns.is_none() {
         return Err(ApiError::path_not_found());
     }
@@ -486,7 +622,11 @@ async fn resource(
         Some("status") if def.status_subresource => Sub::Status,
         Some(_) => return Err(ApiError::path_not_found()),
     };
-    let counter = if sub == Sub::Status { def.counter_name_status.clone() } else { def.counter_name.clone() };
+    let counter = if sub == Sub::Status {
+        def.counter_name_status.clone()
+    } else {
+        def.counter_name.clone()
+    };
     let ns = rp.ns.as_deref();
     let watch = rp.watch || query.flag("watch")?;
     match (method.clone(), rp.name.as_deref()) {
@@ -516,12 +656,20 @@ async fn resource(
             let params = write_params(query, headers)?;
             let obj = decode_object(headers, &body)?;
             let res = ops::update(shared, &def, ns, name, sub, obj, &params)?;
-            Ok(written_response(&def, &res.written, res.created, &res.warnings))
+            Ok(written_response(
+                &def,
+                &res.written,
+                res.created,
+                &res.warnings,
+            ))
         }
         (Method::PATCH, Some(name)) => {
             shared.counters.bump(Verb::Patch, &counter, agent);
             let params = write_params(query, headers)?;
-            let ct = headers.get(header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).unwrap_or("");
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
             let Some(ptype) = PatchType::from_content_type(ct) else {
                 let accepted = if def.builtin.is_some() {
                     "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json"
@@ -535,11 +683,23 @@ async fn resource(
             if ptype == PatchType::Apply && def.builtin == Some(Builtin::Lease) {
                 let manager = query.get("fieldManager").unwrap_or("").to_string();
                 let force = query.flag("force")?;
-                let res = super::apply::apply_lease(shared, &def, ns, name, &body, &manager, force, &params)?;
-                return Ok(written_response(&def, &res.written, res.created, &res.warnings));
+                let res = super::apply::apply_lease(
+                    shared, &def, ns, name, &body, &manager, force, &params,
+                )?;
+                return Ok(written_response(
+                    &def,
+                    &res.written,
+                    res.created,
+                    &res.warnings,
+                ));
             }
             let res = ops::patch(shared, &def, ns, name, sub, ptype, &body, &params)?;
-            Ok(written_response(&def, &res.written, res.created, &res.warnings))
+            Ok(written_response(
+                &def,
+                &res.written,
+                res.created,
+                &res.warnings,
+            ))
         }
         (Method::DELETE, Some(name)) if sub == Sub::Main => {
             shared.counters.bump(Verb::Delete, &counter, agent);
@@ -548,7 +708,9 @@ async fn resource(
             Ok(delete_response(&def, name, &written))
         }
         (Method::DELETE, None) if sub == Sub::Main => {
-            shared.counters.bump(Verb::DeleteCollection, &counter, agent);
+            shared
+                .counters
+                .bump(Verb::DeleteCollection, &counter, agent);
             let opts = delete_opts(query, &body)?;
             delete_collection(shared, &def, ns, query, &opts)
         }
@@ -559,14 +721,21 @@ async fn resource(
 fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response {
     match written {
         // Built-in registries other than namespaces answer an immediate deletion with a Status.
-        Written::Removed(obj) if def.builtin.is_some() && def.builtin != Some(Builtin::Namespace) => {
+        Written::Removed(obj)
+            if def.builtin.is_some() && def.builtin != Some(Builtin::Namespace) =>
+        {
             let status = json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "details": {"name": name, "group": def.group, "kind": def.plural, "uid": meta::meta_str(&obj.value, "uid")}
             });
             respond_value(StatusCode::OK, &status, &[])
         }
-        w => respond(StatusCode::OK, "application/json", ops::view_bytes(def, w.object()), &[]),
+        w => respond(
+            StatusCode::OK,
+            "application/json",
+            ops::view_bytes(def, w.object()),
+            &[],
+        ),
     }
 }
 
@@ -574,7 +743,8 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
     let doc: Value = if body.iter().all(u8::is_ascii_whitespace) {
         Value::Null
     } else {
-        serde_json::from_slice(body).map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
+        serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("error decoding DeleteOptions: {e}")))?
     };
     let policy = doc
         .get("propagationPolicy")
@@ -596,7 +766,11 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
                 &[FieldError::not_supported(
                     "propagationPolicy",
                     &json!(other),
-                    &["Foreground".to_string(), "Background".to_string(), "Orphan".to_string()],
+                    &[
+                        "Foreground".to_string(),
+                        "Background".to_string(),
+                        "Orphan".to_string(),
+                    ],
                 )],
             ));
         }
@@ -607,34 +781,61 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
             None | Some("") => false,
             Some("All") => true,
             Some(other) => {
-                return Err(ApiError::bad_request(format!("dryRun: Unsupported value: {other:?}: supported values: \"All\"")));
+                return Err(ApiError::bad_request(format!(
+                    "dryRun: Unsupported value: {other:?}: supported values: \"All\""
+                )));
             }
         },
     };
     Ok(DeleteOpts {
         propagation,
-        uid: doc.pointer("/preconditions/uid").and_then(Value::as_str).map(str::to_string),
-        resource_version: doc.pointer("/preconditions/resourceVersion").and_then(Value::as_str).map(str::to_string),
+        uid: doc
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_string),
+        resource_version: doc
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_string),
         dry_run,
     })
 }
 
 fn list_opts(query: &Query) -> Result<ListOpts, ApiError> {
-    let limit = query.number("limit")?.filter(|l| *l > 0).map(|l| usize::try_from(l).unwrap_or(usize::MAX));
+    let limit = query
+        .number("limit")?
+        .filter(|l| *l > 0)
+        .map(|l| usize::try_from(l).unwrap_or(usize::MAX));
     Ok(ListOpts {
         limit,
-        continue_token: query.get("continue").filter(|c| !c.is_empty()).map(str::to_string),
+        continue_token: query
+            .get("continue")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
         resource_version: query.get("resourceVersion").map(str::to_string),
-        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).map(str::to_string),
+        resource_version_match: query
+            .get("resourceVersionMatch")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
     })
 }
 
-fn list(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, format: Format) -> Result<Response, ApiError> {
+fn list(
+    shared: &Shared,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    query: &Query,
+    format: Format,
+) -> Result<Response, ApiError> {
     let filter = filter_from(def, ns, query)?;
     let page = ops::list(shared, def, &filter, &list_opts(query)?)?;
     match format {
         Format::Table => {
-            let values: Vec<Value> = page.items.iter().map(|s| ops::view(def, &s.value).into_owned()).collect();
+            let values: Vec<Value> = page
+                .items
+                .iter()
+                .map(|s| ops::view(def, &s.value).into_owned())
+                .collect();
             let t = table::table(
                 def,
                 &values,
@@ -643,12 +844,24 @@ fn list(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, for
                 page.continue_token.as_deref(),
                 true,
             );
-            Ok(respond(StatusCode::OK, "application/json;as=Table;v=v1;g=meta.k8s.io", store::encode(&t), &[]))
+            Ok(respond(
+                StatusCode::OK,
+                "application/json;as=Table;v=v1;g=meta.k8s.io",
+                store::encode(&t),
+                &[],
+            ))
         }
         Format::Partial => {
-            let items: Vec<Value> = page.items.iter().map(|s| table::partial_metadata(&s.value)).collect();
+            let items: Vec<Value> = page
+                .items
+                .iter()
+                .map(|s| table::partial_metadata(&s.value))
+                .collect();
             let mut md = serde_json::Map::new();
-            md.insert("resourceVersion".into(), json!(page.resource_version.to_string()));
+            md.insert(
+                "resourceVersion".into(),
+                json!(page.resource_version.to_string()),
+            );
             if let Some(c) = &page.continue_token {
                 md.insert("continue".into(), json!(c));
             }
@@ -656,7 +869,9 @@ fn list(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, for
             Ok(respond_value(StatusCode::OK, &v, &[]))
         }
         Format::Json => {
-            let mut out = Vec::with_capacity(page.items.iter().map(|s| s.bytes.len() + 1).sum::<usize>() + 256);
+            let mut out = Vec::with_capacity(
+                page.items.iter().map(|s| s.bytes.len() + 1).sum::<usize>() + 256,
+            );
             out.extend_from_slice(b"{\"kind\":");
             out.extend_from_slice(json!(def.list_kind).to_string().as_bytes());
             out.extend_from_slice(b",\"apiVersion\":");
@@ -679,19 +894,34 @@ fn list(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, for
                 out.extend_from_slice(&ops::view_bytes(def, s));
             }
             out.extend_from_slice(b"]}");
-            Ok(respond(StatusCode::OK, "application/json", Bytes::from(out), &[]))
+            Ok(respond(
+                StatusCode::OK,
+                "application/json",
+                Bytes::from(out),
+                &[],
+            ))
         }
     }
 }
 
-fn delete_collection(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query: &Query, opts: &DeleteOpts) -> Result<Response, ApiError> {
+fn delete_collection(
+    shared: &Shared,
+    def: &ResourceDef,
+    ns: Option<&str>,
+    query: &Query,
+    opts: &DeleteOpts,
+) -> Result<Response, ApiError> {
     let filter = filter_from(def, ns, query)?;
     let page = ops::list(shared, def, &filter, &ListOpts::default())?;
     let mut items = Vec::new();
     for s in &page.items {
         let name = meta::meta_str(&s.value, "name").to_string();
         let obj_ns = meta::meta_str(&s.value, "namespace").to_string();
-        let obj_ns = if def.namespaced { Some(obj_ns.as_str()) } else { None };
+        let obj_ns = if def.namespaced {
+            Some(obj_ns.as_str())
+        } else {
+            None
+        };
         match ops::delete(shared, def, obj_ns, &name, opts) {
             Ok(w) => items.push(ops::view(def, &w.object().value).into_owned()),
             Err(e) if e.code == 404 => {}
@@ -702,17 +932,28 @@ fn delete_collection(shared: &Shared, def: &ResourceDef, ns: Option<&str>, query
     Ok(respond_value(StatusCode::OK, &v, &[]))
 }
 
-fn start_watch(app: &Arc<App>, def: &Arc<ResourceDef>, ns: Option<&str>, query: &Query, format: Format) -> Result<Response, ApiError> {
+fn start_watch(
+    app: &Arc<App>,
+    def: &Arc<ResourceDef>,
+    ns: Option<&str>,
+    query: &Query,
+    format: Format,
+) -> Result<Response, ApiError> {
     let shared = &app.shared;
     let filter = filter_from(def, ns, query)?;
     let opts = WatchOpts {
         resource_version: query.get("resourceVersion").map(str::to_string),
-        resource_version_match: query.get("resourceVersionMatch").filter(|c| !c.is_empty()).map(str::to_string),
+        resource_version_match: query
+            .get("resourceVersionMatch")
+            .filter(|c| !c.is_empty())
+            .map(str::to_string),
         bookmarks: query.flag("allowWatchBookmarks")?,
         send_initial_events: query.flag("sendInitialEvents")?,
     };
     let timeout = match query.number("timeoutSeconds")? {
-        Some(t) if t > 0 => Duration::from_secs(u64::try_from(t).unwrap_or(u64::MAX).min(365 * 24 * 3600)),
+        Some(t) if t > 0 => {
+            Duration::from_secs(u64::try_from(t).unwrap_or(u64::MAX).min(365 * 24 * 3600))
+        }
         _ => shared.default_watch_timeout,
     };
     let include = include_object(query)?;
@@ -733,10 +974,13 @@ fn start_watch(app: &Arc<App>, def: &Arc<ResourceDef>, ns: Option<&str>, query: 
                 first: true,
             };
             let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
-                s.next().await.map(|b| (Ok::<Bytes, std::convert::Infallible>(b), s))
+                s.next()
+                    .await
+                    .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), s))
             }));
             let mut resp = Response::new(body);
-            resp.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+            resp.headers_mut()
+                .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             Ok(resp)
         }
         Err(e) if e.code == 410 => {
@@ -783,9 +1027,13 @@ impl WatchStream {
         md.insert("resourceVersion".into(), json!(rv.to_string()));
         md.insert("creationTimestamp".into(), Value::Null);
         if initial_end {
-            md.insert("annotations".into(), json!({"k8s.io/initial-events-end": "true"}));
+            md.insert(
+                "annotations".into(),
+                json!({"k8s.io/initial-events-end": "true"}),
+            );
         }
-        let obj = json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": md});
+        let obj =
+            json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": md});
         store::event_line("BOOKMARK", &store::encode(&obj))
     }
 
@@ -798,10 +1046,20 @@ impl WatchStream {
                     super::registry::Conversion::None => stored.frame(ty),
                     _ => store::event_line(ty.as_str(), &ops::view_bytes(&self.def, &stored)),
                 },
-                Format::Partial => store::event_line(ty.as_str(), &store::encode(&table::partial_metadata(&stored.value))),
+                Format::Partial => store::event_line(
+                    ty.as_str(),
+                    &store::encode(&table::partial_metadata(&stored.value)),
+                ),
                 Format::Table => {
                     let v = ops::view(&self.def, &stored.value);
-                    let t = table::table(&self.def, std::slice::from_ref(&v), self.include, Some(stored.rv), None, self.first);
+                    let t = table::table(
+                        &self.def,
+                        std::slice::from_ref(&v),
+                        self.include,
+                        Some(stored.rv),
+                        None,
+                        self.first,
+                    );
                     self.first = false;
                     store::event_line(event_name(ty), &store::encode(&t))
                 }

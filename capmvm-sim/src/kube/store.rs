@@ -27,14 +27,25 @@ pub(crate) struct Stored {
 
 impl Stored {
     fn new(mut value: Value, rv: u64) -> Self {
-        meta::metadata_mut(&mut value).insert("resourceVersion".into(), Value::String(rv.to_string()));
+        meta::metadata_mut(&mut value)
+            .insert("resourceVersion".into(), Value::String(rv.to_string()));
         let bytes = encode(&value);
-        Self { value, bytes, rv, frames: Default::default() }
+        Self {
+            value,
+            bytes,
+            rv,
+            frames: Default::default(),
+        }
     }
 
     /// An object that is not in the store (the answer to a dry run).
     pub(crate) fn detached(value: Value, bytes: Bytes) -> Self {
-        Self { value, bytes, rv: 0, frames: Default::default() }
+        Self {
+            value,
+            bytes,
+            rv: 0,
+            frames: Default::default(),
+        }
     }
 
     /// The watch event line `{"type":...,"object":...}` for this object as stored.
@@ -44,7 +55,9 @@ impl Stored {
             EventType::Modified => 1,
             EventType::Deleted => 2,
         };
-        self.frames[idx].get_or_init(|| event_line(ty.as_str(), &self.bytes)).clone()
+        self.frames[idx]
+            .get_or_init(|| event_line(ty.as_str(), &self.bytes))
+            .clone()
     }
 }
 
@@ -74,7 +87,10 @@ pub(crate) struct ObjKey {
 
 impl ObjKey {
     pub(crate) fn new(ns: &str, name: &str) -> Self {
-        Self { ns: ns.to_string(), name: name.to_string() }
+        Self {
+            ns: ns.to_string(),
+            name: name.to_string(),
+        }
     }
 }
 
@@ -239,7 +255,12 @@ impl Store {
             }
             collections.insert(
                 def.storage.clone(),
-                Collection { def: def.clone(), objects: BTreeMap::new(), watchers: Vec::new(), terminating: false },
+                Collection {
+                    def: def.clone(),
+                    objects: BTreeMap::new(),
+                    watchers: Vec::new(),
+                    terminating: false,
+                },
             );
         }
         let mut store = Self {
@@ -277,7 +298,10 @@ impl Store {
     }
 
     pub(crate) fn get(&self, storage: &str, key: &ObjKey) -> Option<Arc<Stored>> {
-        self.collections.get(storage).and_then(|c| c.objects.get(key)).cloned()
+        self.collections
+            .get(storage)
+            .and_then(|c| c.objects.get(key))
+            .cloned()
     }
 
     pub(crate) fn object_count(&self) -> usize {
@@ -294,11 +318,26 @@ impl Store {
 
     /// Whether a namespace exists, and whether it is terminating.
     pub(crate) fn namespace_state(&self, ns: &str) -> Option<bool> {
-        self.get(NAMESPACES, &ObjKey::new("", ns)).map(|s| meta::is_deleting(&s.value))
+        self.get(NAMESPACES, &ObjKey::new("", ns))
+            .map(|s| meta::is_deleting(&s.value))
     }
 
-    fn push_event(&mut self, ty: EventType, storage: &Arc<str>, key: ObjKey, obj: Arc<Stored>, prev: Option<Arc<Stored>>) {
-        let ev = Arc::new(Event { rev: obj.rv, ty, storage: storage.clone(), key, obj, prev });
+    fn push_event(
+        &mut self,
+        ty: EventType,
+        storage: &Arc<str>,
+        key: ObjKey,
+        obj: Arc<Stored>,
+        prev: Option<Arc<Stored>>,
+    ) {
+        let ev = Arc::new(Event {
+            rev: obj.rv,
+            ty,
+            storage: storage.clone(),
+            key,
+            obj,
+            prev,
+        });
         self.dispatch(&ev);
         self.history.push_back(ev);
         while self.history.len() > self.history_limit {
@@ -309,7 +348,9 @@ impl Store {
     }
 
     fn dispatch(&mut self, ev: &Arc<Event>) {
-        let Some(col) = self.collections.get_mut(&ev.storage) else { return };
+        let Some(col) = self.collections.get_mut(&ev.storage) else {
+            return;
+        };
         let mut closed = 0u64;
         col.watchers.retain(|w| {
             let Some(ty) = transition(&w.filter, ev) else { return true };
@@ -326,12 +367,19 @@ impl Store {
         self.slow_watchers_closed += closed;
     }
 
-    fn index_owners(&mut self, storage: &Arc<str>, key: &ObjKey, old: Option<&Value>, new: Option<&Value>) {
+    fn index_owners(
+        &mut self,
+        storage: &Arc<str>,
+        key: &ObjKey,
+        old: Option<&Value>,
+        new: Option<&Value>,
+    ) {
         let old_owners = old.map(meta::owner_uids).unwrap_or_default();
         let new_owners = new.map(meta::owner_uids).unwrap_or_default();
         if old_owners == new_owners && new.is_some() {
             if !new_owners.is_empty() && new_owners.iter().any(|u| !self.owner_alive(u, &key.ns)) {
-                self.gc_queue.push_back(GcItem::Dependent(storage.clone(), key.clone()));
+                self.gc_queue
+                    .push_back(GcItem::Dependent(storage.clone(), key.clone()));
             }
             return;
         }
@@ -344,25 +392,40 @@ impl Store {
             }
         }
         for u in &new_owners {
-            self.dependents.entry(u.clone()).or_default().insert((storage.clone(), key.clone()));
+            self.dependents
+                .entry(u.clone())
+                .or_default()
+                .insert((storage.clone(), key.clone()));
         }
         if new.is_some() && new_owners.iter().any(|u| !self.owner_alive(u, &key.ns)) {
-            self.gc_queue.push_back(GcItem::Dependent(storage.clone(), key.clone()));
+            self.gc_queue
+                .push_back(GcItem::Dependent(storage.clone(), key.clone()));
         }
     }
 
     /// Whether an owner uid names an existing object a dependent in `ns` may refer to.
     pub(crate) fn owner_alive(&self, uid: &str, ns: &str) -> bool {
-        self.uids.get(uid).is_some_and(|(_, k)| k.ns.is_empty() || k.ns == ns)
+        self.uids
+            .get(uid)
+            .is_some_and(|(_, k)| k.ns.is_empty() || k.ns == ns)
     }
 
     /// Stores a new object at the next revision.
-    pub(crate) fn insert(&mut self, storage: &Arc<str>, key: ObjKey, value: Value) -> Result<Arc<Stored>, ApiError> {
+    pub(crate) fn insert(
+        &mut self,
+        storage: &Arc<str>,
+        key: ObjKey,
+        value: Value,
+    ) -> Result<Arc<Stored>, ApiError> {
         let Some(col) = self.collections.get(storage) else {
             return Err(ApiError::path_not_found());
         };
         if col.objects.contains_key(&key) {
-            return Err(ApiError::already_exists(&col.def.plural, &col.def.group, &key.name));
+            return Err(ApiError::already_exists(
+                &col.def.plural,
+                &col.def.group,
+                &key.name,
+            ));
         }
         self.rev += 1;
         let stored = Arc::new(Stored::new(value, self.rev));
@@ -390,12 +453,19 @@ impl Store {
             return Err(CommitError::Api(ApiError::path_not_found()));
         };
         let Some(current) = col.objects.get(key).cloned() else {
-            return Err(CommitError::Api(ApiError::not_found(&col.def.plural, &col.def.group, &key.name)));
+            return Err(CommitError::Api(ApiError::not_found(
+                &col.def.plural,
+                &col.def.group,
+                &key.name,
+            )));
         };
         if current.rv != prev.rv {
             return Err(CommitError::Stale);
         }
-        meta::metadata_mut(&mut value).insert("resourceVersion".into(), Value::String(current.rv.to_string()));
+        meta::metadata_mut(&mut value).insert(
+            "resourceVersion".into(),
+            Value::String(current.rv.to_string()),
+        );
         if removable(storage, &value) {
             return Ok(Written::Removed(self.remove(storage, key, value)));
         }
@@ -409,7 +479,13 @@ impl Store {
         }
         self.index_owners(storage, key, Some(&current.value), Some(&stored.value));
         self.after_write(storage, key, &stored.value, Some(&current.value));
-        self.push_event(EventType::Modified, storage, key.clone(), stored.clone(), Some(current));
+        self.push_event(
+            EventType::Modified,
+            storage,
+            key.clone(),
+            stored.clone(),
+            Some(current),
+        );
         Ok(Written::Stored(stored))
     }
 
@@ -417,7 +493,10 @@ impl Store {
     pub(crate) fn remove(&mut self, storage: &Arc<str>, key: &ObjKey, last: Value) -> Arc<Stored> {
         self.rev += 1;
         let stored = Arc::new(Stored::new(last, self.rev));
-        let prev = self.collections.get_mut(storage).and_then(|c| c.objects.remove(key));
+        let prev = self
+            .collections
+            .get_mut(storage)
+            .and_then(|c| c.objects.remove(key));
         let uid = meta::meta_str(&stored.value, "uid").to_string();
         self.uids.remove(&uid);
         self.index_owners(storage, key, prev.as_ref().map(|p| &p.value), None);
@@ -428,7 +507,9 @@ impl Store {
         for owner in meta::owner_uids(&stored.value) {
             if let Some((s, k)) = self.uids.get(&owner).cloned()
                 && let Some(o) = self.get(&s, &k)
-                && meta::finalizers(&o.value).iter().any(|f| f == "foregroundDeletion")
+                && meta::finalizers(&o.value)
+                    .iter()
+                    .any(|f| f == "foregroundDeletion")
             {
                 self.gc_queue.push_back(GcItem::Foreground(s, k));
             }
@@ -440,17 +521,30 @@ impl Store {
             && col.terminating
             && col.def.builtin.is_none()
         {
-            self.gc_queue.push_back(GcItem::Crd(format!("{}.{}", col.def.plural, col.def.group)));
+            self.gc_queue
+                .push_back(GcItem::Crd(format!("{}.{}", col.def.plural, col.def.group)));
         }
         if &**storage == CRDS {
             self.unregister_crd(&stored.value);
         }
-        self.push_event(EventType::Deleted, storage, key.clone(), stored.clone(), prev);
+        self.push_event(
+            EventType::Deleted,
+            storage,
+            key.clone(),
+            stored.clone(),
+            prev,
+        );
         stored
     }
 
     /// Follow-up of a stored write: CRDs change what is served; deletions start background work.
-    fn after_write(&mut self, storage: &Arc<str>, key: &ObjKey, value: &Value, old: Option<&Value>) {
+    fn after_write(
+        &mut self,
+        storage: &Arc<str>,
+        key: &ObjKey,
+        value: &Value,
+        old: Option<&Value>,
+    ) {
         let deleting = meta::is_deleting(value);
         let was_deleting = old.is_some_and(meta::is_deleting);
         if &**storage == CRDS {
@@ -469,10 +563,14 @@ impl Store {
             let fins = meta::finalizers(value);
             let old_fins = old.map(meta::finalizers).unwrap_or_default();
             if fins.iter().any(|f| f == "orphan") && !old_fins.iter().any(|f| f == "orphan") {
-                self.gc_queue.push_back(GcItem::Orphan(storage.clone(), key.clone()));
+                self.gc_queue
+                    .push_back(GcItem::Orphan(storage.clone(), key.clone()));
             }
-            if fins.iter().any(|f| f == "foregroundDeletion") && !old_fins.iter().any(|f| f == "foregroundDeletion") {
-                self.gc_queue.push_back(GcItem::Foreground(storage.clone(), key.clone()));
+            if fins.iter().any(|f| f == "foregroundDeletion")
+                && !old_fins.iter().any(|f| f == "foregroundDeletion")
+            {
+                self.gc_queue
+                    .push_back(GcItem::Foreground(storage.clone(), key.clone()));
             }
         }
     }
@@ -488,22 +586,38 @@ impl Store {
         let def = self
             .registry
             .lookup(&group, &storage_version(crd), &plural)
-            .or_else(|| self.registry.all().into_iter().find(|d| d.storage == storage));
+            .or_else(|| {
+                self.registry
+                    .all()
+                    .into_iter()
+                    .find(|d| d.storage == storage)
+            });
         let Some(def) = def else { return };
         match self.collections.get_mut(&storage) {
             Some(col) => col.def = def,
             None => {
                 self.collections.insert(
                     storage,
-                    Collection { def, objects: BTreeMap::new(), watchers: Vec::new(), terminating: false },
+                    Collection {
+                        def,
+                        objects: BTreeMap::new(),
+                        watchers: Vec::new(),
+                        terminating: false,
+                    },
                 );
             }
         }
     }
 
     fn unregister_crd(&mut self, crd: &Value) {
-        let group = crd.pointer("/spec/group").and_then(Value::as_str).unwrap_or("");
-        let plural = crd.pointer("/spec/names/plural").and_then(Value::as_str).unwrap_or("");
+        let group = crd
+            .pointer("/spec/group")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let plural = crd
+            .pointer("/spec/names/plural")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         self.registry.set_crd(group, plural, Vec::new());
         let storage = storage_key(group, plural);
         if let Some(col) = self.collections.remove(&storage) {
@@ -536,7 +650,9 @@ impl Store {
         after: Option<&ObjKey>,
         mut f: impl FnMut(&Arc<Stored>) -> bool,
     ) -> Result<(), ApiError> {
-        let Some(col) = self.collections.get(storage) else { return Ok(()) };
+        let Some(col) = self.collections.get(storage) else {
+            return Ok(());
+        };
         let lower = match (after, ns) {
             (Some(a), _) => std::ops::Bound::Excluded(a.clone()),
             (None, Some(ns)) => std::ops::Bound::Included(ObjKey::new(ns, "")),
@@ -557,16 +673,28 @@ impl Store {
             return Ok(());
         };
         if at < self.compacted {
-            return Err(ApiError::gone(format!("too old resource version: {at} ({})", self.compacted + 1)));
+            return Err(ApiError::gone(format!(
+                "too old resource version: {at} ({})",
+                self.compacted + 1
+            )));
         }
         // The state at `at` is the current one, except for keys changed since: those had the value the
         // first later event found (`prev`), or did not exist.
         let mut overlay: BTreeMap<&ObjKey, Option<&Arc<Stored>>> = BTreeMap::new();
-        for ev in self.history.iter().filter(|e| e.rev > at && *e.storage == *storage) {
+        for ev in self
+            .history
+            .iter()
+            .filter(|e| e.rev > at && *e.storage == *storage)
+        {
             overlay.entry(&ev.key).or_insert(ev.prev.as_ref());
         }
-        let mut current = col.objects.range((lower.clone(), std::ops::Bound::Unbounded)).peekable();
-        let mut changed = overlay.range::<ObjKey, _>((lower, std::ops::Bound::Unbounded)).peekable();
+        let mut current = col
+            .objects
+            .range((lower.clone(), std::ops::Bound::Unbounded))
+            .peekable();
+        let mut changed = overlay
+            .range::<ObjKey, _>((lower, std::ops::Bound::Unbounded))
+            .peekable();
         loop {
             let next_cur = current.peek().map(|(k, _)| *k);
             let next_chg = changed.peek().map(|(k, _)| **k);
@@ -618,7 +746,10 @@ impl Store {
             None => {
                 if let Some(col) = self.collections.get(storage) {
                     let (lower, ns) = match &filter.ns {
-                        Some(ns) => (std::ops::Bound::Included(ObjKey::new(ns, "")), Some(ns.as_str())),
+                        Some(ns) => (
+                            std::ops::Bound::Included(ObjKey::new(ns, "")),
+                            Some(ns.as_str()),
+                        ),
                         None => (std::ops::Bound::Unbounded, None),
                     };
                     for (k, v) in col.objects.range((lower, std::ops::Bound::Unbounded)) {
@@ -636,9 +767,16 @@ impl Store {
             }
             Some(rv) => {
                 if rv < self.compacted {
-                    return Err(ApiError::gone(format!("too old resource version: {rv} ({})", self.compacted + 1)));
+                    return Err(ApiError::gone(format!(
+                        "too old resource version: {rv} ({})",
+                        self.compacted + 1
+                    )));
                 }
-                for ev in self.history.iter().filter(|e| e.rev > rv && e.storage == *storage) {
+                for ev in self
+                    .history
+                    .iter()
+                    .filter(|e| e.rev > rv && e.storage == *storage)
+                {
                     if let Some(ty) = transition(&filter, ev) {
                         backlog.push(WatchMsg::Event(ty, ev.obj.clone()));
                     }
@@ -649,7 +787,12 @@ impl Store {
         self.next_watcher_id += 1;
         let id = self.next_watcher_id;
         match self.collections.get_mut(storage) {
-            Some(col) => col.watchers.push(WatcherSlot { id, filter, tx, bookmarks }),
+            Some(col) => col.watchers.push(WatcherSlot {
+                id,
+                filter,
+                tx,
+                bookmarks,
+            }),
             None => return Err(ApiError::path_not_found()),
         }
         Ok((backlog, rx))
@@ -691,7 +834,10 @@ impl Store {
     }
 
     pub(crate) fn dependents_of(&self, uid: &str) -> Vec<(Arc<str>, ObjKey)> {
-        self.dependents.get(uid).map(|s| s.iter().cloned().collect()).unwrap_or_default()
+        self.dependents
+            .get(uid)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 }
 
@@ -701,13 +847,19 @@ pub(crate) fn removable(storage: &str, value: &Value) -> bool {
     meta::is_deleting(value)
         && meta::finalizers(value).is_empty()
         && (storage != NAMESPACES
-            || value.pointer("/spec/finalizers").and_then(Value::as_array).is_none_or(Vec::is_empty))
+            || value
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty))
 }
 
 fn storage_version(crd: &Value) -> String {
     crd.pointer("/spec/versions")
         .and_then(Value::as_array)
-        .and_then(|vs| vs.iter().find(|v| v.get("storage").and_then(Value::as_bool) == Some(true)))
+        .and_then(|vs| {
+            vs.iter()
+                .find(|v| v.get("storage").and_then(Value::as_bool) == Some(true))
+        })
         .and_then(|v| v.get("name").and_then(Value::as_str))
         .unwrap_or("")
         .to_string()
@@ -742,13 +894,16 @@ mod tests {
     fn snapshot_reconstructs_the_past() {
         let mut s = Store::new(100, 10);
         let storage = storage_key("", "secrets");
-        s.insert(&storage, ObjKey::new("default", "a"), secret("a")).unwrap();
+        s.insert(&storage, ObjKey::new("default", "a"), secret("a"))
+            .unwrap();
         let at = s.rev;
-        s.insert(&storage, ObjKey::new("default", "b"), secret("b")).unwrap();
+        s.insert(&storage, ObjKey::new("default", "b"), secret("b"))
+            .unwrap();
         let a = s.get(&storage, &ObjKey::new("default", "a")).unwrap();
         let mut changed = a.value.clone();
         changed["type"] = json!("x");
-        s.replace(&storage, &ObjKey::new("default", "a"), &a, changed).unwrap();
+        s.replace(&storage, &ObjKey::new("default", "a"), &a, changed)
+            .unwrap();
         let mut names = Vec::new();
         s.snapshot(&storage, Some(at), None, None, |o| {
             names.push((meta::meta_str(&o.value, "name").to_string(), o.rv));
@@ -763,11 +918,23 @@ mod tests {
         let mut s = Store::new(3, 10);
         let storage = storage_key("", "secrets");
         for i in 0..10 {
-            s.insert(&storage, ObjKey::new("default", &format!("s{i}")), secret(&format!("s{i}"))).unwrap();
+            s.insert(
+                &storage,
+                ObjKey::new("default", &format!("s{i}")),
+                secret(&format!("s{i}")),
+            )
+            .unwrap();
         }
         assert_eq!(s.history_len(), 3);
-        assert_eq!(s.watch(&storage, Filter::default(), Some(1), false, false).unwrap_err().code, 410);
-        let (backlog, _rx) = s.watch(&storage, Filter::default(), Some(s.rev - 2), false, false).unwrap();
+        assert_eq!(
+            s.watch(&storage, Filter::default(), Some(1), false, false)
+                .unwrap_err()
+                .code,
+            410
+        );
+        let (backlog, _rx) = s
+            .watch(&storage, Filter::default(), Some(s.rev - 2), false, false)
+            .unwrap();
         assert_eq!(backlog.len(), 2);
     }
 
@@ -775,13 +942,23 @@ mod tests {
     fn slow_watchers_are_closed() {
         let mut s = Store::new(100, 2);
         let storage = storage_key("", "secrets");
-        let (_b, mut rx) = s.watch(&storage, Filter::default(), None, false, false).unwrap();
+        let (_b, mut rx) = s
+            .watch(&storage, Filter::default(), None, false, false)
+            .unwrap();
         for i in 0..5 {
-            s.insert(&storage, ObjKey::new("default", &format!("s{i}")), secret(&format!("s{i}"))).unwrap();
+            s.insert(
+                &storage,
+                ObjKey::new("default", &format!("s{i}")),
+                secret(&format!("s{i}")),
+            )
+            .unwrap();
         }
         assert_eq!(s.slow_watchers_closed, 1);
         assert!(rx.try_recv().is_ok());
         assert!(rx.try_recv().is_ok());
-        assert!(matches!(rx.try_recv(), Err(mpsc::error::TryRecvError::Disconnected)));
+        assert!(matches!(
+            rx.try_recv(),
+            Err(mpsc::error::TryRecvError::Disconnected)
+        ));
     }
 }

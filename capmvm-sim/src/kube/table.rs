@@ -27,7 +27,11 @@ pub(crate) fn human_duration(secs: i64) -> String {
     let minutes = secs / 60;
     if minutes < 10 {
         let s = secs % 60;
-        return if s == 0 { format!("{minutes}m") } else { format!("{minutes}m{s}s") };
+        return if s == 0 {
+            format!("{minutes}m")
+        } else {
+            format!("{minutes}m{s}s")
+        };
     }
     if minutes < 60 * 3 {
         return format!("{minutes}m");
@@ -35,21 +39,33 @@ pub(crate) fn human_duration(secs: i64) -> String {
     let hours = secs / 3600;
     if hours < 8 {
         let m = minutes % 60;
-        return if m == 0 { format!("{hours}h") } else { format!("{hours}h{m}m") };
+        return if m == 0 {
+            format!("{hours}h")
+        } else {
+            format!("{hours}h{m}m")
+        };
     }
     if hours < 48 {
         return format!("{hours}h");
     }
     if hours < 24 * 8 {
         let h = hours % 24;
-        return if h == 0 { format!("{}d", hours / 24) } else { format!("{}d{h}h", hours / 24) };
+        return if h == 0 {
+            format!("{}d", hours / 24)
+        } else {
+            format!("{}d{h}h", hours / 24)
+        };
     }
     if hours < 24 * 365 * 2 {
         return format!("{}d", hours / 24);
     }
     if hours < 24 * 365 * 8 {
         let dy = (hours / 24) % 365;
-        return if dy == 0 { format!("{}y", hours / 24 / 365) } else { format!("{}y{dy}d", hours / 24 / 365) };
+        return if dy == 0 {
+            format!("{}y", hours / 24 / 365)
+        } else {
+            format!("{}y{dy}d", hours / 24 / 365)
+        };
     }
     format!("{}y", hours / 24 / 365)
 }
@@ -78,33 +94,54 @@ fn as_string_cell(v: &Value) -> Value {
 fn cell(col: &Column, obj: &Value) -> Value {
     match &col.source {
         CellSource::DataCount => {
-            let n = obj.get("data").and_then(Value::as_object).map_or(0, Map::len)
-                + obj.get("binaryData").and_then(Value::as_object).map_or(0, Map::len);
+            let n = obj
+                .get("data")
+                .and_then(Value::as_object)
+                .map_or(0, Map::len)
+                + obj
+                    .get("binaryData")
+                    .and_then(Value::as_object)
+                    .map_or(0, Map::len);
             json!(n)
         }
         CellSource::EventObject => {
             let r = obj.get("involvedObject").or_else(|| obj.get("regarding"));
-            let kind = r.and_then(|r| r.get("kind")).and_then(Value::as_str).unwrap_or("").to_ascii_lowercase();
-            let name = r.and_then(|r| r.get("name")).and_then(Value::as_str).unwrap_or("");
+            let kind = r
+                .and_then(|r| r.get("kind"))
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_ascii_lowercase();
+            let name = r
+                .and_then(|r| r.get("name"))
+                .and_then(Value::as_str)
+                .unwrap_or("");
             Value::String(format!("{kind}/{name}"))
         }
         CellSource::EventLastSeen => {
             let ts = ["lastTimestamp", "deprecatedLastTimestamp", "eventTime"]
                 .iter()
                 .find_map(|f| obj.get(*f).and_then(Value::as_str))
-                .or_else(|| meta::metadata(obj).and_then(|m| m.get("creationTimestamp")).and_then(Value::as_str));
+                .or_else(|| {
+                    meta::metadata(obj)
+                        .and_then(|m| m.get("creationTimestamp"))
+                        .and_then(Value::as_str)
+                });
             ts.map_or(Value::String("<unknown>".into()), age)
         }
         CellSource::Path(path) => {
             let found = path.find(obj);
-            let Some(first) = found.first() else { return Value::Null };
+            let Some(first) = found.first() else {
+                return Value::Null;
+            };
             match col.ty.as_str() {
                 "date" => match first.as_str() {
                     Some(s) => age(s),
                     None => Value::String("<invalid>".into()),
                 },
                 "integer" => match first {
-                    Value::Number(n) => n.as_i64().map_or_else(|| json!(n.as_f64().unwrap_or(0.0) as i64), |i| json!(i)),
+                    Value::Number(n) => n
+                        .as_i64()
+                        .map_or_else(|| json!(n.as_f64().unwrap_or(0.0) as i64), |i| json!(i)),
                     _ => Value::Null,
                 },
                 "number" => match first {

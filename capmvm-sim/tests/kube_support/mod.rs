@@ -21,6 +21,13 @@ pub async fn start_with(options: EmulatorOptions) -> (EmulatorHandle, Client) {
     (emulator, client)
 }
 
+/// A client that does not retry 429/503/504 answers (kube-rs does by default), to see what the server says.
+pub fn client_without_retries(emulator: &EmulatorHandle) -> Client {
+    let mut config = kube::Config::new(emulator.base_url().parse().expect("url"));
+    config.default_retry = false;
+    Client::try_from(config).expect("client")
+}
+
 pub fn repo_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
 }
@@ -36,7 +43,10 @@ pub fn project_crds() -> Vec<Value> {
     files.sort();
     files
         .iter()
-        .map(|p| serde_saphyr::from_str::<Value>(&std::fs::read_to_string(p).expect("read CRD")).expect("CRD YAML"))
+        .map(|p| {
+            serde_saphyr::from_str::<Value>(&std::fs::read_to_string(p).expect("read CRD"))
+                .expect("CRD YAML")
+        })
         .collect()
 }
 
@@ -50,7 +60,10 @@ pub fn crd_api(client: &Client) -> Api<DynamicObject> {
 
 pub async fn create_crd(client: &Client, crd: &Value) -> DynamicObject {
     let obj: DynamicObject = serde_json::from_value(crd.clone()).expect("CRD object");
-    crd_api(client).create(&PostParams::default(), &obj).await.expect("create CRD")
+    crd_api(client)
+        .create(&PostParams::default(), &obj)
+        .await
+        .expect("create CRD")
 }
 
 pub async fn install_project_crds(client: &Client) {
@@ -61,7 +74,11 @@ pub async fn install_project_crds(client: &Client) {
 
 pub fn machine_ar() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("infrastructure.cluster.x-k8s.io", "v1alpha2", "MicrovmMachine"),
+        &GroupVersionKind::gvk(
+            "infrastructure.cluster.x-k8s.io",
+            "v1alpha2",
+            "MicrovmMachine",
+        ),
         "microvmmachines",
     )
 }
@@ -91,7 +108,10 @@ pub fn dynamic(v: Value) -> DynamicObject {
 }
 
 pub async fn create_machine(client: &Client, ns: &str, name: &str) -> DynamicObject {
-    machines(client, ns).create(&PostParams::default(), &dynamic(machine(name))).await.expect("create machine")
+    machines(client, ns)
+        .create(&PostParams::default(), &dynamic(machine(name)))
+        .await
+        .expect("create machine")
 }
 
 /// A CRD whose schema uses every keyword the emulator validates: `widgets.test.example.com`.
@@ -156,7 +176,10 @@ fn widget_schema() -> Value {
 }
 
 pub fn widget_ar() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("test.example.com", "v1", "Widget"), "widgets")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("test.example.com", "v1", "Widget"),
+        "widgets",
+    )
 }
 
 pub fn widgets(client: &Client, ns: &str) -> Api<DynamicObject> {
@@ -188,7 +211,13 @@ impl Raw {
 }
 
 /// Sends a raw request through the kube client (so through a real HTTP connection).
-pub async fn raw(client: &Client, method: &str, path: &str, content_type: Option<&str>, body: &[u8]) -> Raw {
+pub async fn raw(
+    client: &Client,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &[u8],
+) -> Raw {
     raw_with(client, method, path, content_type, None, body).await
 }
 
@@ -207,17 +236,21 @@ pub async fn raw_with(
     if let Some(a) = accept {
         req = req.header("accept", a);
     }
-    let req = req.body(kube::client::Body::from(body.to_vec())).expect("request");
-    let t0 = std::time::Instant::now();
+    let req = req
+        .body(kube::client::Body::from(body.to_vec()))
+        .expect("request");
     let resp = client.send(req).await.expect("send");
-    eprintln!("DEBUG {method} {path} {:?}", t0.elapsed());
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
     let bytes = resp.into_body().collect_bytes().await.expect("body");
-    eprintln!("DEBUG body {method} {path:.40} {:?}", t0.elapsed());
     let text = String::from_utf8_lossy(&bytes).into_owned();
     let body = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Raw { status, headers, text, body }
+    Raw {
+        status,
+        headers,
+        text,
+        body,
+    }
 }
 
 pub async fn get_json(client: &Client, path: &str) -> Value {
@@ -242,7 +275,11 @@ pub fn assert_status(r: &Raw, code: u16, reason: &str) {
     assert_eq!(r.body["status"], "Failure", "{}", r.text);
     assert_eq!(r.body["code"], code, "{}", r.text);
     assert_eq!(r.body["reason"], reason, "{}", r.text);
-    assert!(r.body["message"].as_str().is_some_and(|m| !m.is_empty()), "{}", r.text);
+    assert!(
+        r.body["message"].as_str().is_some_and(|m| !m.is_empty()),
+        "{}",
+        r.text
+    );
 }
 
 /// Waits until `f` holds, polling.
