@@ -1,3 +1,503 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! placeholder
+//! The real `kubectl` against the emulator: discovery, `get` with short names, categories and printer
+//! columns, client-side `apply`, `patch`, `delete`, `wait --for=condition`, `explain`.
+//!
+//! `kubectl` must be on PATH (or named by `KUBECTL`); each test uses its own kubeconfig and cache dir.
 
+mod kube_support;
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use capmvm_sim::kube::EmulatorHandle;
+use kube::api::{Patch, PatchParams};
+use kube_support::*;
+use serde_json::json;
+
+struct Kubectl {
+    dir: PathBuf,
+    kubeconfig: PathBuf,
+}
+
+impl Kubectl {
+    fn new(emu: &EmulatorHandle, name: &str) -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("capmvm-kubectl-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        emu.write_kubeconfig(&kubeconfig).unwrap();
+        Self { dir, kubeconfig }
+    }
+
+    fn run(&self, args: &[&str]) -> Output {
+        self.run_stdin(args, None)
+    }
+
+    fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
+        let mut cmd = Command::new(bin);
+        cmd.arg("--kubeconfig")
+            .arg(&self.kubeconfig)
+            .arg("--cache-dir")
+            .arg(self.dir.join("cache"))
+            .args(args);
+        cmd.env("HOME", &self.dir).env_remove("KUBECONFIG");
+        match stdin {
+            None => cmd.output().expect("kubectl runs"),
+            Some(input) => {
+                use std::io::Write as _;
+                let mut child = cmd
+                    .stdin(std::process::Stdio::piped())
+                    .stdout(std::process::Stdio::piped())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .expect("kubectl runs");
+                child
+                    .stdin
+                    .take()
+                    .unwrap()
+                    .write_all(input.as_bytes())
+                    .unwrap();
+                child.wait_with_output().unwrap()
+            }
+        }
+    }
+
+    /// Runs and expects success without anything on stderr; returns stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args);
+        assert_clean(args, &out);
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn apply(&self, manifest: &str) -> String {
+        let out = self.run_stdin(&["apply", "-f", "-"], Some(manifest));
+        assert_clean(&["apply"], &out);
+        String::from_utf8(out.stdout).unwrap()
+    }
+}
+
+impl Drop for Kubectl {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn assert_clean(args: &[&str], out: &Output) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stderr.trim().is_empty(),
+        "kubectl {args:?} failed or warned: {}\nstderr: {stderr}\nstdout: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Cells of a `kubectl get` table, cut at the header's column starts (empty cells stay empty).
+fn table(out: &str) -> Vec<Vec<String>> {
+    let mut lines = out.lines();
+    let Some(header) = lines.next() else {
+        return Vec::new();
+    };
+    let mut starts = vec![0];
+    let bytes = header.as_bytes();
+    for i in 1..bytes.len() {
+        if bytes[i] != b' ' && bytes[i - 1] == b' ' {
+            starts.push(i);
+        }
+    }
+    let cut = |l: &str| -> Vec<String> {
+        starts
+            .iter()
+            .enumerate()
+            .map(|(n, &s)| {
+                let e = starts.get(n + 1).copied().unwrap_or(l.len()).min(l.len());
+                l.get(s.min(l.len())..e).unwrap_or("").trim().to_string()
+            })
+            .collect()
+    };
+    std::iter::once(header).chain(lines).map(cut).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_discovers_builtin_and_custom_resources() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let k = Kubectl::new(&emu, "discovery");
+    let out = k.ok(&["api-resources"]);
+    for expected in [
+        "microvmmachines             mvmm         infrastructure.cluster.x-k8s.io/v1alpha2   true         MicrovmMachine",
+        "microvmclusters             mvmc",
+        "microvmmachinetemplates     mvmmt",
+        "namespaces                  ns           v1                                         false        Namespace",
+        "leases                                   coordination.k8s.io/v1",
+        "customresourcedefinitions   crd,crds     apiextensions.k8s.io/v1",
+    ] {
+        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+    }
+    let cats = k.ok(&["api-resources", "--categories=cluster-api", "-o", "name"]);
+    let mut names: Vec<&str> = cats.lines().collect();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        vec![
+            "microvmclusters.infrastructure.cluster.x-k8s.io",
+            "microvmmachines.infrastructure.cluster.x-k8s.io",
+            "microvmmachinetemplates.infrastructure.cluster.x-k8s.io"
+        ]
+    );
+    let version = k.ok(&["version", "-o", "json"]);
+    let v: serde_json::Value = serde_json::from_str(&version).unwrap();
+    assert_eq!(v["serverVersion"]["major"], "1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_get_prints_the_printer_columns() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let k = Kubectl::new(&emu, "get");
+    create_machine(&client, "default", "m1").await;
+    create_machine(&client, "default", "m2").await;
+    machines(&client, "default")
+        .patch_status(
+            "m1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"host": "10.0.0.1:9090", "vmState": "running", "conditions": [
+                {"type": "Paused", "status": "False", "reason": "NotPaused", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "Ready", "status": "True", "reason": "Running", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+
+    let rows = table(&k.ok(&["get", "mvmm"]));
+    assert_eq!(
+        rows[0],
+        vec![
+            "NAME",
+            "CLUSTER",
+            "HOST",
+            "STATE",
+            "PROVIDERID",
+            "READY",
+            "AGE"
+        ]
+    );
+    assert_eq!(
+        rows[1][..6],
+        ["m1", "c1", "10.0.0.1:9090", "running", "", "True"]
+    );
+    assert_eq!(
+        rows[2][..3],
+        ["m2", "c1", ""],
+        "a missing value is an empty cell"
+    );
+    assert!(rows[1][6].ends_with('s'), "age {:?}", rows[1][6]);
+
+    // Full names, categories, several kinds at once, all namespaces, labels, selectors, output formats.
+    assert_eq!(
+        table(&k.ok(&["get", "microvmmachines.infrastructure.cluster.x-k8s.io"])).len(),
+        3
+    );
+    let cat = k.ok(&["get", "cluster-api"]);
+    assert!(
+        cat.contains("microvmmachine.infrastructure.cluster.x-k8s.io/m1"),
+        "{cat}"
+    );
+    let several = k.ok(&["get", "mvmc,mvmm,mvmmt", "-o", "name"]);
+    assert_eq!(several.lines().count(), 2, "{several}");
+    let all = table(&k.ok(&["get", "mvmm", "-A", "--show-labels"]));
+    assert_eq!(all[0][0], "NAMESPACE");
+    assert_eq!(all[1][0], "default");
+    assert!(
+        all[1]
+            .last()
+            .unwrap()
+            .contains("cluster.x-k8s.io/cluster-name=c1")
+    );
+    let selected = k.ok(&[
+        "get",
+        "mvmm",
+        "-l",
+        "cluster.x-k8s.io/cluster-name=c1",
+        "-o",
+        "name",
+    ]);
+    assert_eq!(selected.lines().count(), 2);
+    let host = k.ok(&["get", "mvmm", "m1", "-o", "jsonpath={.status.host}"]);
+    assert_eq!(host, "10.0.0.1:9090");
+    let yaml = k.ok(&["get", "mvmm", "m1", "-o", "yaml"]);
+    assert!(
+        yaml.contains("kind: MicrovmMachine") && yaml.contains("generation: 1"),
+        "{yaml}"
+    );
+    let ns = table(&k.ok(&["get", "ns"]));
+    assert_eq!(ns[0], vec!["NAME", "STATUS", "AGE"]);
+    assert!(ns.iter().any(|r| r[0] == "kube-system" && r[1] == "Active"));
+    let missing = k.run(&["get", "mvmm", "nope"]);
+    assert!(!missing.status.success());
+    let stderr = String::from_utf8_lossy(&missing.stderr);
+    assert!(
+        stderr.contains("Error from server (NotFound): microvmmachines.infrastructure.cluster.x-k8s.io \"nope\" not found"),
+        "{stderr}"
+    );
+}
+
+const MACHINE: &str = "apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2
+kind: MicrovmMachine
+metadata:
+  name: applied
+  namespace: default
+  labels:
+    cluster.x-k8s.io/cluster-name: demo
+spec:
+  kernel: {image: ghcr.io/kernel:6.1, filename: boot/vmlinux}
+  memoryMb: 2048
+  vcpu: 2
+  rootVolume: {id: root, image: ghcr.io/root:1}
+  networkInterfaces:
+  - {guestDeviceName: eth1, type: tap}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_apply_creates_configures_and_leaves_unchanged() {
+    let (emu, client) = start().await;
+    let k = Kubectl::new(&emu, "apply");
+    let crds = repo_root().join("config/crd/bases");
+    let out = k.ok(&["apply", "-f", crds.to_str().unwrap()]);
+    assert_eq!(out.matches(" created").count(), 3, "{out}");
+    let out = k.ok(&["apply", "-f", crds.to_str().unwrap()]);
+    assert_eq!(out.matches(" unchanged").count(), 3, "{out}");
+
+    assert_eq!(
+        k.apply(MACHINE).trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/applied created"
+    );
+    assert_eq!(
+        k.apply(MACHINE).trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/applied unchanged"
+    );
+    let changed = MACHINE.replace("vcpu: 2", "vcpu: 4");
+    assert_eq!(
+        k.apply(&changed).trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/applied configured"
+    );
+    let m = machines(&client, "default").get("applied").await.unwrap();
+    assert_eq!(m.data["spec"]["vcpu"], 4);
+    assert_eq!(m.metadata.generation, Some(2));
+    assert!(
+        m.metadata
+            .annotations
+            .unwrap()
+            .contains_key("kubectl.kubernetes.io/last-applied-configuration")
+    );
+
+    // Built-in kinds go through strategic merge patches.
+    let secret = "apiVersion: v1\nkind: Secret\nmetadata:\n  name: creds\n  namespace: default\nstringData:\n  token: abc\n";
+    assert_eq!(k.apply(secret).trim(), "secret/creds created");
+    let cm = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  a: \"1\"\n";
+    assert_eq!(k.apply(cm).trim(), "configmap/cfg created");
+    assert_eq!(k.apply(cm).trim(), "configmap/cfg unchanged");
+    assert_eq!(
+        k.apply(&cm.replace("a: \"1\"", "b: \"2\"")).trim(),
+        "configmap/cfg configured"
+    );
+    let data = k.ok(&["get", "cm", "cfg", "-o", "jsonpath={.data}"]);
+    assert_eq!(
+        data, r#"{"b":"2"}"#,
+        "the removed key is deleted by the three-way patch"
+    );
+
+    // Server-side validation (kubectl's default is strict): an unknown field fails.
+    let bad = MACHINE.replace("vcpu: 2", "vcpu: 2\n  bogus: 1");
+    let out = k.run_stdin(&["apply", "-f", "-"], Some(&bad));
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("unknown field \"spec.bogus\""), "{stderr}");
+    // And a schema violation is reported with its field.
+    let out = k.run_stdin(
+        &["apply", "-f", "-"],
+        Some(&MACHINE.replace("vcpu: 2", "vcpu: 100")),
+    );
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("spec.vcpu: Invalid value: 100"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let k = Kubectl::new(&emu, "patch");
+    create_machine(&client, "default", "m").await;
+    let out = k.ok(&[
+        "patch",
+        "mvmm",
+        "m",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"providerID":"microvm://h/1"}}"#,
+    ]);
+    assert_eq!(
+        out.trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
+    );
+    let out = k.ok(&[
+        "patch",
+        "mvmm",
+        "m",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"replace","path":"/spec/vcpu","value":6}]"#,
+    ]);
+    assert_eq!(
+        out.trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
+    );
+    let out = k.ok(&[
+        "patch",
+        "mvmm",
+        "m",
+        "--subresource",
+        "status",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"status":{"host":"h"}}"#,
+    ]);
+    assert!(out.contains("patched"), "{out}");
+    let m = machines(&client, "default").get("m").await.unwrap();
+    assert_eq!(m.data["spec"]["providerID"], "microvm://h/1");
+    assert_eq!(m.data["spec"]["vcpu"], 6);
+    assert_eq!(m.data["status"]["host"], "h");
+    // kubectl's default patch type is strategic, which custom resources refuse as a real server does.
+    let out = k.run(&["patch", "mvmm", "m", "-p", r#"{"spec":{"vcpu":3}}"#]);
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("application/strategic-merge-patch+json is not supported"),
+        "{stderr}"
+    );
+    // A failed JSON patch test.
+    let out = k.run(&[
+        "patch",
+        "mvmm",
+        "m",
+        "--type",
+        "json",
+        "-p",
+        r#"[{"op":"test","path":"/spec/vcpu","value":1}]"#,
+    ]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("test failed"));
+    // Strategic merge on a built-in.
+    k.ok(&[
+        "create",
+        "configmap",
+        "cfg",
+        "--from-literal=a=1",
+        "--dry-run=client",
+        "-o",
+        "yaml",
+    ]);
+    k.apply("apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cfg\ndata:\n  a: \"1\"\n");
+    let out = k.ok(&["patch", "cm", "cfg", "-p", r#"{"data":{"b":"2"}}"#]);
+    assert_eq!(out.trim(), "configmap/cfg patched");
+    assert_eq!(k.ok(&["get", "cm", "cfg", "-o", "jsonpath={.data.b}"]), "2");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_wait_for_a_condition_and_delete() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let k = Kubectl::new(&emu, "wait");
+    create_machine(&client, "default", "m").await;
+    // The condition becomes true while kubectl waits on its watch.
+    let client2 = client.clone();
+    let setter = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(700)).await;
+        machines(&client2, "default")
+            .patch_status(
+                "m",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"status": {"conditions": [
+                    {"type": "Ready", "status": "True", "reason": "Running", "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z"}
+                ]}})),
+            )
+            .await
+            .unwrap();
+    });
+    let started = std::time::Instant::now();
+    let out = k.ok(&["wait", "--for=condition=Ready", "mvmm/m", "--timeout=30s"]);
+    assert_eq!(
+        out.trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/m condition met"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(600),
+        "kubectl waited for the change"
+    );
+    setter.await.unwrap();
+
+    // A finalizer holds the deletion; `kubectl delete --wait=false` returns, `wait --for=delete` waits.
+    machines(&client, "default")
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+        )
+        .await
+        .unwrap();
+    let out = k.ok(&["delete", "mvmm", "m", "--wait=false"]);
+    assert_eq!(
+        out.trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io \"m\" deleted"
+    );
+    let client3 = client.clone();
+    let release = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        machines(&client3, "default")
+            .patch(
+                "m",
+                &PatchParams::default(),
+                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+            )
+            .await
+            .unwrap();
+    });
+    let out = k.ok(&["wait", "--for=delete", "mvmm/m", "--timeout=30s"]);
+    assert!(out.contains("condition met"), "{out}");
+    release.await.unwrap();
+    // A plain delete waits for the object to go.
+    create_machine(&client, "default", "n").await;
+    let out = k.ok(&["delete", "mvmm", "n"]);
+    assert_eq!(
+        out.trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io \"n\" deleted"
+    );
+    assert!(k.ok(&["get", "mvmm", "-o", "name"]).trim().is_empty());
+    let out = k.run(&["delete", "mvmm", "gone"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("NotFound"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_explain_reads_the_openapi_v3_documents() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let k = Kubectl::new(&emu, "explain");
+    let out = k.ok(&["explain", "mvmm.spec.kernel"]);
+    assert!(out.contains("KIND:       MicrovmMachine"), "{out}");
+    assert!(
+        out.contains("The kernel, as a file inside a container image."),
+        "{out}"
+    );
+    assert!(out.contains("filename\t<string> -required-"), "{out}");
+    let out = k.ok(&["explain", "mvmm.metadata.labels"]);
+    assert!(out.contains("map[string]string"), "{out}");
+    let out = k.ok(&["explain", "leases.spec"]);
+    assert!(out.contains("holderIdentity"), "{out}");
+}

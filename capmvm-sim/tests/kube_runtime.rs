@@ -1,3 +1,339 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
-//! placeholder
+//! kube-runtime against the emulator, unchanged: the watcher (including its relist after a 410 Gone),
+//! a reflector, a Controller that owns Secrets, and kube-lease-manager's leader election.
 
+mod kube_support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use capmvm_sim::kube::{EmulatorOptions, Verb};
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::core::DynamicObject;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::{WatchStreamExt, reflector, watcher};
+use kube::{Resource, ResourceExt};
+use kube_support::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn the_watcher_follows_changes_and_relists_after_410_gone() {
+    // A tiny history and watch buffer make a stalled watcher fall behind the history.
+    let (emu, client) =
+        start_with(EmulatorOptions::default().history_limit(10).watch_buffer(4)).await;
+    install_project_crds(&client).await;
+    let api = machines(&client, "default");
+    for i in 0..3 {
+        create_machine(&client, "default", &format!("m{i}")).await;
+    }
+    let mut events = watcher(api.clone(), watcher::Config::default()).boxed();
+    // The initial list.
+    let mut initial = BTreeSet::new();
+    loop {
+        match events.try_next().await.unwrap().unwrap() {
+            watcher::Event::Init => {}
+            watcher::Event::InitApply(o) => {
+                initial.insert(o.name_any());
+            }
+            watcher::Event::InitDone => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(initial.len(), 3);
+    // A live change.
+    create_machine(&client, "default", "live").await;
+    match tokio::time::timeout(Duration::from_secs(5), events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        watcher::Event::Apply(o) => assert_eq!(o.name_any(), "live"),
+        other => panic!("unexpected {other:?}"),
+    }
+    let lists_before = emu.counters().get(
+        Verb::List,
+        "infrastructure.cluster.x-k8s.io/microvmmachines",
+    );
+
+    // While the consumer stalls, many large writes (more than the socket buffers hold): the server closes
+    // the slow watch, and the history moves past the last resourceVersion the watcher saw.
+    let big = "x".repeat(200 * 1024);
+    for i in 0..80 {
+        let patch = json!({"metadata": {"annotations": {"big": format!("{i}{big}")}}, "spec": {"vcpu": 1 + (i % 60)}});
+        api.patch("m0", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+    api.delete("m1", &DeleteParams::default()).await.unwrap();
+    create_machine(&client, "default", "after").await;
+    eventually("the slow watch was closed", || {
+        let closed = emu.stats().slow_watchers_closed;
+        async move { closed >= 1 }
+    })
+    .await;
+
+    // Resuming: buffered events, then the re-watch gets 410 Gone, which the watcher reports, and it relists.
+    let mut saw_gone = false;
+    let mut relisted = None;
+    while relisted.is_none() {
+        match tokio::time::timeout(Duration::from_secs(10), events.next())
+            .await
+            .unwrap()
+            .unwrap()
+        {
+            Err(watcher::Error::WatchError(s)) if s.code == 410 => saw_gone = true,
+            Err(e) => panic!("unexpected error {e:?}"),
+            Ok(watcher::Event::Init) => {
+                let mut names = BTreeSet::new();
+                loop {
+                    match events.try_next().await.unwrap().unwrap() {
+                        watcher::Event::InitApply(o) => {
+                            names.insert(o.name_any());
+                        }
+                        watcher::Event::InitDone => break,
+                        other => panic!("unexpected {other:?}"),
+                    }
+                }
+                relisted = Some(names);
+            }
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {}
+            Ok(other) => panic!("unexpected {other:?}"),
+        }
+    }
+    assert!(
+        saw_gone,
+        "the re-watch from the old resourceVersion got 410 Gone"
+    );
+    let names = relisted.unwrap();
+    let expected: BTreeSet<String> = ["after", "live", "m0", "m2"]
+        .iter()
+        .map(|s| (*s).to_string())
+        .collect();
+    assert_eq!(names, expected, "the relist shows the current state");
+    let lists_after = emu.counters().get(
+        Verb::List,
+        "infrastructure.cluster.x-k8s.io/microvmmachines",
+    );
+    assert!(lists_after > lists_before, "the watcher listed again");
+    // And it keeps following changes.
+    api.delete("after", &DeleteParams::default()).await.unwrap();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), events.try_next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            watcher::Event::Delete(o) => {
+                assert_eq!(o.name_any(), "after");
+                break;
+            }
+            watcher::Event::Apply(_) => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_reflector_store_tracks_the_collection() {
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    let api = machines(&client, "default");
+    let writer = reflector::store::Writer::<DynamicObject>::new(machine_ar());
+    let reader = writer.as_reader();
+    let stream = reflector(
+        writer,
+        watcher(api.clone(), watcher::Config::default().page_size(2)),
+    )
+    .applied_objects();
+    let handle = tokio::spawn(stream.for_each(|_| async {}));
+    for i in 0..5 {
+        create_machine(&client, "default", &format!("r{i}")).await;
+    }
+    api.delete("r3", &DeleteParams::default()).await.unwrap();
+    eventually("the reflector holds four machines", || {
+        let reader = reader.clone();
+        async move { reader.state().len() == 4 }
+    })
+    .await;
+    handle.abort();
+}
+
+struct Ctx {
+    client: kube::Client,
+    reconciles: AtomicUsize,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error(transparent)]
+struct ReconcileError(#[from] kube::Error);
+
+async fn reconcile(obj: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, ReconcileError> {
+    ctx.reconciles.fetch_add(1, Ordering::Relaxed);
+    let ns = obj.namespace().unwrap();
+    let name = obj.name_any();
+    let api = machines(&ctx.client, &ns);
+    // The operator's write pattern: a merge patch of status carrying resourceVersion.
+    let patch = json!({"metadata": {"resourceVersion": obj.resource_version()}, "status": {"host": "reconciled"}});
+    if obj.data.pointer("/status/host").and_then(|h| h.as_str()) != Some("reconciled") {
+        match api
+            .patch_status(&name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {
+                return Ok(Action::requeue(Duration::from_millis(50)));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    // Own a Secret, so that the Controller's `owns` watch sees it.
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    if secrets.get_opt(&name).await?.is_none() {
+        let oref = obj.controller_owner_ref(&machine_ar()).unwrap();
+        let s: Secret = serde_json::from_value(json!({"metadata": {"name": name, "ownerReferences": [oref]}, "stringData": {"k": "v"}})).unwrap();
+        secrets.create(&PostParams::default(), &s).await?;
+    }
+    Ok(Action::await_change())
+}
+
+fn error_policy(_obj: Arc<DynamicObject>, _err: &ReconcileError, _ctx: Arc<Ctx>) -> Action {
+    Action::requeue(Duration::from_millis(100))
+}
+
+#[tokio::test]
+async fn a_controller_reconciles_every_object_and_reacts_to_owned_objects() {
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    let api = machines(&client, "default");
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
+    let ctx = Arc::new(Ctx {
+        client: client.clone(),
+        reconciles: AtomicUsize::new(0),
+    });
+    let controller = Controller::new_with(api.clone(), watcher::Config::default(), machine_ar())
+        .owns_with(secrets.clone(), (), watcher::Config::default())
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|_| async {});
+    let handle = tokio::spawn(controller);
+    for i in 0..10 {
+        create_machine(&client, "default", &format!("c{i}")).await;
+    }
+    eventually("every machine reconciled", || {
+        let api = api.clone();
+        async move {
+            let list = api.list(&ListParams::default()).await.unwrap();
+            list.items.len() == 10
+                && list
+                    .items
+                    .iter()
+                    .all(|m| m.data.pointer("/status/host").is_some())
+        }
+    })
+    .await;
+    eventually("every machine owns a Secret", || {
+        let secrets = secrets.clone();
+        async move {
+            secrets
+                .list(&ListParams::default())
+                .await
+                .unwrap()
+                .items
+                .len()
+                == 10
+        }
+    })
+    .await;
+    // Deleting an owned Secret triggers a reconcile of its owner, which recreates it.
+    let before = ctx.reconciles.load(Ordering::Relaxed);
+    secrets
+        .delete("c3", &DeleteParams::default())
+        .await
+        .unwrap();
+    eventually("the owner recreated its Secret", || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("c3").await.unwrap().is_some() }
+    })
+    .await;
+    assert!(ctx.reconciles.load(Ordering::Relaxed) > before);
+    // Deleting an owner garbage-collects its Secret.
+    api.delete("c5", &DeleteParams::default()).await.unwrap();
+    eventually("the owned Secret was garbage collected", || {
+        let secrets = secrets.clone();
+        async move { secrets.get_opt("c5").await.unwrap().is_none() }
+    })
+    .await;
+    handle.abort();
+}
+
+#[tokio::test]
+async fn kube_lease_manager_elects_exactly_one_leader() {
+    use kube_lease_manager::LeaseManagerBuilder;
+    let (_emu, client) = start().await;
+    let manager = |id: &'static str| {
+        let client = client.clone();
+        async move {
+            LeaseManagerBuilder::new(client, "capmvm-leader")
+                .with_namespace("default")
+                .with_identity(id)
+                .with_duration(3)
+                .with_grace(1)
+                .build()
+                .await
+                .unwrap()
+        }
+    };
+    let (mut rx_a, task_a) = manager("a").await.watch().await;
+    let (mut rx_b, task_b) = manager("b").await.watch().await;
+    eventually("someone leads", || {
+        let a = *rx_a.borrow_and_update();
+        let b = *rx_b.borrow_and_update();
+        async move { a || b }
+    })
+    .await;
+    // Over several renewals, never both.
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        assert!(!(*rx_a.borrow() && *rx_b.borrow()), "two leaders");
+    }
+    let a_leads = *rx_a.borrow();
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(client.clone(), "default");
+    let holder = leases
+        .get("capmvm-leader")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    assert_eq!(holder, if a_leads { "a" } else { "b" });
+    // The leader steps down (drops its channel, which releases the lease); the other takes over.
+    let (leader, mut follower, leader_task, follower_task) = if a_leads {
+        (rx_a, rx_b, task_a, task_b)
+    } else {
+        (rx_b, rx_a, task_b, task_a)
+    };
+    drop(leader);
+    leader_task.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(20), follower.wait_for(|leads| *leads))
+        .await
+        .unwrap()
+        .unwrap();
+    let holder = leases
+        .get("capmvm-leader")
+        .await
+        .unwrap()
+        .spec
+        .unwrap()
+        .holder_identity
+        .unwrap();
+    assert_eq!(holder, if a_leads { "b" } else { "a" });
+    drop(follower);
+    follower_task.await.unwrap().unwrap();
+}
