@@ -328,6 +328,92 @@ async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving() {
 }
 
 #[tokio::test]
+async fn every_served_version_of_a_crd_is_served() {
+    let (_emu, client) = start().await;
+    let mut crd = widget_crd();
+    let v1 = crd["spec"]["versions"][0].clone();
+    let mut v2 = v1.clone();
+    v2["name"] = json!("v2");
+    v2["storage"] = json!(false);
+    v2["deprecated"] = json!(true);
+    crd["spec"]["versions"] = json!([v1, v2]);
+    create_crd(&client, &crd).await;
+    let groups = get_json(&client, "/apis").await;
+    let g = groups["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["name"] == "test.example.com")
+        .unwrap()
+        .clone();
+    assert_eq!(
+        g["preferredVersion"]["version"], "v2",
+        "kube-like version priority: v2 before v1"
+    );
+    // Written through v2, read through v1: only apiVersion differs (the None conversion strategy).
+    let mut w = widget("w", 2);
+    w["apiVersion"] = json!("test.example.com/v2");
+    let r = raw(
+        &client,
+        "POST",
+        "/apis/test.example.com/v2/namespaces/default/widgets",
+        Some("application/json"),
+        w.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    assert_eq!(r.body["apiVersion"], "test.example.com/v2");
+    assert!(
+        r.warnings().iter().any(|w| w.contains("deprecated")),
+        "{:?}",
+        r.warnings()
+    );
+    let as_v1 = get_json(
+        &client,
+        "/apis/test.example.com/v1/namespaces/default/widgets/w",
+    )
+    .await;
+    assert_eq!(as_v1["apiVersion"], "test.example.com/v1");
+    assert_eq!(as_v1["spec"]["size"], 2);
+    let listed = get_json(
+        &client,
+        "/apis/test.example.com/v2/namespaces/default/widgets",
+    )
+    .await;
+    assert_eq!(listed["items"][0]["apiVersion"], "test.example.com/v2");
+    // A CRD update that stops serving v2.
+    let mut stored = crd_api(&client)
+        .get("widgets.test.example.com")
+        .await
+        .unwrap();
+    stored.data["spec"]["versions"][1]["served"] = json!(false);
+    crd_api(&client)
+        .replace("widgets.test.example.com", &PostParams::default(), &stored)
+        .await
+        .unwrap();
+    assert_status(
+        &raw(
+            &client,
+            "GET",
+            "/apis/test.example.com/v2/namespaces/default/widgets",
+            None,
+            b"",
+        )
+        .await,
+        404,
+        "NotFound",
+    );
+    assert_eq!(
+        get_json(
+            &client,
+            "/apis/test.example.com/v1/namespaces/default/widgets/w"
+        )
+        .await["spec"]["size"],
+        2
+    );
+}
+
+#[tokio::test]
 async fn openapi_v3_documents_come_from_the_served_schemas() {
     let (_emu, client) = start().await;
     install_project_crds(&client).await;
@@ -1548,6 +1634,45 @@ async fn delete_without_finalizers_removes_at_once_and_returns_the_object() {
         out.right()
             .is_some_and(|s| s.status == Some(kube::core::response::StatusSummary::Success))
     );
+}
+
+#[tokio::test]
+async fn delete_collection_deletes_what_the_selector_selects() {
+    let (_emu, client) = start().await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for (name, tier) in [("a", "x"), ("b", "x"), ("c", "y")] {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name, "labels": {"tier": tier}}}))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let out = cms
+        .delete_collection(
+            &DeleteParams::default(),
+            &ListParams::default().labels("tier=x"),
+        )
+        .await
+        .unwrap();
+    let deleted: Vec<String> = out
+        .left()
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(deleted, vec!["a", "b"]);
+    let left: Vec<String> = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|c| c.metadata.name)
+        .collect();
+    assert_eq!(left, vec!["c"]);
 }
 
 #[tokio::test]

@@ -1117,6 +1117,26 @@ pub(crate) fn list(
     let list_rv = at.unwrap_or(store.rev);
     let limit = opts.limit.filter(|l| *l > 0);
     let pinned = filter.fields.pinned_name().map(str::to_string);
+    // `fieldSelector=metadata.name=x` in one namespace (kubectl wait and delete, kube-runtime's
+    // await_condition) is one lookup, not a scan.
+    if let Some(p) = &pinned
+        && at.is_none_or(|a| a >= store.rev)
+        && after.is_none()
+        && (filter.ns.is_some() || !def.namespaced)
+    {
+        let key = ObjKey::new(filter.ns.as_deref().unwrap_or(""), p);
+        let items: Vec<Arc<Stored>> = store
+            .get(&def.storage, &key)
+            .filter(|o| filter.matches(&o.value))
+            .into_iter()
+            .collect();
+        return Ok(ListPage {
+            items,
+            resource_version: list_rv,
+            continue_token: None,
+            remaining: None,
+        });
+    }
     let mut items = Vec::new();
     let mut last_key: Option<ObjKey> = None;
     let mut more = false;

@@ -377,13 +377,7 @@ impl FieldSelector {
             return Ok(Self { terms });
         }
         for part in split_unescaped(s, ',') {
-            let (key, value, negate) = if let Some(idx) = find_unescaped(&part, "!=") {
-                (&part[..idx], &part[idx + 2..], true)
-            } else if let Some(idx) = find_unescaped(&part, "==") {
-                (&part[..idx], &part[idx + 2..], false)
-            } else if let Some(idx) = find_unescaped(&part, "=") {
-                (&part[..idx], &part[idx + 1..], false)
-            } else {
+            let Some((key, value, negate)) = split_term(&part) else {
                 return Err(ApiError::bad_request(format!(
                     "invalid selector: '{s}'; can't understand '{part}'"
                 )));
@@ -444,16 +438,26 @@ impl FieldSelector {
     }
 }
 
-fn find_unescaped(s: &str, pat: &str) -> Option<usize> {
-    let bytes = s.as_bytes();
+/// Splits `key<op>value` at the first unescaped operator, trying `!=`, `==`, `=` at each position (as
+/// apimachinery's field selector parser does).
+fn split_term(part: &str) -> Option<(&str, &str, bool)> {
+    let bytes = part.as_bytes();
     let mut i = 0;
     while i < bytes.len() {
         if bytes[i] == b'\\' {
             i += 2;
             continue;
         }
-        if s[i..].starts_with(pat) {
-            return Some(i);
+        // Byte comparisons: `i` may be inside a multi-byte character, the ASCII operators never are.
+        let rest = &bytes[i..];
+        if rest.starts_with(b"!=") {
+            return Some((&part[..i], &part[i + 2..], true));
+        }
+        if rest.starts_with(b"==") {
+            return Some((&part[..i], &part[i + 2..], false));
+        }
+        if rest.starts_with(b"=") {
+            return Some((&part[..i], &part[i + 1..], false));
         }
         i += 1;
     }
@@ -505,5 +509,8 @@ mod tests {
         let s = FieldSelector::parse("metadata.name!=a,metadata.namespace==x", &sup).unwrap();
         assert!(s.matches(&json!({"metadata": {"name": "b", "namespace": "x"}})));
         assert!(FieldSelector::parse("spec.x=1", &sup).is_err());
+        let s = FieldSelector::parse("metadata.name=é!=ü", &sup).unwrap();
+        assert!(!s.matches(&json!({"metadata": {"name": "x"}})));
+        assert!(FieldSelector::parse("métadata", &sup).is_err());
     }
 }

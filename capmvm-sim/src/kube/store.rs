@@ -681,10 +681,11 @@ impl Store {
         // The state at `at` is the current one, except for keys changed since: those had the value the
         // first later event found (`prev`), or did not exist.
         let mut overlay: BTreeMap<&ObjKey, Option<&Arc<Stored>>> = BTreeMap::new();
+        let first = self.history.partition_point(|e| e.rev <= at);
         for ev in self
             .history
-            .iter()
-            .filter(|e| e.rev > at && *e.storage == *storage)
+            .range(first..)
+            .filter(|e| *e.storage == *storage)
         {
             overlay.entry(&ev.key).or_insert(ev.prev.as_ref());
         }
@@ -772,10 +773,11 @@ impl Store {
                         self.compacted + 1
                     )));
                 }
+                let first = self.history.partition_point(|e| e.rev <= rv);
                 for ev in self
                     .history
-                    .iter()
-                    .filter(|e| e.rev > rv && e.storage == *storage)
+                    .range(first..)
+                    .filter(|e| e.storage == *storage)
                 {
                     if let Some(ty) = transition(&filter, ev) {
                         backlog.push(WatchMsg::Event(ty, ev.obj.clone()));
