@@ -104,7 +104,8 @@ fn table(out: &str) -> Vec<Vec<String>> {
     let mut starts = vec![0];
     let bytes = header.as_bytes();
     for i in 1..bytes.len() {
-        if bytes[i] != b' ' && bytes[i - 1] == b' ' {
+        // Columns are separated by at least two spaces ("LAST SEEN" is one column).
+        if bytes[i] != b' ' && bytes[i - 1] == b' ' && i >= 2 && bytes[i - 2] == b' ' {
             starts.push(i);
         }
     }
@@ -500,4 +501,83 @@ async fn kubectl_explain_reads_the_openapi_v3_documents() {
     assert!(out.contains("map[string]string"), "{out}");
     let out = k.ok(&["explain", "leases.spec"]);
     assert!(out.contains("holderIdentity"), "{out}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_create_sends_protobuf_for_builtins_and_events_print() {
+    let (emu, client) = start().await;
+    let k = Kubectl::new(&emu, "create");
+    assert_eq!(
+        k.ok(&["create", "namespace", "demo"]).trim(),
+        "namespace/demo created"
+    );
+    assert_eq!(
+        k.ok(&[
+            "create",
+            "secret",
+            "generic",
+            "creds",
+            "-n",
+            "demo",
+            "--from-literal=token=s3cr3t"
+        ])
+        .trim(),
+        "secret/creds created"
+    );
+    assert_eq!(
+        k.ok(&[
+            "create",
+            "configmap",
+            "cfg",
+            "-n",
+            "demo",
+            "--from-literal=a=1"
+        ])
+        .trim(),
+        "configmap/cfg created"
+    );
+    let secrets: kube::Api<k8s_openapi::api::core::v1::Secret> =
+        kube::Api::namespaced(client.clone(), "demo");
+    let s = secrets.get("creds").await.unwrap();
+    assert_eq!(s.data.unwrap()["token"].0, b"s3cr3t");
+    assert_eq!(s.type_.as_deref(), Some("Opaque"));
+    let rows = table(&k.ok(&["get", "secrets", "-n", "demo"]));
+    assert_eq!(rows[0], vec!["NAME", "TYPE", "DATA", "AGE"]);
+    assert_eq!(rows[1][..3], ["creds", "Opaque", "1"]);
+    // `kubectl create -f` of a custom resource sends JSON.
+    install_project_crds(&client).await;
+    let out = k.run_stdin(&["create", "-f", "-"], Some(MACHINE));
+    assert_clean(&["create", "-f", "-"], &out);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "microvmmachine.infrastructure.cluster.x-k8s.io/applied created"
+    );
+
+    // Events written through events.k8s.io/v1 print in both APIs.
+    let ev = "apiVersion: events.k8s.io/v1
+kind: Event
+metadata: {name: ev1, namespace: demo}
+eventTime: \"2026-01-01T00:00:00.000000Z\"
+reportingController: capmvm
+reportingInstance: capmvm-0
+action: Provision
+reason: Created
+type: Normal
+note: microVM created
+regarding: {kind: MicrovmMachine, name: m1, namespace: demo}
+";
+    assert_eq!(k.apply(ev).trim(), "event.events.k8s.io/ev1 created");
+    for resource in ["events", "events.events.k8s.io"] {
+        let rows = table(&k.ok(&["get", resource, "-n", "demo"]));
+        assert_eq!(
+            rows[0],
+            vec!["LAST SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            "{resource}"
+        );
+        assert_eq!(
+            rows[1][1..],
+            ["Normal", "Created", "microvmmachine/m1", "microVM created"],
+            "{resource}"
+        );
+    }
 }

@@ -324,7 +324,9 @@ fn def(
     }
 }
 
-fn event_columns() -> Vec<Column> {
+/// The event printer's columns; `v1` reads the `events.k8s.io/v1` field names.
+fn event_columns(v1: bool) -> Vec<Column> {
+    let f = |core: &'static str, renamed: &'static str| if v1 { renamed } else { core };
     let mut last_seen = path_column(
         "Last Seen",
         "string",
@@ -361,35 +363,35 @@ fn event_columns() -> Vec<Column> {
         path_column(
             "Subobject",
             "string",
-            ".involvedObject.fieldPath",
+            f(".involvedObject.fieldPath", ".regarding.fieldPath"),
             "The subobject that this event is about",
             1,
         ),
         path_column(
             "Source",
             "string",
-            ".source.component",
+            f(".source.component", ".deprecatedSource.component"),
             "The component reporting this event",
             1,
         ),
         path_column(
             "Message",
             "string",
-            ".message",
+            f(".message", ".note"),
             "A human-readable description of the status of this operation.",
             0,
         ),
         path_column(
             "First Seen",
             "string",
-            ".firstTimestamp",
+            f(".firstTimestamp", ".deprecatedFirstTimestamp"),
             "Time when this Event was first seen",
             1,
         ),
         path_column(
             "Count",
             "string",
-            ".count",
+            f(".count", ".deprecatedCount"),
             "Number of times this event has occurred",
             1,
         ),
@@ -499,7 +501,7 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             true,
             &["ev"],
             event_schema(),
-            event_columns(),
+            event_columns(false),
             event_selectors,
         ),
         def(
@@ -511,7 +513,7 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             true,
             &["ev"],
             event_v1_schema(),
-            event_columns(),
+            event_columns(true),
             event_v1_selectors,
         ),
         def(

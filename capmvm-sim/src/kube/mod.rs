@@ -37,6 +37,7 @@ mod jsonpath;
 mod meta;
 mod ops;
 mod patch;
+mod protobuf;
 mod registry;
 mod schema;
 mod selector;

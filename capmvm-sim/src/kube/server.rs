@@ -488,7 +488,7 @@ fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiEr
     })
 }
 
-fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
+fn decode_object(def: &ResourceDef, headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
     let ct = headers
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
@@ -510,9 +510,16 @@ fn decode_object(headers: &HeaderMap, body: &[u8]) -> Result<Value, ApiError> {
                 ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}"))
             })
         }
-        _ => Err(ApiError::unsupported_media_type(
-            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
-        )),
+        // kubectl's typed commands (`kubectl create namespace|secret|configmap`) send protobuf.
+        "application/vnd.kubernetes.protobuf"
+            if matches!(
+                def.builtin,
+                Some(Builtin::Namespace | Builtin::Secret | Builtin::ConfigMap)
+            ) =>
+        {
+            super::protobuf::decode(body)
+        }
+        _ => Err(super::protobuf::unsupported()),
     }
 }
 
@@ -647,14 +654,14 @@ async fn resource(
         (Method::POST, None) if sub == Sub::Main => {
             shared.counters.bump(Verb::Create, &counter, agent);
             let params = write_params(query, headers)?;
-            let obj = decode_object(headers, &body)?;
+            let obj = decode_object(&def, headers, &body)?;
             let res = ops::create(shared, &def, ns, obj, &params)?;
             Ok(written_response(&def, &res.written, true, &res.warnings))
         }
         (Method::PUT, Some(name)) => {
             shared.counters.bump(Verb::Update, &counter, agent);
             let params = write_params(query, headers)?;
-            let obj = decode_object(headers, &body)?;
+            let obj = decode_object(&def, headers, &body)?;
             let res = ops::update(shared, &def, ns, name, sub, obj, &params)?;
             Ok(written_response(
                 &def,
