@@ -204,8 +204,8 @@ fn object_meta(b: &[u8]) -> Result<Value, ApiError> {
             (10, Wire::Varint(v)) => {
                 m.insert("deletionGracePeriodSeconds".into(), json!(v as i64));
             }
-            (11, Wire::Bytes(v)) => insert_map(&mut m, "labels", map_entry(v, |x| string(x))?),
-            (12, Wire::Bytes(v)) => insert_map(&mut m, "annotations", map_entry(v, |x| string(x))?),
+            (11, Wire::Bytes(v)) => insert_map(&mut m, "labels", map_entry(v, string)?),
+            (12, Wire::Bytes(v)) => insert_map(&mut m, "annotations", map_entry(v, string)?),
             (13, Wire::Bytes(v)) => push(&mut m, "ownerReferences", owner_reference(v)?),
             (14, Wire::Bytes(v)) => push(&mut m, "finalizers", string(v)?),
             _ => {}
@@ -248,7 +248,7 @@ fn secret(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
             (3, Wire::Bytes(v)) => {
                 out.insert("type".into(), string(v)?);
             }
-            (4, Wire::Bytes(v)) => insert_map(out, "stringData", map_entry(v, |x| string(x))?),
+            (4, Wire::Bytes(v)) => insert_map(out, "stringData", map_entry(v, string)?),
             (5, Wire::Varint(v)) => {
                 out.insert("immutable".into(), json!(v != 0));
             }
@@ -265,7 +265,7 @@ fn config_map(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
             (1, Wire::Bytes(v)) => {
                 out.insert("metadata".into(), object_meta(v)?);
             }
-            (2, Wire::Bytes(v)) => insert_map(out, "data", map_entry(v, |x| string(x))?),
+            (2, Wire::Bytes(v)) => insert_map(out, "data", map_entry(v, string)?),
             (3, Wire::Bytes(v)) => {
                 insert_map(out, "binaryData", map_entry(v, |x| Ok(bytes_b64(x)))?)
             }
