@@ -337,3 +337,48 @@ async fn kube_lease_manager_elects_exactly_one_leader() {
     drop(follower);
     follower_task.await.unwrap().unwrap();
 }
+
+#[tokio::test]
+async fn kube_runtime_recorder_publishes_events_and_series() {
+    use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    let m = create_machine(&client, "default", "m").await;
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "capmvm".into(),
+            instance: Some("capmvm-0".into()),
+        },
+    );
+    let reference = m.object_ref(&machine_ar());
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: "Created".into(),
+        note: Some("microVM created".into()),
+        action: "Provision".into(),
+        secondary: None,
+    };
+    recorder.publish(&ev, &reference).await.unwrap();
+    // The same event again is a series: a merge patch of the existing Event.
+    recorder.publish(&ev, &reference).await.unwrap();
+    let events: Api<k8s_openapi::api::events::v1::Event> =
+        Api::namespaced(client.clone(), "default");
+    let list = events.list(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items.len(), 1);
+    let e = &list.items[0];
+    assert_eq!(e.series.as_ref().unwrap().count, 2);
+    assert_eq!(e.regarding.as_ref().unwrap().uid, m.metadata.uid);
+    // Visible as a core Event too, found by what `kubectl describe` selects on.
+    let core: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), "default");
+    let sel = format!(
+        "involvedObject.name=m,involvedObject.namespace=default,involvedObject.uid={}",
+        m.metadata.uid.unwrap()
+    );
+    let found = core
+        .list(&ListParams::default().fields(&sel))
+        .await
+        .unwrap();
+    assert_eq!(found.items.len(), 1);
+    assert_eq!(found.items[0].message.as_deref(), Some("microVM created"));
+}
