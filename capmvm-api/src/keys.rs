@@ -30,6 +30,13 @@ pub const CLONED_FROM_GROUPKIND_ANNOTATION: &str = "cluster.x-k8s.io/cloned-from
 pub const ABANDON_MICROVM_ANNOTATION: &str =
     "microvmmachine.infrastructure.cluster.x-k8s.io/abandon-microvm";
 
+/// Annotation on a MicrovmMachine naming the flintlock host (`host:port`) chosen for its microVM.
+///
+/// Written with the finalizer, in one conditional write, before the microVM is created, and never
+/// changed after. It is metadata, not status, because `clusterctl move` does not carry status: a
+/// machine moved between its create and its providerID write still knows which host to ask.
+pub const HOST_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/host";
+
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
 

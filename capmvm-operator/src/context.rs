@@ -2,7 +2,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::runtime::events::Recorder;
 
@@ -30,10 +30,55 @@ pub struct Ctx {
     pub metrics: Arc<Metrics>,
     /// Per-object error backoff.
     pub backoff: Backoff,
+    /// Versions our own writes went through (shared with the watch layer).
+    pub writes: Arc<OwnWrites>,
     /// Resync period: reconcile every object at least this often.
     pub sync_period: Duration,
     /// Test-only crash points.
     pub fault: Fault,
+}
+
+/// The resourceVersions each object went through in our last reconcile that wrote to it: the version
+/// read, then each version our writes produced.
+///
+/// Two uses. A watch event of a version our own write produced wakes nobody: the reconcile that wrote
+/// it already acted on it. And a reconcile that reads a version our writes already replaced (the cache
+/// is behind) decides nothing: deciding on it would only earn a 409 from the resourceVersion
+/// precondition. Versions are compared for equality only (they are opaque), against ones this process
+/// saw itself.
+#[derive(Default)]
+pub struct OwnWrites(Mutex<HashMap<String, (Instant, Vec<String>)>>);
+
+/// How long a record is kept (objects deleted meanwhile must not be remembered forever).
+const OWN_WRITES_TTL: Duration = Duration::from_secs(600);
+
+impl OwnWrites {
+    /// Records that a reconcile took `key` through `versions` (the one read first, then ours).
+    pub fn record(&self, key: &str, versions: &[String]) {
+        if versions.len() < 2 {
+            return;
+        }
+        if let Ok(mut map) = self.0.lock() {
+            map.retain(|_, (at, _)| at.elapsed() < OWN_WRITES_TTL);
+            map.insert(key.to_string(), (Instant::now(), versions.to_vec()));
+        }
+    }
+
+    /// Whether `version` of `key` is one our own writes already replaced (the cache is behind).
+    pub fn is_stale(&self, key: &str, version: &str) -> bool {
+        self.0.lock().is_ok_and(|map| {
+            map.get(key)
+                .is_some_and(|(_, v)| v[..v.len() - 1].iter().any(|x| x == version))
+        })
+    }
+
+    /// Whether `version` of `key` was produced by one of our own writes.
+    pub fn is_own(&self, key: &str, version: &str) -> bool {
+        self.0.lock().is_ok_and(|map| {
+            map.get(key)
+                .is_some_and(|(_, v)| v[1..].iter().any(|x| x == version))
+        })
+    }
 }
 
 /// Per-object exponential backoff after errors: 1 s, 2 s, 4 s ... up to 5 min; reset on success.
@@ -70,6 +115,33 @@ impl Backoff {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn own_writes_tell_stale_reads_and_own_events() {
+        let w = OwnWrites::default();
+        // Read at 5, wrote 7 then 9.
+        w.record("ns/a", &["5".into(), "7".into(), "9".into()]);
+        assert!(w.is_stale("ns/a", "5") && w.is_stale("ns/a", "7"));
+        assert!(
+            !w.is_stale("ns/a", "9"),
+            "the version our last write gave is current"
+        );
+        assert!(w.is_own("ns/a", "7") && w.is_own("ns/a", "9"));
+        assert!(
+            !w.is_own("ns/a", "5"),
+            "the version read was someone else's"
+        );
+        assert!(
+            !w.is_own("ns/a", "11") && !w.is_stale("ns/a", "11"),
+            "a later foreign write"
+        );
+        assert!(!w.is_stale("ns/b", "1"));
+        w.record("ns/c", &["3".into()]);
+        assert!(
+            !w.is_stale("ns/c", "3") && !w.is_own("ns/c", "3"),
+            "no write, nothing recorded"
+        );
+    }
 
     #[test]
     fn backoff_doubles_caps_and_resets() {

@@ -174,7 +174,8 @@ pub async fn run(
         machine: machine_tx,
         cluster: cluster_tx,
     };
-    let (stores, watch_tasks) = watch::start(&client, &scope, &triggers);
+    let own_writes = Arc::new(context::OwnWrites::default());
+    let (stores, watch_tasks) = watch::start(&client, &scope, &triggers, own_writes.clone());
     let pool = ClientPool::new(PoolOptions {
         call_timeout: flags.flintlock_call_timeout,
         observer: Some(metrics.clone()),
@@ -205,6 +206,7 @@ pub async fn run(
         ),
         metrics: metrics.clone(),
         backoff: Backoff::default(),
+        writes: own_writes.clone(),
         sync_period: flags.sync_period,
         fault: fault::Fault::from_env(),
     });

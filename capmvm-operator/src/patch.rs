@@ -87,34 +87,50 @@ where
         .await
 }
 
-/// Adds `finalizer`, failing (409/422) if the finalizers changed since `obj` was read.
-pub async fn add_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<K, kube::Error>
+/// Adds `finalizer` and/or the annotation `key: value` in one JSON patch that fails (422) unless the
+/// object is still at the resourceVersion `obj` was read at: a decision made from a stale read never
+/// takes effect.
+pub async fn add_metadata<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: Option<&str>,
+    annotation: Option<(&str, &str)>,
+) -> Result<K, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
 {
-    let ops = if obj.finalizers().is_empty() {
-        vec![
-            PatchOperation::Test(TestOperation {
-                path: jsonptr("/metadata/resourceVersion"),
-                value: json!(obj.resource_version()),
-            }),
+    let mut ops = vec![PatchOperation::Test(TestOperation {
+        path: jsonptr("/metadata/resourceVersion"),
+        value: json!(obj.resource_version()),
+    })];
+    if let Some(finalizer) = finalizer {
+        ops.push(if obj.finalizers().is_empty() {
             PatchOperation::Add(AddOperation {
                 path: jsonptr("/metadata/finalizers"),
                 value: json!([finalizer]),
-            }),
-        ]
-    } else {
-        vec![
-            PatchOperation::Test(TestOperation {
-                path: jsonptr("/metadata/finalizers"),
-                value: json!(obj.finalizers()),
-            }),
+            })
+        } else {
             PatchOperation::Add(AddOperation {
                 path: jsonptr("/metadata/finalizers/-"),
                 value: json!(finalizer),
-            }),
-        ]
-    };
+            })
+        });
+    }
+    if let Some((key, value)) = annotation {
+        ops.push(if obj.meta().annotations.is_none() {
+            PatchOperation::Add(AddOperation {
+                path: jsonptr("/metadata/annotations"),
+                value: json!({ key: value }),
+            })
+        } else {
+            // JSON pointer escaping: `~` is `~0`, `/` is `~1`.
+            let escaped = key.replace('~', "~0").replace('/', "~1");
+            PatchOperation::Add(AddOperation {
+                path: jsonptr(&format!("/metadata/annotations/{escaped}")),
+                value: json!(value),
+            })
+        });
+    }
     api.patch(
         &obj.name_any(),
         &params(),

@@ -7,12 +7,12 @@
 //! - MicrovmCluster → itself, and its MicrovmMachines when its spec changes;
 //! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters.
 //!
-//! Status-only updates (our own writes among them) wake nobody: each cache keeps a fingerprint of the
-//! parts that matter and compares.
+//! Status-only updates wake nobody: each cache keeps a fingerprint of the parts that matter and
+//! compares. Neither do versions of a MicrovmMachine that our own writes produced.
 
 use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine};
 use capmvm_api::keys::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
@@ -27,6 +27,7 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tracing::warn;
 
+use crate::context::OwnWrites;
 use crate::hosts::Wake;
 
 /// The watch caches reconciles read from.
@@ -121,6 +122,7 @@ pub fn start(
     client: &kube::Client,
     scope: &Scope,
     triggers: &Triggers,
+    own_writes: Arc<OwnWrites>,
 ) -> (Stores, Vec<JoinHandle<()>>) {
     let (machines, machines_w) = reflector::store();
     let (capi_machines, capi_machines_w) = reflector::store();
@@ -134,7 +136,8 @@ pub fn start(
     };
     let mut tasks = Vec::new();
 
-    // MicrovmMachine → itself.
+    // MicrovmMachine → itself, except for versions our own writes produced (the reconcile that wrote
+    // them already acted; waking again would only re-stamp observedGeneration, a write per machine).
     {
         let t = triggers.clone();
         let seen = Fingerprints::default();
@@ -143,7 +146,12 @@ pub fn start(
             scope,
             machines_w,
             move |m: &MicrovmMachine| {
-                if seen.changed(m, fingerprint(m, &["spec"])) {
+                let changed = seen.changed(m, fingerprint(m, &["spec"]));
+                let own = own_writes.is_own(
+                    &crate::controllers::key(m),
+                    &m.resource_version().unwrap_or_default(),
+                );
+                if changed && !own {
                     t.machine(ObjectRef::from_obj(m));
                 }
             },
@@ -336,12 +344,13 @@ impl Fingerprints {
     }
 }
 
-/// A hash of the object's metadata that matters (not resourceVersion, managedFields or timestamps of
-/// writes) and of the named top-level fields.
+/// A hash of the object's metadata that matters (labels, annotations, finalizers, owners, deletion;
+/// not resourceVersion, generation or managedFields) and of the named top-level fields.
 fn fingerprint<K: Resource + serde::Serialize>(obj: &K, fields: &[&str]) -> u64 {
+    // No generation: the named fields (the spec) say what changed, and generation would also move
+    // on writes we make ourselves (providerID).
     let meta = obj.meta();
     let mut h = DefaultHasher::new();
-    meta.generation.hash(&mut h);
     meta.deletion_timestamp
         .as_ref()
         .map(|t| t.0.as_second())

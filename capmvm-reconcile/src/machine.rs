@@ -16,7 +16,8 @@
 use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
-    ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, MACHINE_FINALIZER, PAUSED_ANNOTATION,
+    ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
+    PAUSED_ANNOTATION,
 };
 use capmvm_api::{
     HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
@@ -50,13 +51,17 @@ pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
 /// The host this machine's microVM lives on or is to be created on: the providerID's host, else
 /// `status.host`. The operator asks this host for the machine's microVMs.
 pub fn recorded_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
-    provider_id(machine).map(|p| p.host).or_else(|| {
-        machine
-            .status
-            .as_ref()
-            .and_then(|s| s.host.as_deref())
-            .and_then(|h| h.parse().ok())
-    })
+    provider_id(machine)
+        .map(|p| p.host)
+        .or_else(|| annotated_host(machine))
+}
+
+/// The host recorded in the host annotation at placement.
+fn annotated_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
+    machine
+        .annotations()
+        .get(HOST_ANNOTATION)
+        .and_then(|h| h.parse().ok())
 }
 
 /// The parsed providerID, if set and valid.
@@ -125,7 +130,8 @@ struct Decision<'a> {
     generation: Option<i64>,
     status: MicrovmMachineStatus,
     effects: Vec<Effect>,
-    /// Leave the status unwritten: a brand-new object is still being assembled by CAPI.
+    /// Leave the status unwritten: a brand-new object is still being assembled by CAPI, or the status
+    /// is written by the adoption that follows a create.
     quiet: bool,
 }
 
@@ -175,14 +181,6 @@ impl<'a> Decision<'a> {
                 self.not_ready(reasons::PAUSED, why);
             }
             return Requeue::Await;
-        }
-        if !self
-            .machine
-            .finalizers()
-            .iter()
-            .any(|f| f == MACHINE_FINALIZER)
-        {
-            self.effects.push(Effect::AddFinalizer);
         }
         if !cluster.infrastructure_provisioned() {
             return self.wait_for_capi(
@@ -263,15 +261,12 @@ impl<'a> Decision<'a> {
             self.not_ready(reasons::INVALID_SPEC, errors.to_string());
             return Requeue::Await;
         }
-        let recorded = self
-            .status
-            .host
-            .as_deref()
-            .and_then(|h| h.parse::<HostEndpoint>().ok());
+        let recorded = annotated_host(self.machine);
 
         // A microVM already on the recorded host is adopted, whatever else is missing: the bootstrap
         // data matters only for creating one.
         if let Some(host) = &recorded {
+            self.status.host = Some(host.to_string());
             if self.missing_credentials(host) {
                 return Requeue::After(CREDENTIALS_RECHECK);
             }
@@ -382,8 +377,7 @@ impl<'a> Decision<'a> {
                 Requeue::Await
             }
             Ok(chosen) => {
-                self.status.host = Some(chosen.host.to_string());
-                self.status.failure_domain = Some(chosen.failure_domain);
+                self.effects.push(Effect::RecordHost(chosen.host.clone()));
                 self.create(&chosen.host, user_data, cluster_name, infra)
             }
         }
@@ -424,6 +418,7 @@ impl<'a> Decision<'a> {
             }
         };
         let spec = microvm::build_spec(self.machine, cluster_name, metadata);
+        self.ensure_finalizer();
         self.effects.push(Effect::CreateMicrovm {
             host: host.clone(),
             spec: Box::new(spec),
@@ -434,10 +429,9 @@ impl<'a> Decision<'a> {
             "Create",
             format!("creating microVM on host {host}"),
         );
-        // The same status the adoption right after computes, so adopting writes only the providerID.
-        self.status.vm_state = Some(ApiVmState::Pending);
-        self.status.addresses = addresses(self.machine);
-        self.not_ready(reasons::MICROVM_PENDING, starting_message(host, 0));
+        // The status is written once the created microVM is adopted, right after, together with
+        // the providerID's new generation: one status write instead of two.
+        self.quiet = true;
         Requeue::Immediately
     }
 
@@ -448,6 +442,8 @@ impl<'a> Decision<'a> {
         host: &HostEndpoint,
         vm: &ObservedVm,
     ) -> Requeue {
+        // A machine with a microVM keeps the finalizer (restored if someone removed it).
+        self.ensure_finalizer();
         self.status.host = Some(host.to_string());
         if self.status.failure_domain.is_none() {
             self.status.failure_domain = failure_domain_of(infra, host);
@@ -606,6 +602,17 @@ impl<'a> Decision<'a> {
     }
 
     // --- helpers ---
+
+    fn ensure_finalizer(&mut self) {
+        let has = self
+            .machine
+            .finalizers()
+            .iter()
+            .any(|f| f == MACHINE_FINALIZER);
+        if !has && !self.effects.contains(&Effect::AddFinalizer) {
+            self.effects.insert(0, Effect::AddFinalizer);
+        }
+    }
 
     /// Reports (and returns true) when the host cannot even be called: a Secret or key is missing.
     fn missing_credentials(&mut self, host: &HostEndpoint) -> bool {

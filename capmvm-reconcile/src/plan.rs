@@ -9,10 +9,12 @@ use crate::microvm::MicrovmSpec;
 /// A decision: effects to carry out, the status to write, and when to look again.
 ///
 /// The operator carries a plan out in this order, stopping at the first failure:
-/// 1. [`Effect::AddFinalizer`];
+/// 1. [`Effect::AddFinalizer`] and [`Effect::RecordHost`], in one metadata write conditional on the
+///    resourceVersion the observation was read at, so a decision made from a stale read cannot reach
+///    a host;
 /// 2. [`Effect::SetProviderId`] (a spec write);
-/// 3. the `status`, if it differs from the object's (a status write carrying the resourceVersion the
-///    observation was read at, so a decision made from a stale read cannot reach a host);
+/// 3. the `status`, if it differs from the object's (its conditions' observedGeneration follows the
+///    generation a spec write just gave);
 /// 4. host calls: [`Effect::CreateMicrovm`], [`Effect::DeleteMicrovm`];
 /// 5. [`Effect::Event`]s;
 /// 6. [`Effect::RemoveFinalizer`] (never in the same plan as a host call).
@@ -53,9 +55,11 @@ pub enum Effect {
     AddFinalizer,
     /// Remove the MicrovmMachine finalizer: the microVM is gone (or was never created, or abandoned).
     RemoveFinalizer,
+    /// Record the chosen host in the host annotation (before the microVM is created there).
+    RecordHost(HostEndpoint),
     /// Set `spec.providerID`.
     SetProviderId(String),
-    /// Create a microVM on a host. The status recording `host` is written first.
+    /// Create a microVM on a host. The host is recorded first ([`Effect::RecordHost`]).
     CreateMicrovm {
         /// Where.
         host: HostEndpoint,

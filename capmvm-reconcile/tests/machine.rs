@@ -215,24 +215,52 @@ fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
 
 #[test]
 fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
-    let obs = observed();
+    let mut obs = observed();
+    obs.machine.metadata.finalizers = None;
     let plan = decide(&obs, now());
     let created = creates(&plan);
     assert_eq!(created.len(), 1);
-    let status = plan.status.as_ref().unwrap();
-    assert_eq!(
-        status.host.as_deref(),
-        Some(created[0].0.as_str()),
+    let host: capmvm_api::HostEndpoint = created[0].0.parse().unwrap();
+    assert!(
+        plan.effects.contains(&Effect::AddFinalizer),
+        "the finalizer comes with the first microVM"
+    );
+    assert!(
+        plan.effects.contains(&Effect::RecordHost(host.clone())),
         "the host is recorded with the create"
     );
-    assert!(status.failure_domain.is_some());
-    assert_eq!(status.vm_state, Some(ApiVmState::Pending));
+    assert_eq!(
+        plan.status, None,
+        "the status is written by the adoption right after"
+    );
     assert_eq!(
         plan.requeue,
         Requeue::Immediately,
         "adopt the created microVM right after"
     );
     assert_eq!(event_reasons(&plan), ["MicrovmCreated"]);
+
+    // Adopting the created microVM: the providerID and one status write.
+    let mut next = obs.clone();
+    next.machine.metadata.finalizers = Some(vec![MACHINE_FINALIZER.to_string()]);
+    with_recorded_host(&mut next, &created[0].0);
+    next.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Pending, true)],
+    };
+    let adopt = decide(&next, later());
+    assert_eq!(
+        adopt.effects,
+        [Effect::SetProviderId(format!(
+            "microvm://{}/01A",
+            created[0].0
+        ))]
+    );
+    let status = adopt.status.as_ref().unwrap();
+    assert_eq!(status.host.as_deref(), Some(created[0].0.as_str()));
+    assert!(status.failure_domain.is_some());
+    assert_eq!(status.vm_state, Some(ApiVmState::Pending));
+    assert_eq!(ready(&adopt).1, reasons::MICROVM_PENDING);
+
     // The request is the Go provider's mapping.
     let spec = &created[0].1;
     assert_eq!(

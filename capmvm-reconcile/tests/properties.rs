@@ -94,16 +94,29 @@ fn execute(
         steps += 1;
         steps <= crash_after
     };
-    for effect in &plan.effects {
-        if *effect == Effect::AddFinalizer {
-            if !step() {
-                return true;
-            }
+    // The finalizer and the recorded host go in one metadata write.
+    let adds_finalizer = plan.effects.contains(&Effect::AddFinalizer);
+    let host = plan.effects.iter().find_map(|e| match e {
+        Effect::RecordHost(h) => Some(h.to_string()),
+        _ => None,
+    });
+    if adds_finalizer || host.is_some() {
+        if !step() {
+            return true;
+        }
+        if adds_finalizer {
             obs.machine
                 .metadata
                 .finalizers
                 .get_or_insert_with(Vec::new)
                 .push(MACHINE_FINALIZER.into());
+        }
+        if let Some(host) = host {
+            obs.machine
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host);
         }
     }
     for effect in &plan.effects {

@@ -86,16 +86,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     options.operator_flags = vec![
         format!("--host-poll-interval={}s", args.poll_secs),
         "--host-poll-interval-busy=1s".to_string(),
-        "--log-level=warn".to_string(),
+        // Quiet by default; CAPMVM_BENCH_LOG=debug shows conflicts and decisions in the operator log.
+        format!(
+            "--log-level={}",
+            std::env::var("CAPMVM_BENCH_LOG").unwrap_or_else(|_| "warn".to_string())
+        ),
     ];
     // A large cluster makes many changes at once; keep enough history for watches to resume.
     options.emulator = options.emulator.history_limit(50_000).watch_buffer(20_000);
+    options.keep_dir = std::env::var("CAPMVM_BENCH_LOG").is_ok();
     let mut world = World::start(options).await?;
     world.start_operator(&[])?;
     let result = measure(&mut world, &args).await;
-    if result.is_err() {
-        eprintln!("operator log: {}", world.operator_log().display());
-    }
+    eprintln!("operator log: {}", world.operator_log().display());
     world.shutdown().await;
     result
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
@@ -40,6 +40,16 @@ const MAX_ROUNDS: usize = 4;
 pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
     let started = Instant::now();
     let key = super::key(obj.as_ref());
+    if ctx
+        .writes
+        .is_stale(&key, &obj.resource_version().unwrap_or_default())
+    {
+        // Our own earlier write woke us, and the cache does not have our latest write yet: the reconcile
+        // that wrote it decided on newer data than this. Anything others change later arrives as a
+        // version we did not supersede and wakes us. (The scheduler keeps the earliest requeue, so
+        // this does not cancel one asked for before.)
+        return Ok(Action::requeue(ctx.sync_period));
+    }
     let result = reconcile_rounds(obj.as_ref().clone(), &ctx).await;
     let outcome = match &result {
         Ok(_) => {
@@ -53,14 +63,28 @@ pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action
     result
 }
 
-/// Decides and carries out until the engine waits for the world.
-async fn reconcile_rounds(mut machine: MicrovmMachine, ctx: &Ctx) -> Result<Action, Error> {
+/// Decides and carries out until the engine waits for the world; remembers which versions its
+/// writes superseded.
+async fn reconcile_rounds(machine: MicrovmMachine, ctx: &Ctx) -> Result<Action, Error> {
+    let key = super::key(&machine);
+    let mut versions = vec![machine.resource_version().unwrap_or_default()];
+    let result = rounds(machine, ctx, &mut versions).await;
+    ctx.writes.record(&key, &versions);
+    result
+}
+
+async fn rounds(
+    mut machine: MicrovmMachine,
+    ctx: &Ctx,
+    versions: &mut Vec<String>,
+) -> Result<Action, Error> {
     let mut known_after_create: Option<Vec<ObservedVm>> = None;
     for round in 0..MAX_ROUNDS {
         let obs = gather(ctx, &machine, known_after_create.take()).await?;
         let plan = decide(&obs, Timestamp::now());
         debug!(round, effects = plan.effects.len(), requeue = ?plan.requeue, "decided");
-        let outcome = execute(ctx, &mut machine, &obs, &plan).await?;
+        let outcome = execute(ctx, &mut machine, &obs, &plan, versions).await;
+        let outcome = outcome?;
         let Some(created) = outcome else {
             return Ok(Action::await_change()); // gone: the finalizer was the last thing holding it
         };
@@ -274,35 +298,62 @@ async fn execute(
     machine: &mut MicrovmMachine,
     obs: &ObservedMachine,
     plan: &Plan<capmvm_api::MicrovmMachineStatus>,
+    versions: &mut Vec<String>,
 ) -> Result<Option<Vec<ObservedVm>>, Error> {
+    let mut note = |m: &MicrovmMachine| versions.push(m.resource_version().unwrap_or_default());
     let api: Api<MicrovmMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    if plan.effects.contains(&Effect::AddFinalizer) {
-        *machine = patch::add_finalizer(&api, machine, MACHINE_FINALIZER).await?;
+    // 1. The finalizer and the chosen host, in one conditional metadata write.
+    let recorded_host = plan.effects.iter().find_map(|e| match e {
+        Effect::RecordHost(host) => Some(host.to_string()),
+        _ => None,
+    });
+    let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
+    if add_finalizer || recorded_host.is_some() {
+        *machine = patch::add_metadata(
+            &api,
+            machine,
+            add_finalizer.then_some(MACHINE_FINALIZER),
+            recorded_host.as_deref().map(|h| (HOST_ANNOTATION, h)),
+        )
+        .await?;
+        note(machine);
+        if let Some(host) = &recorded_host {
+            // Count the placement on the host until its microVM shows up in a list.
+            ctx.hosts.reserve(
+                host,
+                machine.metadata.uid.as_deref().unwrap_or_default(),
+                machine.spec.vcpu,
+                machine.spec.memory_mb,
+            );
+            ctx.fault.reached(Point::AfterHostRecorded);
+        }
     }
+    // 2. The providerID.
+    let generation_before = machine.metadata.generation;
     for effect in &plan.effects {
         if let Effect::SetProviderId(id) = effect {
             *machine = patch::provider_id(&api, machine, id).await?;
+            note(machine);
             info!(provider_id = %id, "providerID set");
         }
     }
-    let host_before = machine.status.as_ref().and_then(|s| s.host.clone());
-    if let Some(status) = &plan.status
-        && let Some(updated) = patch::status(&api, machine, machine.status.as_ref(), status).await?
-    {
-        *machine = updated;
-    }
-    let host_after = machine.status.as_ref().and_then(|s| s.host.clone());
-    if let (None, Some(host)) = (&host_before, &host_after) {
-        // Count the placement on the host until its microVM shows up in a list.
-        ctx.hosts.reserve(
-            host,
-            machine.metadata.uid.as_deref().unwrap_or_default(),
-            machine.spec.vcpu,
-            machine.spec.memory_mb,
-        );
-        if plan.host_calls().next().is_some() {
-            ctx.fault.reached(Point::AfterHostRecorded);
+    // 3. The status; conditions decided at the old generation describe the new one (only our own
+    // providerID write moved it).
+    if let Some(status) = &plan.status {
+        let mut status = status.clone();
+        if machine.metadata.generation != generation_before {
+            for c in &mut status.conditions {
+                if c.observed_generation == generation_before {
+                    c.observed_generation = machine.metadata.generation;
+                }
+            }
+        }
+        if let Some(updated) =
+            patch::status(&api, machine, machine.status.as_ref(), &status).await?
+        {
+            *machine = updated;
+            note(machine);
         }
     }
 

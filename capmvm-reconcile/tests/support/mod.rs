@@ -221,14 +221,19 @@ pub fn vm(uid: &str, state: VmState, ours: bool) -> ObservedVm {
     }
 }
 
-/// Sets status.host (the machine was placed) without providerID.
+/// Records the host annotation (the machine was placed) without providerID.
 pub fn with_recorded_host(obs: &mut ObservedMachine, host: &str) {
-    obs.machine.status.get_or_insert_with(Default::default).host = Some(host.into());
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host.into());
 }
 
 pub fn with_provider_id(obs: &mut ObservedMachine, host: &str, uid: &str) {
     obs.machine.spec.provider_id = Some(format!("microvm://{host}/{uid}"));
     with_recorded_host(obs, host);
+    obs.machine.status.get_or_insert_with(Default::default).host = Some(host.into());
 }
 
 pub fn deleting(obs: &mut ObservedMachine) {
