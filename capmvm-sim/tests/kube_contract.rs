@@ -1036,6 +1036,84 @@ async fn errors_are_status_objects_with_matching_http_codes() {
     assert_eq!(invalid.body["details"]["causes"][0]["field"], "spec.vcpu");
 }
 
+#[tokio::test]
+async fn malformed_requests_get_status_answers_and_never_break_the_server() {
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    create_machine(&client, "default", "m").await;
+    let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
+    let paths = [
+        base.to_string(),
+        format!("{base}/m"),
+        format!("{base}/m/status"),
+        format!("{base}/m/scale"),
+        format!("{base}/m/status/extra"),
+        "/api/v1/namespaces/default/secrets".into(),
+        "/api/v1/namespaces/%ZZ/secrets/%2F".into(),
+        "/api/v1/namespaces/default/configmaps/é".into(),
+        "/apis/coordination.k8s.io/v1/namespaces/default/leases/l".into(),
+        "/api/v1/watch/namespaces/default/configmaps?resourceVersion=notanumber".into(),
+        format!("{base}?labelSelector=%28%28&fieldSelector=%3D%3D%3D&limit=-5&continue=%00"),
+        format!("{base}?watch=maybe"),
+        format!("{base}?watch=true&resourceVersion=abc"),
+        format!("{base}?watch=true&sendInitialEvents=true"),
+        format!("{base}?resourceVersion=1&resourceVersionMatch=Sometimes"),
+        format!("{base}?includeObject=Everything"),
+        "/openapi/v3/apis/nope/v1".into(),
+    ];
+    let bodies: [&[u8]; 9] = [
+        b"",
+        b"null",
+        b"{",
+        b"[1,2,3]",
+        b"{\"apiVersion\":7,\"kind\":[],\"metadata\":\"x\"}",
+        br#"{"apiVersion":"infrastructure.cluster.x-k8s.io/v1alpha2","kind":"MicrovmMachine","metadata":{"name":"m","labels":{"a":1},"finalizers":"x"}}"#,
+        br#"[{"op":"remove","path":"/nope/deeper"},{"op":"move","from":"/spec","path":"/spec/inner"}]"#,
+        br#"{"metadata":{"resourceVersion":"not-a-number"}}"#,
+        "{\"spec\":{\"vcpu\":\"\u{0}\u{fffd}é\"}}".as_bytes(),
+    ];
+    let types = [
+        "application/json",
+        "application/merge-patch+json",
+        "application/json-patch+json",
+        "application/strategic-merge-patch+json",
+        "application/apply-patch+yaml",
+        "application/yaml",
+        "application/vnd.kubernetes.protobuf",
+    ];
+    let mut answers = 0;
+    for path in &paths {
+        for method in ["GET", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"] {
+            for (i, body) in bodies.iter().enumerate() {
+                let ct = types[(i + method.len()) % types.len()];
+                let r = raw(&client, method, path, Some(ct), body).await;
+                answers += 1;
+                if r.status >= 400 {
+                    assert_eq!(r.body["kind"], "Status", "{method} {path} {ct}: {}", r.text);
+                    assert_eq!(r.body["code"], r.status, "{method} {path}: {}", r.text);
+                    assert!(
+                        r.status < 500,
+                        "{method} {path} {ct} {:?}: {}",
+                        String::from_utf8_lossy(body),
+                        r.text
+                    );
+                }
+            }
+        }
+    }
+    assert_eq!(answers, paths.len() * 6 * bodies.len());
+    // Still serving (the DELETEs above removed `m`; nothing else changed it).
+    create_machine(&client, "default", "after").await;
+    assert_eq!(
+        machines(&client, "default")
+            .get("after")
+            .await
+            .unwrap()
+            .data["spec"]["vcpu"],
+        2
+    );
+}
+
 // --- Status subresource ----------------------------------------------------------------------------
 
 #[tokio::test]
