@@ -311,10 +311,10 @@ pub(crate) fn apply_lease(
             params.field_manager = None;
             return ops::create(shared, def, ns, obj, &params);
         };
-        let mut entries = read_entries(&current.value);
+        let mut entries = read_entries(current.value());
         let mut conflicts: Vec<(String, String)> = Vec::new();
         for p in &config_paths {
-            if get_path(&current.value, p) == get_path(&config, p) {
+            if get_path(current.value(), p) == get_path(&config, p) {
                 continue;
             }
             for e in &entries {
@@ -355,7 +355,7 @@ pub(crate) fn apply_lease(
             }
             return Err(err);
         }
-        let mut new = current.value.clone();
+        let mut new = current.value().clone();
         // Fields this manager applied before and no longer applies are removed unless someone else owns them.
         let previous: Paths = entries
             .iter()

@@ -113,7 +113,7 @@ pub(crate) fn view<'a>(def: &ResourceDef, value: &'a Value) -> Cow<'a, Value> {
 pub(crate) fn view_bytes(def: &ResourceDef, stored: &Stored) -> axum::body::Bytes {
     match &def.conversion {
         Conversion::None => stored.bytes.clone(),
-        _ => super::store::encode(&view(def, &stored.value)),
+        _ => super::store::encode(&view(def, stored.value())),
     }
 }
 
@@ -570,7 +570,7 @@ pub(crate) fn prepare_update(
     params: &WriteParams,
     warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
-    let old = view(def, &current.value).into_owned();
+    let old = view(def, current.value()).into_owned();
     if def.status_subresource || sub == Sub::Status {
         match sub {
             Sub::Main => {
@@ -690,7 +690,7 @@ pub(crate) fn prepare_update(
 fn track_lease(def: &ResourceDef, current: &Stored, new: &mut Value, params: &WriteParams) {
     if def.builtin == Some(Builtin::Lease) {
         let manager = params.field_manager.as_deref().unwrap_or("unknown");
-        super::apply::track_update(Some(&current.value), new, manager);
+        super::apply::track_update(Some(current.value()), new, manager);
     }
 }
 
@@ -822,7 +822,7 @@ pub(crate) fn patch(
         let Some(current) = current else {
             return Err(ApiError::not_found(&def.plural, &def.group, name));
         };
-        let mut doc = view(def, &current.value).into_owned();
+        let mut doc = view(def, current.value()).into_owned();
         match ptype {
             PatchType::Merge => patch::merge(&mut doc, body)?,
             PatchType::Json => patch::json(&mut doc, body)?,
@@ -916,7 +916,7 @@ pub(crate) fn delete_locked(
     let Some(current) = col.objects.get(key).cloned() else {
         return Err(ApiError::not_found(&def.plural, &def.group, &key.name));
     };
-    let uid = meta::meta_str(&current.value, "uid");
+    let uid = meta::meta_str(current.value(), "uid");
     if let Some(want) = &opts.uid
         && want != uid
     {
@@ -940,7 +940,7 @@ pub(crate) fn delete_locked(
             ),
         ));
     }
-    let mut next = current.value.clone();
+    let mut next = current.value().clone();
     let mut fins = meta::finalizers(&next);
     let add = match opts.propagation {
         Propagation::Orphan => Some("orphan"),
@@ -982,7 +982,7 @@ pub(crate) fn delete_locked(
             Written::Unchanged(Arc::new(dry_run_stored(next)))
         });
     }
-    if deleting && next == current.value {
+    if deleting && next == *current.value() {
         return Ok(Written::Unchanged(current));
     }
     match store.replace(storage, key, &current, next) {
@@ -1004,7 +1004,7 @@ fn update_locked(
     f: impl FnOnce(&mut Value),
 ) -> Option<Written> {
     let current = store.get(storage, key)?;
-    let mut next = current.value.clone();
+    let mut next = current.value().clone();
     f(&mut next);
     store.replace(storage, key, &current, next).ok()
 }
@@ -1127,7 +1127,7 @@ pub(crate) fn list(
         let key = ObjKey::new(filter.ns.as_deref().unwrap_or(""), p);
         let items: Vec<Arc<Stored>> = store
             .get(&def.storage, &key)
-            .filter(|o| filter.matches(&o.value))
+            .filter(|o| filter.matches(o.value()))
             .into_iter()
             .collect();
         return Ok(ListPage {
@@ -1147,13 +1147,11 @@ pub(crate) fn list(
         at,
         filter.ns.as_deref(),
         after.as_ref(),
-        |obj| {
-            if let Some(p) = &pinned
-                && meta::meta_str(&obj.value, "name") != p
-            {
+        |key, obj| {
+            if pinned.as_ref().is_some_and(|p| key.name != *p) {
                 return true;
             }
-            if !filter.matches(&obj.value) {
+            if !filter.matches_stored(key, obj) {
                 return true;
             }
             if limit.is_some_and(|l| items.len() >= l) {
@@ -1162,10 +1160,7 @@ pub(crate) fn list(
                 // Counting the rest is only needed (and only reported) without selectors.
                 return trivial;
             }
-            last_key = Some(ObjKey::new(
-                meta::meta_str(&obj.value, "namespace"),
-                meta::meta_str(&obj.value, "name"),
-            ));
+            last_key = Some(key.clone());
             items.push(obj.clone());
             true
         },
@@ -1302,7 +1297,7 @@ fn process_gc(store: &mut Store, item: GcItem) {
             let Some(obj) = store.get(&storage, &key) else {
                 return;
             };
-            let owners = meta::owner_uids(&obj.value);
+            let owners = meta::owner_uids(obj.value());
             if owners.is_empty() {
                 return;
             }
@@ -1332,7 +1327,7 @@ fn process_gc(store: &mut Store, item: GcItem) {
             let Some(obj) = store.get(&storage, &key) else {
                 return;
             };
-            let uid = meta::meta_str(&obj.value, "uid").to_string();
+            let uid = meta::meta_str(obj.value(), "uid").to_string();
             for (s, k) in store.dependents_of(&uid) {
                 update_locked(store, &s, &k, |v| {
                     let m = meta::metadata_mut(v);
@@ -1350,16 +1345,16 @@ fn process_gc(store: &mut Store, item: GcItem) {
             let Some(obj) = store.get(&storage, &key) else {
                 return;
             };
-            if !meta::is_deleting(&obj.value) {
+            if !meta::is_deleting(obj.value()) {
                 return;
             }
-            let uid = meta::meta_str(&obj.value, "uid").to_string();
+            let uid = meta::meta_str(obj.value(), "uid").to_string();
             let mut blocking = false;
             for (s, k) in store.dependents_of(&uid) {
                 let Some(dep) = store.get(&s, &k) else {
                     continue;
                 };
-                let blocks = meta::metadata(&dep.value)
+                let blocks = meta::metadata(dep.value())
                     .and_then(|m| m.get("ownerReferences"))
                     .and_then(Value::as_array)
                     .is_some_and(|refs| {
@@ -1399,17 +1394,17 @@ fn process_gc(store: &mut Store, item: GcItem) {
             let Some(crd) = store.get(&crds, &key) else {
                 return;
             };
-            if !meta::is_deleting(&crd.value) {
+            if !meta::is_deleting(crd.value()) {
                 return;
             }
             let group = crd
-                .value
+                .value()
                 .pointer("/spec/group")
                 .and_then(Value::as_str)
                 .unwrap_or("")
                 .to_string();
             let plural = crd
-                .value
+                .value()
                 .pointer("/spec/names/plural")
                 .and_then(Value::as_str)
                 .unwrap_or("")

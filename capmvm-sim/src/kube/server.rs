@@ -559,11 +559,11 @@ fn object_response(
         )),
         Format::Partial => Ok(respond_value(
             code,
-            &table::partial_metadata(&stored.value),
+            &table::partial_metadata(stored.value()),
             warnings,
         )),
         Format::Table => {
-            let v = ops::view(def, &stored.value);
+            let v = ops::view(def, stored.value());
             let t = table::table(
                 def,
                 std::slice::from_ref(&v),
@@ -733,7 +733,7 @@ fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response
         {
             let status = json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
-                "details": {"name": name, "group": def.group, "kind": def.plural, "uid": meta::meta_str(&obj.value, "uid")}
+                "details": {"name": name, "group": def.group, "kind": def.plural, "uid": meta::meta_str(obj.value(), "uid")}
             });
             respond_value(StatusCode::OK, &status, &[])
         }
@@ -841,7 +841,7 @@ fn list(
             let values: Vec<Value> = page
                 .items
                 .iter()
-                .map(|s| ops::view(def, &s.value).into_owned())
+                .map(|s| ops::view(def, s.value()).into_owned())
                 .collect();
             let t = table::table(
                 def,
@@ -862,7 +862,7 @@ fn list(
             let items: Vec<Value> = page
                 .items
                 .iter()
-                .map(|s| table::partial_metadata(&s.value))
+                .map(|s| table::partial_metadata(s.value()))
                 .collect();
             let mut md = serde_json::Map::new();
             md.insert(
@@ -922,15 +922,15 @@ fn delete_collection(
     let page = ops::list(shared, def, &filter, &ListOpts::default())?;
     let mut items = Vec::new();
     for s in &page.items {
-        let name = meta::meta_str(&s.value, "name").to_string();
-        let obj_ns = meta::meta_str(&s.value, "namespace").to_string();
+        let name = meta::meta_str(s.value(), "name").to_string();
+        let obj_ns = meta::meta_str(s.value(), "namespace").to_string();
         let obj_ns = if def.namespaced {
             Some(obj_ns.as_str())
         } else {
             None
         };
         match ops::delete(shared, def, obj_ns, &name, opts) {
-            Ok(w) => items.push(ops::view(def, &w.object().value).into_owned()),
+            Ok(w) => items.push(ops::view(def, w.object().value()).into_owned()),
             Err(e) if e.code == 404 => {}
             Err(e) => return Err(e),
         }
@@ -1055,10 +1055,10 @@ impl WatchStream {
                 },
                 Format::Partial => store::event_line(
                     ty.as_str(),
-                    &store::encode(&table::partial_metadata(&stored.value)),
+                    &store::encode(&table::partial_metadata(stored.value())),
                 ),
                 Format::Table => {
-                    let v = ops::view(&self.def, &stored.value);
+                    let v = ops::view(&self.def, stored.value());
                     let t = table::table(
                         &self.def,
                         std::slice::from_ref(&v),

@@ -18,7 +18,9 @@ use super::selector::{FieldSelector, LabelSelector};
 /// reader and watcher.
 #[derive(Debug)]
 pub(crate) struct Stored {
-    pub(crate) value: Value,
+    /// The parsed object: set at write time for current objects; history copies parse their bytes on
+    /// first use, so superseded versions cost their bytes only.
+    value: std::sync::OnceLock<Value>,
     pub(crate) bytes: Bytes,
     pub(crate) rv: u64,
     /// Watch event lines (ADDED, MODIFIED, DELETED), built once on first use and shared by all watchers.
@@ -31,7 +33,7 @@ impl Stored {
             .insert("resourceVersion".into(), Value::String(rv.to_string()));
         let bytes = encode(&value);
         Self {
-            value,
+            value: std::sync::OnceLock::from(value),
             bytes,
             rv,
             frames: Default::default(),
@@ -41,11 +43,27 @@ impl Stored {
     /// An object that is not in the store (the answer to a dry run).
     pub(crate) fn detached(value: Value, bytes: Bytes) -> Self {
         Self {
-            value,
+            value: std::sync::OnceLock::from(value),
             bytes,
             rv: 0,
             frames: Default::default(),
         }
+    }
+
+    /// The copy the history keeps: the same bytes, no parsed value.
+    fn history_copy(&self) -> Self {
+        Self {
+            value: std::sync::OnceLock::new(),
+            bytes: self.bytes.clone(),
+            rv: self.rv,
+            frames: Default::default(),
+        }
+    }
+
+    /// The object. Stored bytes are always valid JSON (they were encoded from a value).
+    pub(crate) fn value(&self) -> &Value {
+        self.value
+            .get_or_init(|| serde_json::from_slice(&self.bytes).unwrap_or(Value::Null))
     }
 
     /// The watch event line `{"type":...,"object":...}` for this object as stored.
@@ -148,6 +166,16 @@ impl Filter {
         }
         (self.labels.is_empty() || self.labels.matches(meta::labels(obj)))
             && (self.fields.is_empty() || self.fields.matches(obj))
+    }
+
+    /// Like `matches`, without parsing a history copy when only the namespace matters.
+    pub(crate) fn matches_stored(&self, key: &ObjKey, obj: &Stored) -> bool {
+        if let Some(ns) = &self.ns
+            && key.ns != *ns
+        {
+            return false;
+        }
+        self.is_trivial() || self.matches(obj.value())
     }
 
     pub(crate) fn is_trivial(&self) -> bool {
@@ -319,7 +347,7 @@ impl Store {
     /// Whether a namespace exists, and whether it is terminating.
     pub(crate) fn namespace_state(&self, ns: &str) -> Option<bool> {
         self.get(NAMESPACES, &ObjKey::new("", ns))
-            .map(|s| meta::is_deleting(&s.value))
+            .map(|s| meta::is_deleting(s.value()))
     }
 
     fn push_event(
@@ -330,16 +358,22 @@ impl Store {
         obj: Arc<Stored>,
         prev: Option<Arc<Stored>>,
     ) {
-        let ev = Arc::new(Event {
+        let ev = Event {
             rev: obj.rv,
             ty,
             storage: storage.clone(),
             key,
             obj,
             prev,
-        });
+        };
+        // Watchers get the objects with their parsed values; the history keeps bytes-only copies.
         self.dispatch(&ev);
-        self.history.push_back(ev);
+        let kept = Event {
+            obj: Arc::new(ev.obj.history_copy()),
+            prev: ev.prev.as_ref().map(|p| Arc::new(p.history_copy())),
+            ..ev
+        };
+        self.history.push_back(Arc::new(kept));
         while self.history.len() > self.history_limit {
             if let Some(old) = self.history.pop_front() {
                 self.compacted = old.rev;
@@ -347,7 +381,7 @@ impl Store {
         }
     }
 
-    fn dispatch(&mut self, ev: &Arc<Event>) {
+    fn dispatch(&mut self, ev: &Event) {
         let Some(col) = self.collections.get_mut(&ev.storage) else {
             return;
         };
@@ -429,13 +463,13 @@ impl Store {
         }
         self.rev += 1;
         let stored = Arc::new(Stored::new(value, self.rev));
-        let uid = meta::meta_str(&stored.value, "uid").to_string();
+        let uid = meta::meta_str(stored.value(), "uid").to_string();
         if let Some(col) = self.collections.get_mut(storage) {
             col.objects.insert(key.clone(), stored.clone());
         }
         self.uids.insert(uid, (storage.clone(), key.clone()));
-        self.index_owners(storage, &key, None, Some(&stored.value));
-        self.after_write(storage, &key, &stored.value, None);
+        self.index_owners(storage, &key, None, Some(stored.value()));
+        self.after_write(storage, &key, stored.value(), None);
         self.push_event(EventType::Added, storage, key, stored.clone(), None);
         Ok(stored)
     }
@@ -469,7 +503,7 @@ impl Store {
         if removable(storage, &value) {
             return Ok(Written::Removed(self.remove(storage, key, value)));
         }
-        if value == current.value {
+        if value == *current.value() {
             return Ok(Written::Unchanged(current));
         }
         self.rev += 1;
@@ -477,8 +511,8 @@ impl Store {
         if let Some(col) = self.collections.get_mut(storage) {
             col.objects.insert(key.clone(), stored.clone());
         }
-        self.index_owners(storage, key, Some(&current.value), Some(&stored.value));
-        self.after_write(storage, key, &stored.value, Some(&current.value));
+        self.index_owners(storage, key, Some(current.value()), Some(stored.value()));
+        self.after_write(storage, key, stored.value(), Some(current.value()));
         self.push_event(
             EventType::Modified,
             storage,
@@ -497,17 +531,17 @@ impl Store {
             .collections
             .get_mut(storage)
             .and_then(|c| c.objects.remove(key));
-        let uid = meta::meta_str(&stored.value, "uid").to_string();
+        let uid = meta::meta_str(stored.value(), "uid").to_string();
         self.uids.remove(&uid);
-        self.index_owners(storage, key, prev.as_ref().map(|p| &p.value), None);
+        self.index_owners(storage, key, prev.as_ref().map(|p| p.value()), None);
         if self.dependents.contains_key(&uid) {
             self.gc_queue.push_back(GcItem::OwnerGone(uid));
         }
         // Owners waiting in foreground deletion may now be done.
-        for owner in meta::owner_uids(&stored.value) {
+        for owner in meta::owner_uids(stored.value()) {
             if let Some((s, k)) = self.uids.get(&owner).cloned()
                 && let Some(o) = self.get(&s, &k)
-                && meta::finalizers(&o.value)
+                && meta::finalizers(o.value())
                     .iter()
                     .any(|f| f == "foregroundDeletion")
             {
@@ -525,7 +559,7 @@ impl Store {
                 .push_back(GcItem::Crd(format!("{}.{}", col.def.plural, col.def.group)));
         }
         if &**storage == CRDS {
-            self.unregister_crd(&stored.value);
+            self.unregister_crd(stored.value());
         }
         self.push_event(
             EventType::Deleted,
@@ -622,7 +656,7 @@ impl Store {
         let storage = storage_key(group, plural);
         if let Some(col) = self.collections.remove(&storage) {
             for (_, obj) in col.objects {
-                self.uids.remove(meta::meta_str(&obj.value, "uid"));
+                self.uids.remove(meta::meta_str(obj.value(), "uid"));
             }
             // Dropping the senders ends every watch of the resource.
             drop(col.watchers);
@@ -648,7 +682,7 @@ impl Store {
         at: Option<u64>,
         ns: Option<&str>,
         after: Option<&ObjKey>,
-        mut f: impl FnMut(&Arc<Stored>) -> bool,
+        mut f: impl FnMut(&ObjKey, &Arc<Stored>) -> bool,
     ) -> Result<(), ApiError> {
         let Some(col) = self.collections.get(storage) else {
             return Ok(());
@@ -666,7 +700,7 @@ impl Store {
                 if past_ns(k) {
                     break;
                 }
-                if in_ns(k) && !f(v) {
+                if in_ns(k) && !f(k, v) {
                     break;
                 }
             }
@@ -724,7 +758,7 @@ impl Store {
             }
             if let Some(obj) = item
                 && in_ns(key)
-                && !f(obj)
+                && !f(key, obj)
             {
                 break;
             }
@@ -757,7 +791,7 @@ impl Store {
                         if ns.is_some_and(|n| k.ns.as_str() > n) {
                             break;
                         }
-                        if filter.matches(&v.value) {
+                        if filter.matches(v.value()) {
                             backlog.push(WatchMsg::Event(EventType::Added, v.clone()));
                         }
                     }
@@ -870,8 +904,11 @@ fn storage_version(crd: &Value) -> String {
 /// What a watcher with this filter sees of an event: an object entering the selection is ADDED, one
 /// leaving it is DELETED.
 fn transition(filter: &Filter, ev: &Event) -> Option<EventType> {
-    let now = filter.matches(&ev.obj.value);
-    let before = ev.prev.as_ref().is_some_and(|p| filter.matches(&p.value));
+    let now = filter.matches_stored(&ev.key, &ev.obj);
+    let before = ev
+        .prev
+        .as_ref()
+        .is_some_and(|p| filter.matches_stored(&ev.key, p));
     match ev.ty {
         EventType::Added => now.then_some(EventType::Added),
         EventType::Modified => match (before, now) {
@@ -902,13 +939,13 @@ mod tests {
         s.insert(&storage, ObjKey::new("default", "b"), secret("b"))
             .unwrap();
         let a = s.get(&storage, &ObjKey::new("default", "a")).unwrap();
-        let mut changed = a.value.clone();
+        let mut changed = a.value().clone();
         changed["type"] = json!("x");
         s.replace(&storage, &ObjKey::new("default", "a"), &a, changed)
             .unwrap();
         let mut names = Vec::new();
-        s.snapshot(&storage, Some(at), None, None, |o| {
-            names.push((meta::meta_str(&o.value, "name").to_string(), o.rv));
+        s.snapshot(&storage, Some(at), None, None, |_, o| {
+            names.push((meta::meta_str(o.value(), "name").to_string(), o.rv));
             true
         })
         .unwrap();
