@@ -100,6 +100,9 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
 
 async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow::Result<()> {
     let api_before = world.emulator.counters();
+    let operator_before = world
+        .emulator
+        .counters_of_agent(capmvm_operator::USER_AGENT);
     let started = Instant::now();
     let applied = world.apply_demo_cluster(&[], |_| {}).await?;
     println!("\ncreated {}", applied.join(", "));
@@ -135,8 +138,18 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         time_to_ready.as_secs_f64(),
         args.provision_ms as f64 / 1000.0
     );
+    let operator_to_ready = world
+        .emulator
+        .counters_of_agent(capmvm_operator::USER_AGENT)
+        .since(&operator_before);
     if args.keep {
-        summary(time_to_ready, None, &api_to_ready, &flintlock_to_ready);
+        summary(
+            time_to_ready,
+            None,
+            &api_to_ready,
+            &operator_to_ready,
+            &flintlock_to_ready,
+        );
         return Ok(());
     }
 
@@ -175,6 +188,10 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         time_to_ready,
         Some(time_to_clean),
         &world.emulator.counters().since(&api_before),
+        &world
+            .emulator
+            .counters_of_agent(capmvm_operator::USER_AGENT)
+            .since(&operator_before),
         &flintlock_calls(world),
     );
     Ok(())
@@ -211,27 +228,41 @@ fn summary(
     ready: Duration,
     clean: Option<Duration>,
     api: &CounterSnapshot,
+    operator: &CounterSnapshot,
     flintlock: &BTreeMap<&str, u64>,
 ) {
+    let by_verb = |c: &CounterSnapshot| {
+        let mut m: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for (verb, _, n) in c.iter() {
+            *m.entry(verb.as_str()).or_default() += n;
+        }
+        m
+    };
     println!("\nsummary");
     println!("  time to ready          {:.1}s", ready.as_secs_f64());
     if let Some(clean) = clean {
         println!("  time to clean up       {:.1}s", clean.as_secs_f64());
     }
-    println!("  API requests           {} (all clients)", api.total());
-    let mut by_verb: BTreeMap<&str, u64> = BTreeMap::new();
-    for (verb, _, n) in api.iter() {
-        *by_verb.entry(verb.as_str()).or_default() += n;
-    }
-    for (verb, n) in by_verb {
-        println!("    {verb:<20} {n}");
+    println!(
+        "  API requests           {} by the operator, {} by all clients (CAPI stand-in, demo)",
+        operator.total(),
+        api.total()
+    );
+    let all = by_verb(api);
+    let own = by_verb(operator);
+    for (verb, n) in &all {
+        println!(
+            "    {verb:<20} {:>5} {:>7}",
+            own.get(verb).copied().unwrap_or(0),
+            n
+        );
     }
     println!(
         "  flintlock calls        {}",
         flintlock.values().sum::<u64>()
     );
     for (method, n) in flintlock {
-        println!("    {method:<20} {n}");
+        println!("    {method:<20} {n:>5}");
     }
 }
 

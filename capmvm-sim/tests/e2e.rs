@@ -220,6 +220,18 @@ async fn lifecycle_create_and_delete() {
     assert_eq!(mc.status.unwrap().failure_domains.len(), 3);
 
     delete_cluster_and_wait(&w).await;
+
+    // The generated ClusterRole grants every request the operator made, create to delete.
+    let used = w.emulator.counters_of_agent(capmvm_operator::USER_AGENT);
+    assert!(used.total() > 0);
+    for (verb, resource, _) in used.iter() {
+        let (group, rest) = resource.split_once('/').unwrap();
+        let group = if group == "core" { "" } else { group };
+        assert!(
+            capmvm_operator::rbac::allows(group, rest, verb.as_str()),
+            "the ClusterRole lacks {verb} on {resource}"
+        );
+    }
     w.shutdown().await;
 }
 
