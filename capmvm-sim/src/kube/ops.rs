@@ -54,7 +54,7 @@ impl Shared {
     }
 
     fn finish(&self, store: MutexGuard<'_, Store>) {
-        let pending = !store.gc_queue.is_empty();
+        let pending = store.has_background_work();
         drop(store);
         if pending {
             self.gc_notify.notify_one();
@@ -1270,7 +1270,7 @@ pub(crate) async fn gc_worker(shared: Arc<Shared>) {
 /// Processes one queued item; false when the queue is empty.
 fn gc_step(shared: &Shared) -> bool {
     let mut store = shared.lock();
-    let Some(item) = store.gc_queue.pop_front() else {
+    let Some(item) = store.dequeue() else {
         return false;
     };
     process_gc(&mut store, item);
@@ -1290,7 +1290,7 @@ fn process_gc(store: &mut Store, item: GcItem) {
     match item {
         GcItem::OwnerGone(uid) => {
             for (s, k) in store.dependents_of(&uid) {
-                store.gc_queue.push_back(GcItem::Dependent(s, k));
+                store.enqueue(GcItem::Dependent(s, k));
             }
         }
         GcItem::Dependent(storage, key) => {

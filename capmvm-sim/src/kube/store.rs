@@ -266,7 +266,10 @@ pub(crate) struct Store {
     compacted: u64,
     uids: HashMap<String, (Arc<str>, ObjKey)>,
     dependents: HashMap<String, HashSet<(Arc<str>, ObjKey)>>,
-    pub(crate) gc_queue: VecDeque<GcItem>,
+    gc_queue: VecDeque<GcItem>,
+    /// What `gc_queue` holds, so that an item is queued once (deleting a namespace's objects would
+    /// otherwise queue the namespace once per object).
+    gc_queued: HashSet<GcItem>,
     next_watcher_id: u64,
     watch_buffer: usize,
     /// Watchers closed because they did not keep up.
@@ -301,6 +304,7 @@ impl Store {
             uids: HashMap::new(),
             dependents: HashMap::new(),
             gc_queue: VecDeque::new(),
+            gc_queued: HashSet::new(),
             next_watcher_id: 0,
             watch_buffer: watch_buffer.max(1),
             slow_watchers_closed: 0,
@@ -323,6 +327,24 @@ impl Store {
             let _ = store.insert(&ns_key, ObjKey::new("", ns), obj);
         }
         store
+    }
+
+    /// Queues background work (once).
+    pub(crate) fn enqueue(&mut self, item: GcItem) {
+        if self.gc_queued.insert(item.clone()) {
+            self.gc_queue.push_back(item);
+        }
+    }
+
+    /// The next background work item.
+    pub(crate) fn dequeue(&mut self) -> Option<GcItem> {
+        let item = self.gc_queue.pop_front()?;
+        self.gc_queued.remove(&item);
+        Some(item)
+    }
+
+    pub(crate) fn has_background_work(&self) -> bool {
+        !self.gc_queue.is_empty()
     }
 
     pub(crate) fn get(&self, storage: &str, key: &ObjKey) -> Option<Arc<Stored>> {
@@ -412,8 +434,7 @@ impl Store {
         let new_owners = new.map(meta::owner_uids).unwrap_or_default();
         if old_owners == new_owners && new.is_some() {
             if !new_owners.is_empty() && new_owners.iter().any(|u| !self.owner_alive(u, &key.ns)) {
-                self.gc_queue
-                    .push_back(GcItem::Dependent(storage.clone(), key.clone()));
+                self.enqueue(GcItem::Dependent(storage.clone(), key.clone()));
             }
             return;
         }
@@ -432,8 +453,7 @@ impl Store {
                 .insert((storage.clone(), key.clone()));
         }
         if new.is_some() && new_owners.iter().any(|u| !self.owner_alive(u, &key.ns)) {
-            self.gc_queue
-                .push_back(GcItem::Dependent(storage.clone(), key.clone()));
+            self.enqueue(GcItem::Dependent(storage.clone(), key.clone()));
         }
     }
 
@@ -535,7 +555,7 @@ impl Store {
         self.uids.remove(&uid);
         self.index_owners(storage, key, prev.as_ref().map(|p| p.value()), None);
         if self.dependents.contains_key(&uid) {
-            self.gc_queue.push_back(GcItem::OwnerGone(uid));
+            self.enqueue(GcItem::OwnerGone(uid));
         }
         // Owners waiting in foreground deletion may now be done.
         for owner in meta::owner_uids(stored.value()) {
@@ -545,18 +565,17 @@ impl Store {
                     .iter()
                     .any(|f| f == "foregroundDeletion")
             {
-                self.gc_queue.push_back(GcItem::Foreground(s, k));
+                self.enqueue(GcItem::Foreground(s, k));
             }
         }
         if !key.ns.is_empty() && self.namespace_state(&key.ns) == Some(true) {
-            self.gc_queue.push_back(GcItem::Namespace(key.ns.clone()));
+            self.enqueue(GcItem::Namespace(key.ns.clone()));
         }
         if let Some(col) = self.collections.get(storage)
             && col.terminating
             && col.def.builtin.is_none()
         {
-            self.gc_queue
-                .push_back(GcItem::Crd(format!("{}.{}", col.def.plural, col.def.group)));
+            self.enqueue(GcItem::Crd(format!("{}.{}", col.def.plural, col.def.group)));
         }
         if &**storage == CRDS {
             self.unregister_crd(stored.value());
@@ -584,27 +603,25 @@ impl Store {
         if &**storage == CRDS {
             if deleting {
                 if !was_deleting {
-                    self.gc_queue.push_back(GcItem::Crd(key.name.clone()));
+                    self.enqueue(GcItem::Crd(key.name.clone()));
                 }
             } else {
                 self.register_crd(value);
             }
         }
         if &**storage == NAMESPACES && deleting && !was_deleting {
-            self.gc_queue.push_back(GcItem::Namespace(key.name.clone()));
+            self.enqueue(GcItem::Namespace(key.name.clone()));
         }
         if deleting {
             let fins = meta::finalizers(value);
             let old_fins = old.map(meta::finalizers).unwrap_or_default();
             if fins.iter().any(|f| f == "orphan") && !old_fins.iter().any(|f| f == "orphan") {
-                self.gc_queue
-                    .push_back(GcItem::Orphan(storage.clone(), key.clone()));
+                self.enqueue(GcItem::Orphan(storage.clone(), key.clone()));
             }
             if fins.iter().any(|f| f == "foregroundDeletion")
                 && !old_fins.iter().any(|f| f == "foregroundDeletion")
             {
-                self.gc_queue
-                    .push_back(GcItem::Foreground(storage.clone(), key.clone()));
+                self.enqueue(GcItem::Foreground(storage.clone(), key.clone()));
             }
         }
     }
