@@ -24,8 +24,9 @@
 //! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
 //! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only),
-//! `selector`, `jsonpath` and `table` (printer columns), `discovery` (discovery and OpenAPI documents),
-//! `counters`.
+//! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
+//! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `cli`
+//! (`capmvm-sim kube`).
 
 mod apply;
 mod builtin;
