@@ -21,7 +21,7 @@ enum Command {
     /// Measure a large cluster: time to ready, API and flintlock calls per machine, operator CPU and memory.
     Bench(capmvm_sim::bench::BenchArgs),
     /// Run the capmvm operator (the same code as the capmvm-operator binary).
-    Operator(capmvm_operator::config::Flags),
+    Operator(Box<capmvm_operator::config::Flags>),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -37,7 +37,7 @@ fn main() -> anyhow::Result<()> {
         Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
-            .block_on(capmvm_operator::main_with(flags))?,
+            .block_on(capmvm_operator::main_with(*flags))?,
     }
     Ok(())
 }
