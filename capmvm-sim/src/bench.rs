@@ -15,7 +15,6 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use capmvm_api::MicrovmMachine;
 use capmvm_api::conditions::types::READY;
-use capmvm_flintlock::Method;
 use kube::Api;
 use kube::api::ListParams;
 
@@ -160,7 +159,7 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
         .emulator
         .counters_of_agent(capmvm_operator::USER_AGENT)
         .since(&api_before);
-    let flintlock_to_ready = flintlock_calls(world);
+    let flintlock_to_ready = world.flintlock_calls();
 
     eprintln!(
         "steady state: measuring flintlock calls for {} s",
@@ -171,7 +170,7 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
     }
     let steady_started = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
-    let flintlock_steady = flintlock_calls(world);
+    let flintlock_steady = world.flintlock_calls();
     Ok(Report {
         args: args.clone(),
         time_to_ready,
@@ -193,24 +192,6 @@ fn progress(ready: usize, total: usize, elapsed: Duration) {
         elapsed.as_secs_f64()
     );
     let _ = std::io::stderr().flush();
-}
-
-fn flintlock_calls(world: &World) -> BTreeMap<&'static str, u64> {
-    let mut calls = BTreeMap::new();
-    for host in &world.hosts {
-        let counters = host.control().counters();
-        for method in [
-            Method::Create,
-            Method::Get,
-            Method::List,
-            Method::ListStream,
-            Method::Delete,
-        ] {
-            *calls.entry(method.as_str()).or_insert(0) += counters.of(method);
-        }
-    }
-    calls.retain(|_, n| *n > 0);
-    calls
 }
 
 impl Report {

@@ -11,7 +11,6 @@ use anyhow::{Context as _, bail};
 use capmvm_api::capi::{Cluster, Machine};
 use capmvm_api::conditions::types::READY;
 use capmvm_api::{MicrovmMachine, VmState};
-use capmvm_flintlock::Method;
 use kube::api::{DeleteParams, ListParams};
 use kube::{Api, ResourceExt};
 
@@ -132,7 +131,7 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
     }
     let time_to_ready = started.elapsed();
     let api_to_ready = world.emulator.counters().since(&api_before);
-    let flintlock_to_ready = flintlock_calls(world);
+    let flintlock_to_ready = world.flintlock_calls();
     println!(
         "\nall {MACHINES} machines ready in {:.1}s (provisioning takes {:.1}s on the hosts)",
         time_to_ready.as_secs_f64(),
@@ -192,7 +191,7 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
             .emulator
             .counters_of_agent(capmvm_operator::USER_AGENT)
             .since(&operator_before),
-        &flintlock_calls(world),
+        &world.flintlock_calls(),
     );
     Ok(())
 }
@@ -203,25 +202,6 @@ fn is_ready(m: &MicrovmMachine) -> bool {
             .iter()
             .any(|c| c.type_ == READY && c.status == "True")
     })
-}
-
-/// Flintlock calls on every host, by method.
-fn flintlock_calls(world: &World) -> BTreeMap<&'static str, u64> {
-    let mut calls = BTreeMap::new();
-    for host in &world.hosts {
-        let counters = host.control().counters();
-        for method in [
-            Method::Create,
-            Method::Get,
-            Method::List,
-            Method::ListStream,
-            Method::Delete,
-        ] {
-            *calls.entry(method.as_str()).or_insert(0) += counters.of(method);
-        }
-    }
-    calls.retain(|_, n| *n > 0);
-    calls
 }
 
 fn summary(

@@ -64,7 +64,7 @@ pub fn envsubst(text: &str, vars: &BTreeMap<String, String>) -> Result<String, E
         let (name, default) = match expr.find([':', '=']) {
             Some(i) => {
                 let (name, tail) = expr.split_at(i);
-                let default = tail.trim_start_matches([':', '=', '-']);
+                let default = tail.trim_start_matches([':', '=', '-']).trim();
                 (name.trim(), Some(default))
             }
             None => (expr, None),

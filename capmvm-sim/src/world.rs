@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use capmvm_api::MicrovmMachine;
-use capmvm_flintlock::SecretString;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowConfig, HollowHandle, HollowHost, VmSnapshot};
+use capmvm_flintlock::{Method, SecretString};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
@@ -424,6 +424,25 @@ impl World {
                     .map(move |vm| (h.endpoint(), vm))
             })
             .collect()
+    }
+
+    /// Flintlock calls the hosts answered, by method (methods never called left out).
+    pub fn flintlock_calls(&self) -> BTreeMap<&'static str, u64> {
+        let mut calls = BTreeMap::new();
+        for host in &self.hosts {
+            let counters = host.control().counters();
+            for method in [
+                Method::Create,
+                Method::Get,
+                Method::List,
+                Method::ListStream,
+                Method::Delete,
+            ] {
+                *calls.entry(method.as_str()).or_insert(0) += counters.of(method);
+            }
+        }
+        calls.retain(|_, n| *n > 0);
+        calls
     }
 
     /// The MicrovmMachines of `namespace`.
