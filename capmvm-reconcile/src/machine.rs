@@ -98,19 +98,22 @@ pub fn decide(obs: &ObservedMachine, now: Timestamp) -> Plan<MicrovmMachineStatu
     d.finish(requeue)
 }
 
-/// Marks the `Ready` condition after a host call of a plan failed, so users see why the machine is
-/// stuck while the operator retries with backoff. `message` must be safe to show.
+/// Marks the `Ready` condition of `machine` after a host call of a plan failed, so users see why it is
+/// stuck while the operator retries with backoff. `message` must be safe to show. A machine being
+/// deleted gets the same advice as when its host is seen unreachable.
 pub fn record_host_call_failure(
+    machine: &MicrovmMachine,
     status: &mut MicrovmMachineStatus,
-    generation: Option<i64>,
     unreachable: bool,
     message: &str,
     now: Timestamp,
 ) {
-    let reason = if unreachable {
-        reasons::HOST_UNREACHABLE
-    } else {
-        reasons::MICROVM_CREATE_FAILED
+    let deleting = machine.metadata.deletion_timestamp.is_some();
+    let (reason, message) = match (unreachable, deleting) {
+        (true, true) => (reasons::HOST_UNREACHABLE, deletion_blocked(message)),
+        (true, false) => (reasons::HOST_UNREACHABLE, message.to_string()),
+        (false, true) => (reasons::DELETING, message.to_string()),
+        (false, false) => (reasons::MICROVM_CREATE_FAILED, message.to_string()),
     };
     conditions::set(
         &mut status.conditions,
@@ -118,9 +121,16 @@ pub fn record_host_call_failure(
         Status::False,
         reason,
         message,
-        generation,
+        machine.metadata.generation,
         now,
     );
+}
+
+/// What a machine whose host does not answer says while it is deleted.
+fn deletion_blocked(why: &str) -> String {
+    format!(
+        "cannot delete the microVM: {why}; the finalizer stays until the host answers. If the host is gone for good, annotate {ABANDON_MICROVM_ANNOTATION}=true to release it"
+    )
 }
 
 struct Decision<'a> {
@@ -550,9 +560,7 @@ impl<'a> Decision<'a> {
             HostLookup::Unreachable(why) => {
                 self.not_ready(
                     reasons::HOST_UNREACHABLE,
-                    format!(
-                        "cannot delete {what}: host {host} is unreachable ({why}); the finalizer stays until it answers. If the host is gone for good, annotate {ABANDON_MICROVM_ANNOTATION}=true to release it"
-                    ),
+                    deletion_blocked(&format!("host {host} is unreachable ({why})")),
                 );
                 Requeue::Await
             }

@@ -672,6 +672,33 @@ fn deletion_keeps_the_finalizer_while_the_host_is_unreachable() {
 }
 
 #[test]
+fn a_failed_delete_call_gives_the_same_advice_as_an_unreachable_host() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    deleting(&mut obs);
+    let mut status = obs.machine.status.clone().unwrap();
+    let failure = format!("host {}: unavailable: connection refused", HOSTS[0]);
+    capmvm_reconcile::machine::record_host_call_failure(
+        &obs.machine,
+        &mut status,
+        true,
+        &failure,
+        now(),
+    );
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(ready.reason, reasons::HOST_UNREACHABLE);
+    assert!(
+        ready.message.contains(&failure) && ready.message.contains(ABANDON_MICROVM_ANNOTATION),
+        "{}",
+        ready.message
+    );
+}
+
+#[test]
 fn the_abandon_annotation_releases_with_a_warning() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");

@@ -461,8 +461,8 @@ async fn host_call_failed(
     let message = format!("host {host}: {error}");
     let mut status = machine.status.clone().unwrap_or_default();
     record_host_call_failure(
+        machine,
         &mut status,
-        machine.metadata.generation,
         unreachable,
         &message,
         Timestamp::now(),
