@@ -33,7 +33,7 @@ fn options(hosts: usize) -> WorldOptions {
     o.operator_flags = vec![
         "--host-poll-interval=2s".into(),
         "--host-poll-interval-busy=200ms".into(),
-        "--log-level=info".into(),
+        "--log-level=capmvm_operator=debug,info".into(),
     ];
     o
 }

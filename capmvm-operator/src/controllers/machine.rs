@@ -32,6 +32,9 @@ use crate::{credentials, patch};
 /// Controller name in metrics and events.
 pub const CONTROLLER: &str = "microvmmachine";
 
+/// How soon to look again when the cache still holds a version our own writes replaced.
+const STALE_CACHE_RETRY: Duration = Duration::from_millis(200);
+
 /// Most decide-and-carry-out rounds in one reconcile (place+create, adopt, and one spare).
 const MAX_ROUNDS: usize = 4;
 
@@ -44,11 +47,10 @@ pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action
         .writes
         .is_stale(&key, &obj.resource_version().unwrap_or_default())
     {
-        // Our own earlier write woke us, and the cache does not have our latest write yet: the reconcile
-        // that wrote it decided on newer data than this. Anything others change later arrives as a
-        // version we did not supersede and wakes us. (The scheduler keeps the earliest requeue, so
-        // this does not cancel one asked for before.)
-        return Ok(Action::requeue(ctx.sync_period));
+        // The cache still holds a version our own writes replaced: deciding on it would only earn a
+        // 409. The wake that brought us here may carry news the object does not (a host became
+        // reachable), so look again as soon as the cache has caught up rather than drop it.
+        return Ok(Action::requeue(STALE_CACHE_RETRY));
     }
     let result = reconcile_rounds(obj.as_ref().clone(), &ctx).await;
     let outcome = match &result {
