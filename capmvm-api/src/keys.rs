@@ -15,6 +15,10 @@ pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// Annotation that marks an infrastructure cluster as managed by someone else: we leave it alone.
 pub const MANAGED_BY_ANNOTATION: &str = "cluster.x-k8s.io/managed-by";
 
+/// Label that makes `clusterctl move` carry an object outside the ownership chain, such as the
+/// credentials Secrets a MicrovmCluster names (`basicAuthSecret`, `tlsSecretRef`).
+pub const CLUSTERCTL_MOVE_LABEL: &str = "clusterctl.cluster.x-k8s.io/move";
+
 /// Label selected by the operator's `--watch-filter`.
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
 
@@ -36,6 +40,15 @@ pub const ABANDON_MICROVM_ANNOTATION: &str =
 /// changed after. It is metadata, not status, because `clusterctl move` does not carry status: a
 /// machine moved between its create and its providerID write still knows which host to ask.
 pub const HOST_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/host";
+
+/// Annotation on a MicrovmMachine holding the uid its microVMs carry in meta-data: the object's uid
+/// when its host was recorded, written in the same write as [`HOST_ANNOTATION`] and never changed
+/// after.
+///
+/// `clusterctl move` and backup/restore recreate the object with a new uid but keep annotations, so
+/// a machine moved between its create and its providerID write still recognises (and adopts, or
+/// deletes) the microVM it created. Without it, identity falls back to the object's uid.
+pub const ORIGIN_UID_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/origin-uid";
 
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";

@@ -87,14 +87,14 @@ where
         .await
 }
 
-/// Adds `finalizer` and/or the annotation `key: value` in one JSON patch that fails (422) unless the
+/// Adds `finalizer` and/or the `annotations` in one JSON patch that fails (422) unless the
 /// object is still at the resourceVersion `obj` was read at: a decision made from a stale read never
 /// takes effect.
 pub async fn add_metadata<K>(
     api: &Api<K>,
     obj: &K,
     finalizer: Option<&str>,
-    annotation: Option<(&str, &str)>,
+    annotations: &[(&str, &str)],
 ) -> Result<K, kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + Debug,
@@ -116,20 +116,26 @@ where
             })
         });
     }
-    if let Some((key, value)) = annotation {
-        ops.push(if obj.meta().annotations.is_none() {
-            PatchOperation::Add(AddOperation {
+    if !annotations.is_empty() {
+        if obj.meta().annotations.is_none() {
+            let all: serde_json::Map<String, serde_json::Value> = annotations
+                .iter()
+                .map(|(k, v)| ((*k).to_string(), json!(v)))
+                .collect();
+            ops.push(PatchOperation::Add(AddOperation {
                 path: jsonptr("/metadata/annotations"),
-                value: json!({ key: value }),
-            })
+                value: serde_json::Value::Object(all),
+            }));
         } else {
-            // JSON pointer escaping: `~` is `~0`, `/` is `~1`.
-            let escaped = key.replace('~', "~0").replace('/', "~1");
-            PatchOperation::Add(AddOperation {
-                path: jsonptr(&format!("/metadata/annotations/{escaped}")),
-                value: json!(value),
-            })
-        });
+            for (key, value) in annotations {
+                // JSON pointer escaping: `~` is `~0`, `/` is `~1`.
+                let escaped = key.replace('~', "~0").replace('/', "~1");
+                ops.push(PatchOperation::Add(AddOperation {
+                    path: jsonptr(&format!("/metadata/annotations/{escaped}")),
+                    value: json!(value),
+                }));
+            }
+        }
     }
     api.patch(
         &obj.name_any(),

@@ -5,19 +5,21 @@
 //! the bootstrap data. Then the machine either observes its microVM (it has a providerID), or creates
 //! one exactly once:
 //!
-//! 1. choose a host and record it in `status.host` (written before any create);
-//! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry this machine's
-//!    uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
+//! 1. choose a host and record it, with the machine's origin uid, in annotations (written before any
+//!    create);
+//! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry the machine's
+//!    origin uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
 //! 3. only if there is none, create one, then adopt it (step 2) to set the providerID.
 //!
-//! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM. A machine
-//! with a providerID is never created again: a vanished microVM is reported, not replaced.
+//! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM; so does a
+//! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
+//! again: a vanished microVM is reported, not replaced.
 
 use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
-    PAUSED_ANNOTATION,
+    ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION,
 };
 use capmvm_api::{
     HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
@@ -48,8 +50,8 @@ pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
 
-/// The host this machine's microVM lives on or is to be created on: the providerID's host, else
-/// `status.host`. The operator asks this host for the machine's microVMs.
+/// The host this machine's microVM lives on or is to be created on: the providerID's host, else the
+/// host annotation. The operator asks this host for the machine's microVMs.
 pub fn recorded_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
     provider_id(machine)
         .map(|p| p.host)
@@ -62,6 +64,18 @@ fn annotated_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
         .annotations()
         .get(HOST_ANNOTATION)
         .and_then(|h| h.parse().ok())
+}
+
+/// The uid this machine's microVMs carry in meta-data: the origin-uid annotation, written when the
+/// host was recorded, else the object's own uid. They differ once the object was recreated with its
+/// annotations (`clusterctl move`, a restore from backup).
+pub fn origin_uid(machine: &MicrovmMachine) -> Option<&str> {
+    machine
+        .annotations()
+        .get(ORIGIN_UID_ANNOTATION)
+        .map(String::as_str)
+        .filter(|u| !u.is_empty())
+        .or(machine.metadata.uid.as_deref())
 }
 
 /// The parsed providerID, if set and valid.
@@ -387,7 +401,10 @@ impl<'a> Decision<'a> {
                 Requeue::Await
             }
             Ok(chosen) => {
-                self.effects.push(Effect::RecordHost(chosen.host.clone()));
+                self.effects.push(Effect::RecordHost {
+                    host: chosen.host.clone(),
+                    origin_uid: origin_uid(self.machine).unwrap_or_default().to_string(),
+                });
                 self.create(&chosen.host, user_data, cluster_name, infra)
             }
         }
@@ -409,11 +426,11 @@ impl<'a> Decision<'a> {
             &self.machine.spec.ssh_public_keys
         };
         let hostname = self.machine.name_any();
-        let machine_uid = self.machine.metadata.uid.clone().unwrap_or_default();
+        let machine_uid = origin_uid(self.machine).unwrap_or_default();
         let vm_host = host.to_string();
         let metadata = match cloudinit::metadata(&CloudInit {
             hostname: &hostname,
-            machine_uid: &machine_uid,
+            machine_uid,
             vm_host: &vm_host,
             ssh_public_keys: keys,
             user_data: user_data.expose(),
@@ -641,20 +658,20 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// The microVMs that carry this machine's uid (ours), on the answering host.
+    /// The microVMs that carry this machine's origin uid (ours), on the answering host.
     fn ours<'v>(&self, vms: &'v [ObservedVm]) -> Vec<&'v ObservedVm> {
         vms.iter().filter(|v| self.is_ours(v)).collect()
     }
 
     fn is_ours(&self, vm: &ObservedVm) -> bool {
-        let uid = self.machine.metadata.uid.as_deref();
+        let uid = origin_uid(self.machine);
         uid.is_some()
             && vm.machine_uid.as_deref() == uid
             && vm.name == self.machine.name_any()
             && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
     }
 
-    /// Deletes microVMs that carry this machine's uid but are not the one it keeps.
+    /// Deletes microVMs that carry this machine's origin uid but are not the one it keeps.
     fn delete_duplicates(&mut self, host: &HostEndpoint, vms: &[ObservedVm], keep: Option<&str>) {
         let mut extras: Vec<&ObservedVm> = self
             .ours(vms)

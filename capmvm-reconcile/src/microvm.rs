@@ -147,7 +147,7 @@ pub struct StaticAddress {
 
 /// Maps a (valid) MicrovmMachine to the microVM to create, with the given cloud-init metadata.
 ///
-/// Differences from the Go provider: a missing guest MAC is derived from the machine uid and the
+/// Differences from the Go provider: a missing guest MAC is derived from the machine's origin uid and the
 /// interface index (stable across retries, instead of random per call), `cluster-name` is added to a
 /// copy of the labels (the object is not mutated), and gateway and nameservers are passed on.
 pub fn build_spec(
@@ -156,7 +156,7 @@ pub fn build_spec(
     metadata: BTreeMap<String, String>,
 ) -> MicrovmSpec {
     let spec = &machine.spec;
-    let uid = machine.metadata.uid.as_deref().unwrap_or_default();
+    let uid = crate::machine::origin_uid(machine).unwrap_or_default();
     let mut labels = spec.labels.clone();
     labels.insert(
         capmvm_api::keys::MICROVM_CLUSTER_NAME_LABEL.to_string(),

@@ -55,8 +55,14 @@ pub enum Effect {
     AddFinalizer,
     /// Remove the MicrovmMachine finalizer: the microVM is gone (or was never created, or abandoned).
     RemoveFinalizer,
-    /// Record the chosen host in the host annotation (before the microVM is created there).
-    RecordHost(HostEndpoint),
+    /// Record the chosen host and the machine's origin uid in their annotations (before the microVM
+    /// is created there), so a recreated object (`clusterctl move`) still finds its microVM.
+    RecordHost {
+        /// The chosen host.
+        host: HostEndpoint,
+        /// The uid the microVM will carry in meta-data.
+        origin_uid: String,
+    },
     /// Set `spec.providerID`.
     SetProviderId(String),
     /// Create a microVM on a host. The host is recorded first ([`Effect::RecordHost`]).

@@ -7,6 +7,7 @@ mod support;
 use capmvm_api::VmState as ApiVmState;
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{ABANDON_MICROVM_ANNOTATION, MACHINE_FINALIZER, PAUSED_ANNOTATION};
+use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
 use capmvm_reconcile::*;
 use support::*;
 
@@ -226,7 +227,10 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
         "the finalizer comes with the first microVM"
     );
     assert!(
-        plan.effects.contains(&Effect::RecordHost(host.clone())),
+        plan.effects.contains(&Effect::RecordHost {
+            host: host.clone(),
+            origin_uid: MACHINE_UID.into()
+        }),
         "the host is recorded with the create"
     );
     assert_eq!(
@@ -355,6 +359,70 @@ fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
     );
     assert!(event_reasons(&plan).contains(&"DuplicateMicrovm"));
     assert_eq!(ready(&plan).0, "True");
+}
+
+#[test]
+fn a_moved_machine_adopts_the_microvm_carrying_its_origin_uid() {
+    // Moved between its create and its providerID write: a new uid, the annotations kept.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    moved(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty(), "no second microVM");
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
+    assert_eq!(ready(&plan).0, "True");
+}
+
+#[test]
+fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    moved(&mut obs);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    let created = creates(&plan);
+    assert_eq!(created.len(), 1);
+    let spec = &created[0].1;
+    assert_eq!(
+        machine_uid_from_metadata(&spec.metadata).as_deref(),
+        Some(MACHINE_UID),
+        "a crash after this create still ends in adoption"
+    );
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::RecordHost { .. })),
+        "the recorded host and origin uid are kept"
+    );
+}
+
+#[test]
+fn without_an_origin_uid_annotation_the_object_uid_identifies_the_microvm() {
+    // Machines placed before the annotation existed.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.machine
+        .metadata
+        .annotations
+        .as_mut()
+        .unwrap()
+        .remove(capmvm_api::keys::ORIGIN_UID_ANNOTATION);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
 }
 
 #[test]
@@ -651,6 +719,23 @@ fn deletion_of_a_placed_machine_without_provider_id_deletes_what_carries_its_uid
         deletes(&plan),
         [(HOSTS[1].to_string(), "01A".to_string())],
         "only ours"
+    );
+}
+
+#[test]
+fn deletion_of_a_moved_machine_without_provider_id_deletes_what_carries_its_origin_uid() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    moved(&mut obs);
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(deletes(&plan), [(HOSTS[1].to_string(), "01A".to_string())]);
+    assert!(
+        !plan.effects.contains(&Effect::RemoveFinalizer),
+        "the finalizer stays until the microVM is gone"
     );
 }
 

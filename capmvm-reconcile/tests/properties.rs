@@ -1,7 +1,8 @@
 //! Properties of the machine decision, against a simulated operator and simulated hosts:
 //!
 //! - a plan applied to the observation it came from, re-decided, converges with no further effects;
-//! - with the operator crashing between any two steps of any plan, no machine ever has two microVMs;
+//! - with the operator crashing between any two steps of any plan, and the object moved (new uid) at
+//!   any point, no machine ever has two microVMs;
 //! - no plan creates when a providerID exists or a microVM carrying the machine's uid is there;
 //! - deciding is deterministic.
 
@@ -13,7 +14,7 @@ use std::collections::BTreeMap;
 
 use capmvm_api::keys::MACHINE_FINALIZER;
 use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
-use capmvm_reconcile::machine::{provider_id, recorded_host};
+use capmvm_reconcile::machine::{origin_uid, provider_id, recorded_host};
 use capmvm_reconcile::*;
 use proptest::prelude::*;
 use support::*;
@@ -39,14 +40,13 @@ impl World {
         }
     }
 
-    /// The machine's microVMs that are alive (not being deleted), on every host.
+    /// The machine's microVMs that are alive (not being deleted), on every host, whatever uid they
+    /// carry (the machine may have been moved, which changes its uid).
     fn ours_alive(&self) -> Vec<&ObservedVm> {
         self.vms
             .values()
             .flatten()
-            .filter(|v| {
-                v.machine_uid.as_deref() == Some(MACHINE_UID) && v.state != VmState::Deleting
-            })
+            .filter(|v| v.name == "m1" && v.state != VmState::Deleting)
             .collect()
     }
 
@@ -96,11 +96,11 @@ fn execute(
     };
     // The finalizer and the recorded host go in one metadata write.
     let adds_finalizer = plan.effects.contains(&Effect::AddFinalizer);
-    let host = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost(h) => Some(h.to_string()),
+    let recorded = plan.effects.iter().find_map(|e| match e {
+        Effect::RecordHost { host, origin_uid } => Some((host.to_string(), origin_uid.clone())),
         _ => None,
     });
-    if adds_finalizer || host.is_some() {
+    if adds_finalizer || recorded.is_some() {
         if !step() {
             return true;
         }
@@ -111,12 +111,17 @@ fn execute(
                 .get_or_insert_with(Vec::new)
                 .push(MACHINE_FINALIZER.into());
         }
-        if let Some(host) = host {
-            obs.machine
+        if let Some((host, origin_uid)) = recorded {
+            let annotations = obs
+                .machine
                 .metadata
                 .annotations
-                .get_or_insert_with(Default::default)
-                .insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host);
+                .get_or_insert_with(Default::default);
+            annotations.insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host);
+            annotations.insert(
+                capmvm_api::keys::ORIGIN_UID_ANNOTATION.to_string(),
+                origin_uid,
+            );
         }
     }
     for effect in &plan.effects {
@@ -227,6 +232,7 @@ prop_compose! {
         reach in prop::array::uniform3(0..3u8),
         lookup_kind in 0..3u8,
         vms in prop::collection::vec(arb_lookup_vm(), 0..4),
+        was_moved in any::<bool>(),
     ) -> ObservedMachine {
         let mut obs = observed();
         if !has_owner { obs.owner = None; }
@@ -247,6 +253,7 @@ prop_compose! {
                 None => with_recorded_host(&mut obs, HOSTS[i]),
             }
         }
+        if was_moved { moved(&mut obs); }
         for (host, r) in HOSTS.iter().zip(reach) {
             obs.hosts.get_mut(*host).unwrap().reachability = match r {
                 0 => Reachability::Reachable,
@@ -276,7 +283,7 @@ proptest! {
         // The operator asks a host only when one is recorded; an answer without one is not an observation.
         let ours_listed = recorded_host(&obs.machine).is_some()
             && matches!(&obs.recorded_host, HostLookup::Answered { vms }
-                if vms.iter().any(|v| v.machine_uid.as_deref() == Some(MACHINE_UID)));
+                if vms.iter().any(|v| v.machine_uid.is_some() && v.machine_uid.as_deref() == origin_uid(&obs.machine)));
         let plan = decide(&obs, now());
         if obs.machine.spec.provider_id.is_some() || ours_listed {
             prop_assert!(creates(&plan).is_empty(), "created with providerID or our VM present: {:?}", plan);
@@ -321,6 +328,7 @@ proptest! {
         crashes in prop::collection::vec(0..8usize, 12),
         reach in prop::array::uniform3(any::<bool>()),
         delete_at in prop::option::of(0..12usize),
+        move_at in prop::option::of(0..12usize),
     ) {
         let mut world = World::new(reach);
         let mut obs = observed();
@@ -328,6 +336,10 @@ proptest! {
         world.observe(&mut obs);
         let mut alive = true;
         for (round, crash_after) in crashes.iter().enumerate() {
+            if move_at == Some(round) {
+                // `clusterctl move`: the object is recreated with a new uid and no status.
+                moved(&mut obs);
+            }
             if delete_at == Some(round) {
                 deleting(&mut obs);
                 // The API server removes an object without finalizers at once.

@@ -521,11 +521,16 @@ pub fn process_usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks as f64 / 100.0, hwm))
 }
 
+/// A credentials Secret, labelled so `clusterctl move` carries it (it is referenced by name only).
 fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
     Secret {
         metadata: ObjectMeta {
             name: Some(name.to_string()),
             namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                capmvm_api::keys::CLUSTERCTL_MOVE_LABEL.to_string(),
+                String::new(),
+            )])),
             ..Default::default()
         },
         data: Some(data),

@@ -547,6 +547,86 @@ async fn a_crash_between_create_and_status_write_duplicates_nothing() {
     w.shutdown().await;
 }
 
+/// `clusterctl move` recreates every object on the target cluster: same names, labels, annotations
+/// and spec, no status, and a new uid. A machine moved between its create and its providerID write
+/// must still find the microVM it created under its old uid, not create a second one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_moved_between_create_and_provider_id_adopts_its_microvm() {
+    let mut w = World::start(options(2)).await.unwrap();
+    w.start_operator(&[(capmvm_operator::fault::FAULT_ENV, "after-create")])
+        .unwrap();
+    w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
+    assert_eq!(
+        w.wait_operator_exit(WAIT).await,
+        Some(capmvm_operator::fault::FAULT_EXIT_CODE)
+    );
+    let orphans = live_vms(&w);
+    assert_eq!(orphans.len(), 1, "one microVM created before the crash");
+
+    // Move, as clusterctl does: pause the Cluster, recreate the object, drop the source's finalizers.
+    let clusters = Api::<Cluster>::namespaced(w.client.clone(), NS);
+    let pause = |paused: bool| json!({"spec": {"paused": paused}});
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(pause(true)))
+        .await
+        .unwrap();
+    let api = Api::<MicrovmMachine>::namespaced(w.client.clone(), NS);
+    let source = w.microvm_machines(NS).await.unwrap().remove(0);
+    assert!(
+        source.spec.provider_id.is_none(),
+        "crashed before the providerID write"
+    );
+    let name = source.name_any();
+    let mut moved = MicrovmMachine::new(&name, source.spec.clone());
+    moved.metadata.namespace = source.metadata.namespace.clone();
+    moved.metadata.labels = source.metadata.labels.clone();
+    moved.metadata.annotations = source.metadata.annotations.clone();
+    moved.metadata.owner_references = source.metadata.owner_references.clone();
+    moved.metadata.finalizers = source.metadata.finalizers.clone();
+    api.patch(
+        &name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    wait_for("the source object to be gone", WAIT, POLL, || async {
+        Ok(api.get_opt(&name).await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap();
+    let target = api.create(&Default::default(), &moved).await.unwrap();
+    assert_ne!(target.metadata.uid, source.metadata.uid, "a new object");
+    clusters
+        .patch("demo", &PatchParams::default(), &Patch::Merge(pause(false)))
+        .await
+        .unwrap();
+
+    w.start_operator(&[]).unwrap();
+    let machines = wait_ready(&w, 1).await;
+    let vms = live_vms(&w);
+    assert_eq!(vms.len(), 1, "no second microVM: {vms:?}");
+    assert_eq!(
+        vms[0].1.uid(),
+        orphans[0].1.uid(),
+        "the moved machine adopted its microVM"
+    );
+    let pid: ProviderId = machines[0]
+        .spec
+        .provider_id
+        .as_deref()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert_eq!(pid.uid, orphans[0].1.uid());
+    assert_eq!(creates_on_hosts(&w), 1);
+
+    // Deleting the moved machine deletes that microVM: nothing leaks.
+    delete_cluster_and_wait(&w).await;
+    w.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn basic_auth_and_mtls_end_to_end() {
     let mut o = options(2);

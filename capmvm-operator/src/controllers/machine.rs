@@ -5,7 +5,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER};
+use capmvm_api::keys::{
+    CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION,
+};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
@@ -306,28 +308,32 @@ async fn execute(
     let api: Api<MicrovmMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
     // 1. The finalizer and the chosen host, in one conditional metadata write.
-    let recorded_host = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost(host) => Some(host.to_string()),
+    let recorded = plan.effects.iter().find_map(|e| match e {
+        Effect::RecordHost { host, origin_uid } => Some((host.to_string(), origin_uid.as_str())),
         _ => None,
     });
     let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
-    if add_finalizer || recorded_host.is_some() {
+    if add_finalizer || recorded.is_some() {
+        let annotations = match &recorded {
+            Some((host, origin_uid)) => vec![
+                (HOST_ANNOTATION, host.as_str()),
+                (ORIGIN_UID_ANNOTATION, *origin_uid),
+            ],
+            None => Vec::new(),
+        };
         *machine = patch::add_metadata(
             &api,
             machine,
             add_finalizer.then_some(MACHINE_FINALIZER),
-            recorded_host.as_deref().map(|h| (HOST_ANNOTATION, h)),
+            &annotations,
         )
         .await?;
         note(machine);
-        if let Some(host) = &recorded_host {
-            // Count the placement on the host until its microVM shows up in a list.
-            ctx.hosts.reserve(
-                host,
-                machine.metadata.uid.as_deref().unwrap_or_default(),
-                machine.spec.vcpu,
-                machine.spec.memory_mb,
-            );
+        if let Some((host, origin_uid)) = &recorded {
+            // Count the placement on the host until its microVM (carrying the origin uid) shows up
+            // in a list.
+            ctx.hosts
+                .reserve(host, origin_uid, machine.spec.vcpu, machine.spec.memory_mb);
             ctx.fault.reached(Point::AfterHostRecorded);
         }
     }

@@ -221,13 +221,28 @@ pub fn vm(uid: &str, state: VmState, ours: bool) -> ObservedVm {
     }
 }
 
-/// Records the host annotation (the machine was placed) without providerID.
+/// Records the host and origin-uid annotations (the machine was placed) without providerID.
 pub fn with_recorded_host(obs: &mut ObservedMachine, host: &str) {
-    obs.machine
+    let annotations = obs
+        .machine
         .metadata
         .annotations
-        .get_or_insert_with(Default::default)
-        .insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host.into());
+        .get_or_insert_with(Default::default);
+    annotations.insert(capmvm_api::keys::HOST_ANNOTATION.to_string(), host.into());
+    annotations.insert(
+        capmvm_api::keys::ORIGIN_UID_ANNOTATION.to_string(),
+        MACHINE_UID.into(),
+    );
+}
+
+/// The uid the object has on the target cluster after `clusterctl move`.
+pub const MOVED_UID: &str = "0b7d4c11-9e2f-4c6a-8d3b-5e1f2a9c7d40";
+
+/// What `clusterctl move` does to the object: recreated with a new uid, annotations and spec kept,
+/// status lost.
+pub fn moved(obs: &mut ObservedMachine) {
+    obs.machine.metadata.uid = Some(MOVED_UID.into());
+    obs.machine.status = None;
 }
 
 pub fn with_provider_id(obs: &mut ObservedMachine, host: &str, uid: &str) {
