@@ -11,6 +11,9 @@ pub mod types {
     pub const PAUSED: &str = "Paused";
     /// MicrovmCluster: whether every static-pool host answers.
     pub const HOSTS_REACHABLE: &str = "HostsReachable";
+    /// MicrovmMachine: whether its microVM runs with what the spec asks (vCPUs, memory, kernel and
+    /// root images). A microVM cannot be changed in place: an edit after create is reported here.
+    pub const MICROVM_UP_TO_DATE: &str = "MicrovmUpToDate";
 }
 
 /// Condition reasons.
@@ -68,6 +71,12 @@ pub mod reasons {
     pub const MICROVM_UNKNOWN_STATE: &str = "MicrovmUnknownState";
     /// The host refused a call (for example InvalidArgument or a flintlock validation error).
     pub const MICROVM_CREATE_FAILED: &str = "MicrovmCreateFailed";
+
+    // --- MicrovmMachine MicrovmUpToDate ---
+    /// MicrovmUpToDate=True.
+    pub const UP_TO_DATE: &str = "UpToDate";
+    /// MicrovmUpToDate=False: the spec was edited after the microVM was created.
+    pub const SPEC_CHANGED_AFTER_CREATE: &str = "SpecChangedAfterCreate";
 }
 
 /// Condition status values.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use capmvm_flintlock::{ClientPool, FlintlockClient, HostConfig, Microvm, MicrovmState};
 use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
-use capmvm_reconcile::{HostFacts, ObservedVm, Reachability, VmState};
+use capmvm_reconcile::{HostFacts, ObservedVm, Reachability, RunningSpec, VmState};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tracing::{debug, info, warn};
@@ -415,6 +415,16 @@ pub fn observed_vm(vm: &Microvm, machine_uid: Option<String>) -> ObservedVm {
         },
         retry: vm.status.retry,
         machine_uid,
+        running: Some(RunningSpec {
+            vcpu: i64::from(vm.spec.vcpu),
+            memory_mb: i64::from(vm.spec.memory_mb),
+            kernel_image: vm.spec.kernel.image.clone(),
+            root_volume_image: vm
+                .spec
+                .root_volume
+                .as_ref()
+                .and_then(|v| v.source.container_source.clone()),
+        }),
     }
 }
 

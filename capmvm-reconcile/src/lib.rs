@@ -22,7 +22,7 @@ pub use cluster::decide_cluster;
 pub use machine::decide;
 pub use observe::{
     BootstrapData, HostFacts, HostLookup, ObservedCluster, ObservedMachine, ObservedVm,
-    Reachability, Sensitive, VmState,
+    Reachability, RunningSpec, Sensitive, VmState,
 };
 pub use plan::{Effect, Event, EventKind, Plan, Requeue};
 pub use template::decide_template;

@@ -32,7 +32,9 @@ use std::time::Duration;
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
 use crate::microvm;
-use crate::observe::{BootstrapData, HostLookup, ObservedMachine, ObservedVm, VmState};
+use crate::observe::{
+    BootstrapData, HostLookup, ObservedMachine, ObservedVm, RunningSpec, VmState,
+};
 use crate::placement::{self, Request};
 use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
 
@@ -471,6 +473,7 @@ impl<'a> Decision<'a> {
     ) -> Requeue {
         // A machine with a microVM keeps the finalizer (restored if someone removed it).
         self.ensure_finalizer();
+        self.compare_running_spec(host, vm);
         self.status.host = Some(host.to_string());
         if self.status.failure_domain.is_none() {
             self.status.failure_domain = failure_domain_of(infra, host);
@@ -521,6 +524,51 @@ impl<'a> Decision<'a> {
                 Requeue::After(PENDING_RECHECK)
             }
         }
+    }
+
+    /// Reports on `MicrovmUpToDate` whether the microVM runs with what the spec asks. Flintlock
+    /// cannot resize or re-image a microVM, and re-creating it behind CAPI's back would lose the node:
+    /// an edit is reported (with a Warning event when first seen), and the way to apply it named.
+    fn compare_running_spec(&mut self, host: &HostEndpoint, vm: &ObservedVm) {
+        let Some(running) = &vm.running else {
+            return;
+        };
+        let changes = spec_changes(self.machine, running);
+        if changes.is_empty() {
+            self.condition(
+                types::MICROVM_UP_TO_DATE,
+                Status::True,
+                reasons::UP_TO_DATE,
+                "",
+            );
+            return;
+        }
+        let message = format!(
+            "the spec changed after the microVM was created on host {host} and is not applied ({}): a microVM cannot be changed in place; replace the Machine (for example, point its MachineDeployment at a new MicrovmMachineTemplate) to apply it",
+            changes.join("; ")
+        );
+        let seen_before = self
+            .machine
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, types::MICROVM_UP_TO_DATE))
+            .is_some_and(|c| {
+                c.reason == reasons::SPEC_CHANGED_AFTER_CREATE && c.message == message
+            });
+        if !seen_before {
+            self.event(
+                EventKind::Warning,
+                events::SPEC_CHANGE_NOT_APPLIED,
+                "Reconcile",
+                message.clone(),
+            );
+        }
+        self.condition(
+            types::MICROVM_UP_TO_DATE,
+            Status::False,
+            reasons::SPEC_CHANGED_AFTER_CREATE,
+            message,
+        );
     }
 
     // --- deletion ---
@@ -820,6 +868,41 @@ fn starting_message(host: &HostEndpoint, retries: i32) -> String {
     } else {
         format!("waiting for the microVM on host {host} to start")
     }
+}
+
+/// How the spec differs from what the microVM runs with, one phrase per field.
+fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> Vec<String> {
+    let spec = &machine.spec;
+    let mut changes = Vec::new();
+    if spec.vcpu != running.vcpu {
+        changes.push(format!(
+            "spec.vcpu is {}, the microVM has {}",
+            spec.vcpu, running.vcpu
+        ));
+    }
+    if spec.memory_mb != running.memory_mb {
+        changes.push(format!(
+            "spec.memoryMb is {}, the microVM has {}",
+            spec.memory_mb, running.memory_mb
+        ));
+    }
+    if spec.kernel.image != running.kernel_image {
+        changes.push(format!(
+            "spec.kernel.image is {:?}, the microVM runs {:?}",
+            spec.kernel.image, running.kernel_image
+        ));
+    }
+    // Flintlock omits a root volume it was not given; only compare what it echoed.
+    if let Some(image) = &running.root_volume_image
+        && spec.root_volume.image.as_ref() != Some(image)
+    {
+        changes.push(format!(
+            "spec.rootVolume.image is {:?}, the microVM runs {:?}",
+            spec.root_volume.image.as_deref().unwrap_or_default(),
+            image
+        ));
+    }
+    changes
 }
 
 /// The failure domain of `host` in the MicrovmCluster's pool.

@@ -125,6 +125,22 @@ pub struct ObservedVm {
     /// The MicrovmMachine uid carried in the VM's meta-data, if any
     /// (see [`crate::cloudinit::machine_uid_from_metadata`]).
     pub machine_uid: Option<String>,
+    /// What the microVM runs with, as its host echoes it; `None` if not known.
+    pub running: Option<RunningSpec>,
+}
+
+/// The size and images a microVM runs with, as flintlock echoes them. Flintlock cannot change a
+/// microVM in place, so a MicrovmMachine spec edited after its create differs from this.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunningSpec {
+    /// vCPUs.
+    pub vcpu: i64,
+    /// Memory in MiB.
+    pub memory_mb: i64,
+    /// The kernel's container image.
+    pub kernel_image: String,
+    /// The root volume's container image (flintlock returns the root volume only when set).
+    pub root_volume_image: Option<String>,
 }
 
 /// Flintlock's microVM states.

@@ -141,6 +141,8 @@ pub mod reasons {
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
     /// A host call failed.
     pub const HOST_CALL_FAILED: &str = "HostCallFailed";
+    /// The spec was edited after the microVM was created; the edit cannot be applied.
+    pub const SPEC_CHANGE_NOT_APPLIED: &str = "SpecChangeNotApplied";
     /// Basic-auth tokens go to hosts without TLS.
     pub const INSECURE_TRANSPORT: &str = "InsecureTransport";
 }

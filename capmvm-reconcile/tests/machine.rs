@@ -630,6 +630,61 @@ fn provisioned_is_never_unset() {
     assert_eq!(status.initialization.unwrap().provisioned, Some(true));
 }
 
+fn up_to_date(plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> Option<(String, String, String)> {
+    plan.status
+        .as_ref()?
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "MicrovmUpToDate")
+        .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+}
+
+#[test]
+fn a_spec_edited_after_create_is_reported_and_not_applied() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(up_to_date(&plan).unwrap().0, "True");
+    obs.machine.status = plan.status.clone();
+
+    // Someone edits the size and the root image of the running machine.
+    obs.machine.spec.vcpu = 4;
+    obs.machine.spec.memory_mb = 4096;
+    obs.machine.spec.root_volume.image = Some("ghcr.io/example/root:2".into());
+    let plan = decide(&obs, now());
+    let (status, reason, message) = up_to_date(&plan).unwrap();
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::SPEC_CHANGED_AFTER_CREATE)
+    );
+    for expected in [
+        "spec.vcpu is 4, the microVM has 2",
+        "spec.memoryMb is 4096, the microVM has 2048",
+        "spec.rootVolume.image is \"ghcr.io/example/root:2\"",
+        "replace the Machine",
+    ] {
+        assert!(message.contains(expected), "{expected:?} in {message}");
+    }
+    assert!(!message.contains("kernel"), "only what changed: {message}");
+    assert_eq!(ready(&plan).0, "True", "the machine still works");
+    assert!(plan.host_calls().next().is_none(), "nothing is re-created");
+    assert_eq!(event_reasons(&plan), ["SpecChangeNotApplied"]);
+
+    // Reported once: deciding again on the written status gives no new event.
+    obs.machine.status = plan.status.clone();
+    let again = decide(&obs, now());
+    assert!(again.effects.is_empty(), "{:?}", again.effects);
+    assert_eq!(again.status, obs.machine.status);
+
+    // Reverting the edit makes it up to date again.
+    obs.machine.spec = machine_spec();
+    obs.machine.spec.provider_id = Some(format!("microvm://{}/01A", HOSTS[0]));
+    assert_eq!(up_to_date(&decide(&obs, now())).unwrap().0, "True");
+}
+
 #[test]
 fn a_vanished_microvm_is_reported_and_never_recreated() {
     let mut obs = observed();

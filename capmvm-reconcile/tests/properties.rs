@@ -153,6 +153,15 @@ fn execute(
                     state: VmState::Pending,
                     retry: 0,
                     machine_uid: machine_uid_from_metadata(&spec.metadata),
+                    running: Some(RunningSpec {
+                        vcpu: spec.vcpu.into(),
+                        memory_mb: spec.memory_mb.into(),
+                        kernel_image: spec.kernel.image.clone(),
+                        root_volume_image: spec
+                            .root_volume
+                            .as_ref()
+                            .and_then(|v| v.source.container_source.clone()),
+                    }),
                 };
                 world.vms.get_mut(&host.to_string()).unwrap().push(vm);
             }

@@ -219,6 +219,48 @@ async fn lifecycle_create_and_delete() {
         .unwrap();
     assert_eq!(mc.status.unwrap().failure_domains.len(), 3);
 
+    // An edit of a running machine's size is reported, not applied, and nothing is re-created.
+    let edited = machines[0].name_any();
+    Api::<MicrovmMachine>::namespaced(w.client.clone(), NS)
+        .patch(
+            &edited,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
+        )
+        .await
+        .unwrap();
+    let condition = |m: &MicrovmMachine| {
+        m.status
+            .as_ref()?
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "MicrovmUpToDate")
+            .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()))
+    };
+    let (_, _, message) = wait_for("the edit to be reported", WAIT, POLL, || async {
+        let m = Api::<MicrovmMachine>::namespaced(w.client.clone(), NS)
+            .get(&edited)
+            .await?;
+        Ok(condition(&m).filter(|(s, r, _)| s == "False" && r == "SpecChangedAfterCreate"))
+    })
+    .await
+    .unwrap();
+    assert!(
+        message.contains("spec.vcpu is 4, the microVM has 2"),
+        "{message}"
+    );
+    assert!(
+        events_for(&w, &edited)
+            .await
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("SpecChangeNotApplied"))
+    );
+    assert_eq!(creates_on_hosts(&w), 3, "nothing re-created");
+    assert!(
+        w.microvm_machines(NS).await.unwrap().iter().all(is_ready),
+        "still Ready"
+    );
+
     delete_cluster_and_wait(&w).await;
 
     // The generated ClusterRole grants every request the operator made, create to delete.

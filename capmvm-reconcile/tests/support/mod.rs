@@ -218,6 +218,18 @@ pub fn vm(uid: &str, state: VmState, ours: bool) -> ObservedVm {
         state,
         retry: 0,
         machine_uid: ours.then(|| MACHINE_UID.to_string()),
+        running: Some(running_spec()),
+    }
+}
+
+/// What a microVM created from [`machine_spec`] runs with.
+pub fn running_spec() -> RunningSpec {
+    let spec = machine_spec();
+    RunningSpec {
+        vcpu: spec.vcpu,
+        memory_mb: spec.memory_mb,
+        kernel_image: spec.kernel.image,
+        root_volume_image: spec.root_volume.image,
     }
 }
 
