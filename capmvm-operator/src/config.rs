@@ -10,8 +10,9 @@ use clap::{Parser, Subcommand, ValueEnum};
 #[derive(Parser, Debug, Clone)]
 #[command(version, about)]
 pub struct Flags {
-    /// Path to a kubeconfig. Without it: $KUBECONFIG, ~/.kube/config, then the in-cluster service account.
-    #[arg(long, env = "KUBECONFIG")]
+    /// Path to a kubeconfig. Without it: $KUBECONFIG (a `:`-separated list is merged, as kubectl
+    /// does), ~/.kube/config, then the in-cluster service account.
+    #[arg(long)]
     pub kubeconfig: Option<PathBuf>,
 
     /// Watch only this namespace (default: all namespaces).
@@ -27,15 +28,15 @@ pub struct Flags {
     pub leader_elect: bool,
 
     /// How long a leader's Lease is valid without renewal.
-    #[arg(long, default_value = "15s", value_parser = parse_duration)]
+    #[arg(long, default_value = "15s", value_parser = parse_positive_duration)]
     pub leader_elect_lease_duration: Duration,
 
     /// How long the leader keeps trying to renew before it gives up (and exits).
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub leader_elect_renew_deadline: Duration,
 
     /// How often candidates try to acquire, and the leader renews, the Lease.
-    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    #[arg(long, default_value = "2s", value_parser = parse_positive_duration)]
     pub leader_elect_retry_period: Duration,
 
     /// Namespace of the leader Lease (default: --namespace, else the pod's namespace, else default).
@@ -59,19 +60,19 @@ pub struct Flags {
     pub microvmmachinetemplate_concurrency: u16,
 
     /// Reconcile every object at least this often, even without a change.
-    #[arg(long, default_value = "10m", value_parser = parse_duration)]
+    #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
     pub sync_period: Duration,
 
     /// How often each flintlock host is listed.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub host_poll_interval: Duration,
 
     /// How often a host is listed while a microVM on it is being created or deleted.
-    #[arg(long, default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, default_value = "1s", value_parser = parse_positive_duration)]
     pub host_poll_interval_busy: Duration,
 
     /// Deadline of each flintlock call.
-    #[arg(long, default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub flintlock_call_timeout: Duration,
 
     /// Address of the Prometheus /metrics endpoint (plain HTTP; empty disables it).
@@ -99,6 +100,26 @@ pub struct Flags {
     pub command: Option<Command>,
 }
 
+impl Flags {
+    /// Checks what no single flag's parser can: the leader-election periods must nest as client-go
+    /// requires (lease duration > renew deadline > retry period), or a healthy leader could lose its
+    /// lease between two renewals.
+    pub fn check(&self) -> Result<(), String> {
+        if self.leader_elect
+            && !(self.leader_elect_lease_duration > self.leader_elect_renew_deadline
+                && self.leader_elect_renew_deadline > self.leader_elect_retry_period)
+        {
+            return Err(format!(
+                "--leader-elect-lease-duration ({:?}) must be longer than --leader-elect-renew-deadline ({:?}), which must be longer than --leader-elect-retry-period ({:?})",
+                self.leader_elect_lease_duration,
+                self.leader_elect_renew_deadline,
+                self.leader_elect_retry_period
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Subcommands.
 #[derive(Subcommand, Debug, Clone)]
 pub enum Command {
@@ -115,11 +136,33 @@ pub enum LogFormat {
     Text,
 }
 
-/// Parses `90s`, `15m`, `1h`, `500ms`, `1h30m` or a number of seconds.
+/// Longest duration a flag accepts: far beyond any sensible period, and safe to add to an `Instant`.
+const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
+
+/// Like [`parse_duration`], refusing zero: every duration flag is a period or a deadline, and zero
+/// would make a loop spin (a poll, a resync, a lease retry).
+pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
+    let d = parse_duration(s)?;
+    if d.is_zero() {
+        return Err(format!("{s:?} is zero; give a positive duration such as 1s"));
+    }
+    Ok(d)
+}
+
+/// Parses `90s`, `15m`, `1h`, `500ms`, `1h30m` or a number of seconds, at most a year.
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let s = s.trim();
+    let too_long = || format!("{s:?} is longer than a year; give a shorter duration");
     if let Ok(secs) = s.parse::<u64>() {
-        return Ok(Duration::from_secs(secs));
+        let d = Duration::from_secs(secs);
+        return if d > MAX_FLAG_DURATION {
+            Err(too_long())
+        } else {
+            Ok(d)
+        };
+    }
+    if s.is_empty() {
+        return Err("an empty duration; write for example 30s, 10m or 1h30m".to_string());
     }
     let mut total = Duration::ZERO;
     let mut rest = s;
@@ -142,7 +185,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
             "h" => n * 3600.0,
             _ => return Err(format!("{s:?} has unit {unit:?}; use ms, s, m or h")),
         };
-        total += Duration::from_secs_f64(secs);
+        let part = Duration::try_from_secs_f64(secs).map_err(|_| too_long())?;
+        total = total
+            .checked_add(part)
+            .filter(|t| *t <= MAX_FLAG_DURATION)
+            .ok_or_else(too_long)?;
         rest = tail;
     }
     Ok(total)
@@ -176,6 +223,49 @@ mod tests {
         assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
         assert!(parse_duration("10 minutes").is_err());
         assert!(parse_duration("x").is_err());
+        assert!(parse_duration("").is_err());
+        // Huge values are refused, never a panic.
+        for huge in ["99999999999999999999s", "18446744073709551615", "9999999h"] {
+            let err = parse_duration(huge).unwrap_err();
+            assert!(err.contains("longer than a year"), "{huge}: {err}");
+        }
+        assert!(parse_duration("-1s").is_err());
+        // Zero is a valid duration but not a valid period.
+        assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
+        assert!(parse_positive_duration("0s").unwrap_err().contains("zero"));
+        assert!(parse_positive_duration("0").is_err());
+    }
+
+    #[test]
+    fn leader_election_periods_must_nest() {
+        let ok = Flags::try_parse_from(["capmvm-operator", "--leader-elect"]).unwrap();
+        assert_eq!(ok.check(), Ok(()));
+        let bad = Flags::try_parse_from([
+            "capmvm-operator",
+            "--leader-elect",
+            "--leader-elect-lease-duration=5s",
+            "--leader-elect-renew-deadline=10s",
+        ])
+        .unwrap();
+        let err = bad.check().unwrap_err();
+        assert!(err.contains("--leader-elect-renew-deadline"), "{err}");
+    }
+
+    #[test]
+    fn zero_periods_are_refused_with_the_flag_named() {
+        for flag in [
+            "--sync-period=0",
+            "--host-poll-interval=0s",
+            "--host-poll-interval-busy=0ms",
+            "--leader-elect-retry-period=0",
+            "--flintlock-call-timeout=0s",
+        ] {
+            let err = Flags::try_parse_from(["capmvm-operator", flag])
+                .unwrap_err()
+                .to_string();
+            let name = flag.split('=').next().unwrap();
+            assert!(err.contains(name) && err.contains("zero"), "{err}");
+        }
     }
 
     #[test]

@@ -82,8 +82,14 @@ impl OwnWrites {
 }
 
 /// Per-object exponential backoff after errors: 1 s, 2 s, 4 s ... up to 5 min; reset on success.
+/// An object that stops failing without a success (it was deleted) is forgotten once its last error
+/// is older than [`BACKOFF_FORGET`].
 #[derive(Default)]
-pub struct Backoff(Mutex<HashMap<String, u32>>);
+pub struct Backoff(Mutex<HashMap<String, (u32, Instant)>>);
+
+/// How long after its last error an object's backoff is forgotten (twice the longest delay: a
+/// failing object retried at the longest delay is never forgotten).
+const BACKOFF_FORGET: Duration = Duration::from_secs(600);
 
 /// First delay after an error.
 pub const BACKOFF_MIN: Duration = Duration::from_secs(1);
@@ -96,11 +102,14 @@ impl Backoff {
         let Ok(mut failures) = self.0.lock() else {
             return BACKOFF_MAX;
         };
-        let n = failures.entry(key.to_string()).or_insert(0);
+        let now = Instant::now();
+        failures.retain(|_, (_, last)| now.duration_since(*last) < BACKOFF_FORGET);
+        let (n, last) = failures.entry(key.to_string()).or_insert((0, now));
         let delay = BACKOFF_MIN
             .saturating_mul(2u32.saturating_pow(*n))
             .min(BACKOFF_MAX);
         *n = n.saturating_add(1);
+        *last = now;
         delay
     }
 

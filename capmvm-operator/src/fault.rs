@@ -3,7 +3,11 @@
 //!
 //! Points:
 //! - `after-create`: a microVM was created on its host, before its providerID is written;
-//! - `after-host-recorded`: the chosen host was written to status, before the create.
+//! - `after-host-recorded`: the chosen host (and the finalizer) were written to the object's
+//!   annotations, before the create.
+
+// The switch is read once at start; an operator without the variable never crashes on purpose.
+// docs/decisions.md (section 5) and the README's test section describe how the e2e suite uses it.
 
 use tracing::error;
 
@@ -18,7 +22,7 @@ pub const FAULT_EXIT_CODE: i32 = 86;
 pub enum Point {
     /// After a successful CreateMicroVM, before the providerID write.
     AfterCreate,
-    /// After the status write that records the host, before CreateMicroVM.
+    /// After the metadata write that records the host, before CreateMicroVM.
     AfterHostRecorded,
 }
 

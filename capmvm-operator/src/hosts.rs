@@ -62,7 +62,14 @@ struct HostEntry {
     state: Arc<HostState>,
     task: JoinHandle<()>,
     wanted_at: Instant,
+    started_at: Instant,
 }
+
+/// How long an observer keeps its credentials before another config for the same host may replace
+/// it. A rotated Secret takes over after this; two MicrovmClusters that disagree about a host's
+/// credentials (one is wrong, and its machines report the failed calls) cannot make the observer
+/// restart on every reconcile.
+const CONFIG_SETTLE: Duration = Duration::from_secs(30);
 
 /// A machine placed on a host, counted towards its allocation until its microVM is listed.
 struct Reservation {
@@ -120,11 +127,16 @@ impl Hosts {
             if entry.config == *config {
                 return;
             }
+            if entry.started_at.elapsed() < CONFIG_SETTLE {
+                debug!(host = %config.endpoint, "another credential config for this host; keeping the observer's for now");
+                return;
+            }
             info!(host = %config.endpoint, "host credentials changed; restarting its observer");
             entry.task.abort();
             let state = entry.state.clone();
             entry.task = self.spawn(config.clone(), state);
             entry.config = config.clone();
+            entry.started_at = Instant::now();
             return;
         }
         let state = Arc::new(HostState {
@@ -140,6 +152,7 @@ impl Hosts {
                 state,
                 task,
                 wanted_at: Instant::now(),
+                started_at: Instant::now(),
             },
         );
     }

@@ -21,14 +21,16 @@ pub struct Rule {
 
 /// Every permission the operator uses, and why.
 pub const RULES: &[Rule] = &[
-    // Watch caches (list+watch); finalizers and providerID (patch).
+    // Watch caches (list+watch).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
-        resources: &[
-            "microvmclusters",
-            "microvmmachines",
-            "microvmmachinetemplates",
-        ],
+        resources: &["microvmclusters", "microvmmachinetemplates"],
+        verbs: &["list", "watch"],
+    },
+    // Watch cache; finalizer, host annotations and providerID (patch).
+    Rule {
+        group: "infrastructure.cluster.x-k8s.io",
+        resources: &["microvmmachines"],
         verbs: &["list", "patch", "watch"],
     },
     // Status writes (merge patch).

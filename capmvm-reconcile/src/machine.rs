@@ -1,12 +1,14 @@
 //! Deciding for one MicrovmMachine.
 //!
 //! Gates, in order (each waiting gate has its own reason on `Ready`): owner Machine, Cluster, paused,
-//! finalizer, Cluster infrastructure provisioned, then for a machine without microVM: a valid spec and
-//! the bootstrap data. Then the machine either observes its microVM (it has a providerID), or creates
-//! one exactly once:
+//! Cluster infrastructure provisioned; then, for a machine without microVM, a valid spec and the
+//! bootstrap data. The finalizer is not a gate of its own: it is added in the same conditional write
+//! that records the host, before the first create (nothing exists on a host before that, and one write
+//! does both). Then the machine either observes its microVM (it has a providerID), or creates one
+//! exactly once:
 //!
 //! 1. choose a host and record it, with the machine's origin uid, in annotations (written before any
-//!    create);
+//!    create, and re-asserted by a write conditional on the resourceVersion before every create);
 //! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry the machine's
 //!    origin uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
 //! 3. only if there is none, create one, then adopt it (step 2) to set the providerID.
@@ -283,10 +285,14 @@ impl<'a> Decision<'a> {
         infra: &MicrovmCluster,
         cluster_name: &str,
     ) -> Requeue {
-        if let Err(errors) = validation::validate_machine(self.machine) {
-            self.not_ready(reasons::INVALID_SPEC, errors.to_string());
+        let Some(machine_uid) = origin_uid(self.machine) else {
+            // The API server always sets a uid; without one no microVM could be recognised as ours.
+            self.not_ready(
+                reasons::INVALID_SPEC,
+                "metadata.uid is empty: a microVM is created only for an object the API server stored",
+            );
             return Requeue::Await;
-        }
+        };
         let recorded = annotated_host(self.machine);
 
         // A microVM already on the recorded host is adopted, whatever else is missing: the bootstrap
@@ -314,17 +320,38 @@ impl<'a> Decision<'a> {
                     return Requeue::Await;
                 }
                 HostLookup::Answered { vms } => {
+                    // Adopt the oldest microVM of ours that is not being deleted: one in DELETING
+                    // would pin the providerID to a microVM about to vanish.
                     let mut ours = self.ours(vms);
                     ours.sort_by(|a, b| a.uid.cmp(&b.uid));
-                    if let Some(oldest) = ours.first() {
+                    if let Some(oldest) = ours.iter().find(|v| v.state != VmState::Deleting) {
                         self.effects.push(Effect::SetProviderId(
                             ProviderId::new(host.clone(), oldest.uid.clone()).to_string(),
                         ));
                         self.delete_duplicates(host, vms, Some(&oldest.uid));
                         return self.follow_state(infra, host, oldest);
                     }
+                    if !ours.is_empty() {
+                        let uids: Vec<&str> = ours.iter().map(|v| v.uid.as_str()).collect();
+                        self.status.vm_state = Some(ApiVmState::Deleting);
+                        self.not_ready(
+                            reasons::MICROVM_DELETING,
+                            format!(
+                                "waiting for host {host} to finish deleting microVM {} before creating a new one",
+                                uids.join(", ")
+                            ),
+                        );
+                        return Requeue::After(PENDING_RECHECK);
+                    }
                 }
             }
+        }
+
+        // Validation guards creating only: a microVM that already exists was adopted above, whatever
+        // the spec says now (an edit after create is reported on MicrovmUpToDate).
+        if let Err(errors) = validation::validate_machine(self.machine) {
+            self.not_ready(reasons::INVALID_SPEC, errors.to_string());
+            return Requeue::Await;
         }
 
         let Some(secret) = owner.spec.bootstrap.data_secret_name.as_deref() else {
@@ -370,11 +397,10 @@ impl<'a> Decision<'a> {
 
         if let Some(host) = recorded {
             // The fresh answer above showed no microVM of ours there.
-            return self.create(&host, user_data, cluster_name, infra);
+            return self.create(&host, machine_uid, user_data, cluster_name, infra);
         }
-        // Nothing was recorded, so nothing was created: choose a host and create right away. The status
-        // write that records the host precedes the create and is conditional on the resourceVersion
-        // read, so a stale read cannot lead to a second microVM.
+        // Nothing was recorded, so nothing was created: choose a host and create right away (the
+        // create records the host first).
         let Some(pool) = &infra.spec.placement.static_pool else {
             self.not_ready(
                 reasons::NO_ELIGIBLE_HOST,
@@ -389,7 +415,12 @@ impl<'a> Decision<'a> {
         );
         let request = Request {
             machine_key: &key,
-            failure_domain: owner.spec.failure_domain.as_deref(),
+            // An empty failure domain (a v1beta1 `*string` set to "") means none.
+            failure_domain: owner
+                .spec
+                .failure_domain
+                .as_deref()
+                .filter(|fd| !fd.is_empty()),
             control_plane: owner.is_control_plane(),
         };
         match placement::choose(pool, &self.obs.hosts, &request) {
@@ -402,19 +433,18 @@ impl<'a> Decision<'a> {
                 self.not_ready(reasons::NO_ELIGIBLE_HOST, no_host.message);
                 Requeue::Await
             }
-            Ok(chosen) => {
-                self.effects.push(Effect::RecordHost {
-                    host: chosen.host.clone(),
-                    origin_uid: origin_uid(self.machine).unwrap_or_default().to_string(),
-                });
-                self.create(&chosen.host, user_data, cluster_name, infra)
-            }
+            Ok(chosen) => self.create(&chosen.host, machine_uid, user_data, cluster_name, infra),
         }
     }
 
+    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid in one write
+    /// conditional on the resourceVersion this decision read, also when they are recorded already:
+    /// every create is then preceded by a write that fails on a stale read (one that misses a
+    /// providerID, say), so no decision made from a stale read reaches a host.
     fn create(
         &mut self,
         host: &HostEndpoint,
+        machine_uid: &str,
         user_data: &crate::observe::Sensitive,
         cluster_name: &str,
         infra: &MicrovmCluster,
@@ -422,13 +452,16 @@ impl<'a> Decision<'a> {
         if self.missing_credentials(host) {
             return Requeue::After(CREDENTIALS_RECHECK);
         }
+        self.effects.push(Effect::RecordHost {
+            host: host.clone(),
+            origin_uid: machine_uid.to_string(),
+        });
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
             &infra.spec.ssh_public_keys
         } else {
             &self.machine.spec.ssh_public_keys
         };
         let hostname = self.machine.name_any();
-        let machine_uid = origin_uid(self.machine).unwrap_or_default();
         let vm_host = host.to_string();
         let metadata = match cloudinit::metadata(&CloudInit {
             hostname: &hostname,
@@ -452,11 +485,12 @@ impl<'a> Decision<'a> {
             host: host.clone(),
             spec: Box::new(spec),
         });
+        // Events are published after the host calls succeed, so this one records a done create.
         self.event(
             EventKind::Normal,
             events::MICROVM_CREATED,
             "Create",
-            format!("creating microVM on host {host}"),
+            format!("created a microVM on host {host}"),
         );
         // The status is written once the created microVM is adopted, right after, together with
         // the providerID's new generation: one status write instead of two.
@@ -481,6 +515,12 @@ impl<'a> Decision<'a> {
         self.status.addresses = addresses(self.machine);
         match vm.state {
             VmState::Pending => {
+                if let Some(left) = self.unreported_youth_left() {
+                    // A microVM that starts within the settle grace goes straight to Ready: the
+                    // pending state of a brand-new machine is reported only if it lasts.
+                    self.quiet = true;
+                    return Requeue::After(left);
+                }
                 self.status.vm_state = Some(ApiVmState::Pending);
                 self.not_ready(reasons::MICROVM_PENDING, starting_message(host, vm.retry));
                 Requeue::After(PENDING_RECHECK)
@@ -784,22 +824,28 @@ impl<'a> Decision<'a> {
     /// writes, and reporting each passing wait would cost a status write (and a conflict) apiece.
     /// A wait that outlasts the grace is reported with its reason.
     fn wait_for_capi(&mut self, reason: &str, message: impl Into<String>) -> Requeue {
-        let age = self
-            .machine
-            .metadata
-            .creation_timestamp
-            .as_ref()
-            .and_then(|created| Duration::try_from(self.now.duration_since(created.0)).ok());
-        match age {
-            Some(age) if self.machine.status.is_none() && age < CAPI_SETTLE_GRACE => {
+        match self.unreported_youth_left() {
+            Some(left) => {
                 self.quiet = true;
-                Requeue::After(CAPI_SETTLE_GRACE - age)
+                Requeue::After(left)
             }
-            _ => {
+            None => {
                 self.not_ready(reason, message);
                 Requeue::Await
             }
         }
+    }
+
+    /// For a brand-new object whose status was never written: how much of [`CAPI_SETTLE_GRACE`] is
+    /// left. Transient states of such an object (waits on CAPI, a microVM still starting) are not
+    /// written while it lasts; anything that needs attention is.
+    fn unreported_youth_left(&self) -> Option<Duration> {
+        if self.machine.status.is_some() {
+            return None;
+        }
+        let created = self.machine.metadata.creation_timestamp.as_ref()?;
+        let age = Duration::try_from(self.now.duration_since(created.0)).ok()?;
+        CAPI_SETTLE_GRACE.checked_sub(age).filter(|d| !d.is_zero())
     }
 
     fn event(&mut self, kind: EventKind, reason: &'static str, action: &'static str, note: String) {
@@ -843,7 +889,11 @@ impl<'a> Decision<'a> {
             return;
         }
         let (kind, reason) = match after.reason.as_str() {
-            reasons::READY => (EventKind::Normal, events::MICROVM_READY),
+            // Reaching Ready is on the condition already; an event marks only a recovery from a
+            // problem that had its own Warning (a host back, credentials found).
+            reasons::READY if before.as_ref().is_some_and(|(_, r)| recovers_from(r)) => {
+                (EventKind::Normal, events::MICROVM_READY)
+            }
             reasons::MICROVM_PROVISION_FAILED => (EventKind::Warning, events::MICROVM_FAILED),
             reasons::MICROVM_NOT_FOUND => (EventKind::Warning, events::MICROVM_NOT_FOUND),
             reasons::INVALID_SPEC => (EventKind::Warning, events::INVALID_SPEC),
@@ -857,6 +907,17 @@ impl<'a> Decision<'a> {
         };
         self.event(kind, reason, "Reconcile", note);
     }
+}
+
+/// Whether `Ready` becoming True after `reason` is a recovery worth an event.
+fn recovers_from(reason: &str) -> bool {
+    matches!(
+        reason,
+        reasons::HOST_UNREACHABLE
+            | reasons::MISSING_CREDENTIALS
+            | reasons::MICROVM_CREATE_FAILED
+            | reasons::MICROVM_NOT_FOUND
+    )
 }
 
 /// The `Ready` message of a pending microVM (no uid: it must not change between create and adoption).

@@ -240,5 +240,19 @@ mod tests {
             })
             .collect();
         assert_eq!(chosen.len(), 3, "equal hosts all get machines");
+        // The tie-break is a stable hash: the same machine gets the same host on every decision,
+        // whatever order the facts were gathered in.
+        let reversed: BTreeMap<_, _> = facts.clone().into_iter().rev().collect();
+        for i in 0..30 {
+            let key = format!("default/m{i}");
+            let r = Request {
+                machine_key: &key,
+                failure_domain: None,
+                control_plane: false,
+            };
+            let first = choose(&pool(), &facts, &r).unwrap().host;
+            assert_eq!(choose(&pool(), &reversed, &r).unwrap().host, first);
+            assert_eq!(choose(&pool(), &facts, &r).unwrap().host, first);
+        }
     }
 }

@@ -93,6 +93,13 @@ fn cluster_gates() {
     assert_eq!(condition(&plan, "Paused").0, "True");
     assert!(!provisioned(&plan), "paused: nothing else happens");
 
+    // Pausing the Cluster pauses its MicrovmCluster too.
+    let mut obs = observed_cluster();
+    obs.owner.as_mut().unwrap().spec.paused = Some(true);
+    let plan = decide_cluster(&obs, now());
+    assert_eq!(condition(&plan, "Paused").0, "True");
+    assert!(!provisioned(&plan));
+
     let mut obs = observed_cluster();
     obs.microvm_cluster.spec.control_plane_endpoint = None;
     let plan = decide_cluster(&obs, now());

@@ -295,9 +295,190 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
         capmvm_reconcile::cloudinit::machine_uid_from_metadata(&spec.metadata).as_deref(),
         Some(MACHINE_UID)
     );
+    let shown = format!("{spec:?} {plan:?}");
+    for key in ["user-data", "vendor-data", "meta-data"] {
+        let value = &spec.metadata[key];
+        assert!(
+            !shown.contains(value.as_str()),
+            "Debug never shows {key} (bootstrap data, keys)"
+        );
+    }
+    assert!(!shown.contains("kubeadm"));
+}
+
+#[test]
+fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
+    // A retried create on an already recorded host (the first create call failed, or the operator
+    // crashed before it) re-records the same host and uid: the operator writes that conditionally on
+    // the resourceVersion read, so a stale read (one missing a providerID) never reaches the host.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[2]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    let record = plan
+        .effects
+        .iter()
+        .position(|e| {
+            *e == Effect::RecordHost {
+                host: HOSTS[2].parse().unwrap(),
+                origin_uid: MACHINE_UID.into(),
+            }
+        })
+        .expect("the host is re-recorded");
+    let create = plan
+        .effects
+        .iter()
+        .position(|e| matches!(e, Effect::CreateMicrovm { .. }))
+        .expect("a create");
+    assert!(record < create);
+}
+
+#[test]
+fn adoption_skips_a_microvm_being_deleted() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            vm("01A", VmState::Deleting, true),
+            vm("01B", VmState::Pending, true),
+        ],
+    };
+    let plan = decide(&obs, now());
     assert!(
-        !format!("{spec:?}").contains("kubeadm"),
-        "Debug never shows bootstrap data"
+        plan.effects.contains(&Effect::SetProviderId(format!(
+            "microvm://{}/01B",
+            HOSTS[1]
+        ))),
+        "{:?}",
+        plan.effects
+    );
+    assert!(creates(&plan).is_empty() && deletes(&plan).is_empty());
+
+    // Only a dying one: wait for it to go, then create anew (never adopt it, never create beside it).
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Deleting, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.host_calls().next().is_none());
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::SetProviderId(_)))
+    );
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::MICROVM_DELETING);
+    assert!(message.contains("01A"), "{message}");
+}
+
+#[test]
+fn an_invalid_spec_does_not_stop_adopting_an_existing_microvm() {
+    // The spec was edited into an invalid one after the host was recorded and the microVM created.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.machine.spec.vcpu = 0;
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
+    // With nothing to adopt, the invalid spec blocks the create.
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty());
+    assert_eq!(ready(&plan).1, reasons::INVALID_SPEC);
+}
+
+#[test]
+fn an_empty_failure_domain_means_none() {
+    let mut obs = observed();
+    obs.owner.as_mut().unwrap().spec.failure_domain = Some(String::new());
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+}
+
+#[test]
+fn an_object_without_uid_creates_nothing() {
+    let mut obs = observed();
+    obs.machine.metadata.uid = None;
+    let plan = decide(&obs, now());
+    assert!(plan.host_calls().next().is_none());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::INVALID_SPEC);
+    assert!(message.contains("metadata.uid"), "{message}");
+}
+
+#[test]
+fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
+    // Adopting right after the create: the microVM is still starting and the machine is seconds old.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.machine.metadata.creation_timestamp =
+        Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Pending, true)],
+    };
+    let soon = now()
+        .checked_add(std::time::Duration::from_secs(3))
+        .unwrap();
+    let plan = decide(&obs, soon);
+    assert!(
+        plan.effects.contains(&Effect::SetProviderId(format!(
+            "microvm://{}/01A",
+            HOSTS[1]
+        ))),
+        "the providerID is written at once"
+    );
+    assert_eq!(plan.status, None, "a start within the grace is not written");
+    assert_eq!(
+        plan.requeue,
+        Requeue::After(std::time::Duration::from_secs(7)),
+        "look again when the grace ends"
+    );
+    // Still pending after the grace: reported.
+    let late = now()
+        .checked_add(std::time::Duration::from_secs(11))
+        .unwrap();
+    let plan = decide(&obs, late);
+    assert_eq!(ready(&plan).1, reasons::MICROVM_PENDING);
+    // Failed within the grace: reported at once.
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Failed, true)],
+    };
+    assert_eq!(
+        ready(&decide(&obs, soon)).1,
+        reasons::MICROVM_PROVISION_FAILED
+    );
+}
+
+#[test]
+fn a_provider_id_without_host_annotation_is_observed() {
+    // Machines created by the Go provider (or before the annotation existed) carry only a providerID.
+    let mut obs = observed();
+    obs.machine.spec.provider_id = Some(format!("microvm://{}/01A", HOSTS[0]));
+    assert_eq!(
+        capmvm_reconcile::machine::recorded_host(&obs.machine).map(|h| h.to_string()),
+        Some(HOSTS[0].to_string())
+    );
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, false)],
+    };
+    let plan = decide(&obs, now());
+    assert_eq!(ready(&plan).1, reasons::READY);
+    assert!(plan.host_calls().next().is_none());
+    // Deleting it deletes that microVM (it carries no uid of ours) and no other.
+    deleting(&mut obs);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            vm("01A", VmState::Created, false),
+            vm("01B", VmState::Created, false),
+        ],
+    };
+    assert_eq!(
+        deletes(&decide(&obs, now())),
+        [(HOSTS[0].to_string(), "01A".to_string())]
     );
 }
 
@@ -394,12 +575,16 @@ fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
         Some(MACHINE_UID),
         "a crash after this create still ends in adoption"
     );
-    assert!(
-        !plan
-            .effects
+    assert_eq!(
+        plan.effects
             .iter()
-            .any(|e| matches!(e, Effect::RecordHost { .. })),
-        "the recorded host and origin uid are kept"
+            .filter(|e| matches!(e, Effect::RecordHost { .. }))
+            .collect::<Vec<_>>(),
+        [&Effect::RecordHost {
+            host: HOSTS[1].parse().unwrap(),
+            origin_uid: MACHINE_UID.into()
+        }],
+        "the recorded host and origin uid are kept (re-asserted, not changed)"
     );
 }
 
@@ -587,8 +772,10 @@ fn states_map_to_status() {
             status.initialization.as_ref().and_then(|i| i.provisioned) == Some(true),
             provisioned
         );
-        if state == VmState::Failed {
-            assert!(message.contains("after 11 retries"), "{message}");
+        match state {
+            VmState::Failed => assert!(message.contains("after 11 retries"), "{message}"),
+            VmState::Pending => assert!(message.contains("retried 11 times"), "{message}"),
+            _ => {}
         }
         assert!(
             plan.host_calls().next().is_none(),
@@ -614,7 +801,26 @@ fn ready_reports_addresses_and_failure_domain() {
         .map(|a| a.address.as_str())
         .collect();
     assert_eq!(addrs, ["m1", "10.0.0.50"]);
-    assert_eq!(event_reasons(&plan), ["MicrovmReady"]);
+    assert!(
+        event_reasons(&plan).is_empty(),
+        "reaching Ready is on the condition; no event"
+    );
+}
+
+#[test]
+fn ready_after_a_problem_is_an_event() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[2], "01A");
+    obs.recorded_host = HostLookup::Unreachable("connection refused".into());
+    let unreachable = decide(&obs, now());
+    assert_eq!(event_reasons(&unreachable), ["HostUnreachable"]);
+    obs.machine.status = unreachable.status;
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Created, true)],
+    };
+    let back = decide(&obs, later());
+    assert_eq!(ready(&back).1, reasons::READY);
+    assert_eq!(event_reasons(&back), ["MicrovmReady"]);
 }
 
 #[test]

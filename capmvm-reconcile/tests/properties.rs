@@ -3,7 +3,8 @@
 //! - a plan applied to the observation it came from, re-decided, converges with no further effects;
 //! - with the operator crashing between any two steps of any plan, and the object moved (new uid) at
 //!   any point, no machine ever has two microVMs;
-//! - no plan creates when a providerID exists or a microVM carrying the machine's uid is there;
+//! - no plan creates when a providerID exists or a microVM carrying the machine's uid is there, and
+//!   every create comes after the conditional write that records its host;
 //! - deciding is deterministic.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -302,6 +303,13 @@ proptest! {
             prop_assert!(creates(&plan).is_empty());
         }
         prop_assert!(creates(&plan).len() <= 1);
+        // Every create is preceded by the conditional write that records its host: a decision made
+        // from a stale read fails that write and never reaches the host.
+        for (host, _) in creates(&plan) {
+            let record = plan.effects.iter().position(|e| matches!(e, Effect::RecordHost { host: h, .. } if h.to_string() == host));
+            let create = plan.effects.iter().position(|e| matches!(e, Effect::CreateMicrovm { .. }));
+            prop_assert!(record.is_some() && record < create, "create without a recorded host first: {:?}", plan);
+        }
         if plan.host_calls().next().is_some() {
             prop_assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
         }

@@ -56,20 +56,23 @@ pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action
     }
     let result = reconcile_rounds(obj.as_ref().clone(), &ctx).await;
     let outcome = match &result {
-        Ok(_) => {
+        Ok((_, outcome)) => {
             ctx.backoff.reset(&key);
-            ReconcileResult::Success
+            *outcome
         }
         Err(_) => ReconcileResult::Error,
     };
     ctx.metrics
         .reconciled(CONTROLLER, outcome, started.elapsed());
-    result
+    result.map(|(action, _)| action)
 }
 
 /// Decides and carries out until the engine waits for the world; remembers which versions its
 /// writes superseded.
-async fn reconcile_rounds(machine: MicrovmMachine, ctx: &Ctx) -> Result<Action, Error> {
+async fn reconcile_rounds(
+    machine: MicrovmMachine,
+    ctx: &Ctx,
+) -> Result<(Action, ReconcileResult), Error> {
     let key = super::key(&machine);
     let mut versions = vec![machine.resource_version().unwrap_or_default()];
     let result = rounds(machine, ctx, &mut versions).await;
@@ -77,11 +80,14 @@ async fn reconcile_rounds(machine: MicrovmMachine, ctx: &Ctx) -> Result<Action, 
     result
 }
 
+/// Returns the action and how controller-runtime would label the result: a timed look again is
+/// `requeue_after`, waiting for changes (with the resync as safety net) is `success`.
 async fn rounds(
     mut machine: MicrovmMachine,
     ctx: &Ctx,
     versions: &mut Vec<String>,
-) -> Result<Action, Error> {
+) -> Result<(Action, ReconcileResult), Error> {
+    let timed = |d: Duration| Ok((Action::requeue(d), ReconcileResult::RequeueAfter));
     let mut known_after_create: Option<Vec<ObservedVm>> = None;
     for round in 0..MAX_ROUNDS {
         let obs = gather(ctx, &machine, known_after_create.take()).await?;
@@ -90,7 +96,8 @@ async fn rounds(
         let outcome = execute(ctx, &mut machine, &obs, &plan, versions).await;
         let outcome = outcome?;
         let Some(created) = outcome else {
-            return Ok(Action::await_change()); // gone: the finalizer was the last thing holding it
+            // Gone: the finalizer was the last thing holding it.
+            return Ok((Action::await_change(), ReconcileResult::Success));
         };
         if !created.is_empty() {
             // The host just answered the create; with the fresh list before it, that is a fresh answer.
@@ -103,12 +110,14 @@ async fn rounds(
         }
         match plan.requeue {
             Requeue::Immediately if round + 1 < MAX_ROUNDS => continue,
-            Requeue::Immediately => return Ok(Action::requeue(Duration::from_secs(1))),
-            Requeue::Await => return Ok(Action::requeue(ctx.sync_period)),
-            Requeue::After(d) => return Ok(Action::requeue(d.min(ctx.sync_period))),
+            Requeue::Immediately => return timed(Duration::from_secs(1)),
+            Requeue::Await => {
+                return Ok((Action::requeue(ctx.sync_period), ReconcileResult::Success));
+            }
+            Requeue::After(d) => return timed(d.min(ctx.sync_period)),
         }
     }
-    Ok(Action::requeue(Duration::from_secs(1)))
+    timed(Duration::from_secs(1))
 }
 
 /// Gathers everything the engine needs, from caches where possible.
@@ -304,7 +313,13 @@ async fn execute(
     plan: &Plan<capmvm_api::MicrovmMachineStatus>,
     versions: &mut Vec<String>,
 ) -> Result<Option<Vec<ObservedVm>>, Error> {
-    let mut note = |m: &MicrovmMachine| versions.push(m.resource_version().unwrap_or_default());
+    // A write that changed nothing (the host re-recorded before a retried create) keeps the version.
+    let mut note = |m: &MicrovmMachine| {
+        let version = m.resource_version().unwrap_or_default();
+        if versions.last() != Some(&version) {
+            versions.push(version);
+        }
+    };
     let api: Api<MicrovmMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
     // 1. The finalizer and the chosen host, in one conditional metadata write.

@@ -36,7 +36,11 @@ impl Error {
 }
 
 /// Retries a failed object after its exponential backoff (never a hot loop).
-pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Ctx>) -> Action {
+pub fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    error: &Error,
+    ctx: Arc<Ctx>,
+) -> Action {
     let delay = ctx.backoff.next(&key(obj.as_ref()));
     if error.kind() == "conflict" {
         debug!(object = %key(obj.as_ref()), "write conflict; retrying on the newer version");
@@ -46,10 +50,11 @@ pub fn error_policy<K: Resource>(obj: Arc<K>, error: &Error, ctx: Arc<Ctx>) -> A
     Action::requeue(delay)
 }
 
-/// `namespace/name` of an object.
-pub fn key<K: Resource>(obj: &K) -> String {
+/// `Kind/namespace/name` of an object: a MicrovmCluster and a MicrovmMachineTemplate may share a name.
+pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     format!(
-        "{}/{}",
+        "{}/{}/{}",
+        K::kind(&()),
         obj.meta().namespace.as_deref().unwrap_or_default(),
         obj.meta().name.as_deref().unwrap_or_default()
     )
