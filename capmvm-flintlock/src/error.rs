@@ -10,8 +10,10 @@ use tonic::Code;
 /// What went wrong, as far as a caller needs to decide what to do next.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ErrorKind {
-    /// The microVM does not exist on the host (flintlock: `Unknown` with `not found` in its text, or
-    /// the `NotFound` code).
+    /// The microVM does not exist on the host: flintlock's `Unknown` ending in
+    /// `microvm spec <ns>/<name>/<uid> not found` (its Get/Delete of an unknown uid), or the
+    /// `NotFound` code. Other texts mentioning "not found" (an image during a create, ...) are not
+    /// this kind.
     NotFound,
     /// The host refused the credentials (missing or wrong basic-auth token).
     Unauthenticated,
@@ -174,9 +176,32 @@ fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Flintlock's Get/Delete of an unknown uid: `... microvm spec //<uid> not found`.
+/// Flintlock's Get/Delete of an unknown uid (A2.4, A2.5): the text ends with
+/// `microvm spec <namespace>/<name>/<uid> not found` (namespace and name are blank when only the
+/// uid is known, hence `//<uid>`).
+///
+/// A caller takes `NotFound` as "the microVM is gone" and may drop a finalizer on it, so only that
+/// exact form counts: any other "... not found" (an image, a snapshot, a lease during a create) is
+/// a failure of the call, not news that the microVM does not exist.
 fn is_not_found_text(message: &str) -> bool {
-    message.contains("not found")
+    let Some(head) = message.strip_suffix(" not found") else {
+        return false;
+    };
+    // The id is one word, so it starts after the last space.
+    let Some((before, id)) = head.rsplit_once(' ') else {
+        return false;
+    };
+    if !before.ends_with("microvm spec") {
+        return false;
+    }
+    // `<namespace>/<name>/<uid>`: exactly three parts, a uid that is not blank.
+    let mut parts = id.split('/');
+    let (Some(_namespace), Some(_name), Some(uid), None) =
+        (parts.next(), parts.next(), parts.next(), parts.next())
+    else {
+        return false;
+    };
+    !uid.is_empty()
 }
 
 /// Flintlock's create rejections that no retry can fix.
@@ -255,6 +280,47 @@ mod tests {
             ErrorKind::DeadlineExceeded
         );
         assert_eq!(kind_of(Code::Internal, "boom"), ErrorKind::Other);
+    }
+
+    #[test]
+    fn only_flintlocks_missing_microvm_texts_are_not_found() {
+        for gone in [
+            // Get and Delete of an unknown uid (flintlock-and-reference.md A2.4, A2.5).
+            "getting microvm: error attempting to locate microvm with uid: 01KE75BHT9H6D7V5YG0KYGRXX2: microvm spec //01KE75BHT9H6D7V5YG0KYGRXX2 not found",
+            "deleting microvm: checking to see if spec exists: microvm spec //01KE75BHT9H6D7V5YG0KYGRXX2 not found",
+            // The same error when flintlock knows namespace and name too.
+            "deleting microvm: microvm spec ns1/m1/01KE75BHT9H6D7V5YG0KYGRXX2 not found",
+        ] {
+            assert_eq!(kind_of(Code::Unknown, gone), ErrorKind::NotFound, "{gone}");
+        }
+        // The NotFound code stays NotFound whatever its text.
+        assert_eq!(
+            kind_of(Code::NotFound, "image not found"),
+            ErrorKind::NotFound
+        );
+    }
+
+    #[test]
+    fn other_not_found_texts_are_not_a_missing_microvm() {
+        for other in [
+            "creating microvm: getting image ghcr.io/x/kernel:1: ghcr.io/x/kernel:1: not found",
+            "creating microvm: snapshot flintlock/ns1/m1/root not found",
+            "creating microvm: content digest sha256:abc: not found",
+            "not found",
+            // A spec of a different shape, or no uid.
+            "deleting microvm: microvm spec //  not found",
+            "deleting microvm: microvm spec ns1/m1 not found",
+            "microvm spec //X not found: while saving",
+            "lease microvm spec //X not foundx",
+        ] {
+            assert_ne!(
+                kind_of(Code::Unknown, other),
+                ErrorKind::NotFound,
+                "{other}"
+            );
+        }
+        // A create failing on a missing image is worth retrying, not a reason to forget the VM.
+        assert!(kind_of(Code::Unknown, "creating microvm: image not found").is_transient());
     }
 
     #[test]
