@@ -13,7 +13,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
@@ -148,7 +148,8 @@ pub struct PoolOptions {
     /// Default 10 s.
     pub call_timeout: Duration,
     /// A channel not used for this long is dropped from the pool (its connection closes once no
-    /// handle uses it). Default 5 min.
+    /// handle uses it), by a background sweep: no further use of the pool is needed. Default
+    /// 5 min.
     pub idle_timeout: Duration,
     /// Largest response accepted. Default 64 MiB: a `list` of a full host carries every microVM's
     /// cloud-init payload (1000 microVMs with 5 KiB of metadata are 5 MiB, over gRPC's usual 4 MiB).
@@ -190,8 +191,24 @@ pub struct ClientPool {
 struct PoolInner {
     options: PoolOptions,
     epoch: Instant,
-    channels: Mutex<HashMap<HostConfig, PooledChannel>>,
+    channels: Mutex<Channels>,
 }
+
+struct Channels {
+    by_host: HashMap<HostConfig, PooledChannel>,
+    /// Held while a sweeper task runs; the task holds the receiver. Dropping the pool drops the
+    /// sender, which ends the task at once instead of at its next wake-up. A task that ended any
+    /// other way (its runtime shut down) shows as a closed sender, so a new one is started.
+    sweeper: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// The shortest pause between two sweeps: a tiny idle timeout must not turn the sweeper into a
+/// busy loop.
+const MIN_SWEEP_INTERVAL: Duration = Duration::from_millis(100);
+
+/// The longest `grpc-timeout` tonic can encode (8 digits of hours); tonic panics beyond it, so a
+/// longer call timeout is sent as this (about 11,000 years: no deadline in practice).
+const MAX_GRPC_TIMEOUT: Duration = Duration::from_secs(99_999_999 * 3600);
 
 #[derive(Clone)]
 struct PooledChannel {
@@ -217,7 +234,10 @@ impl ClientPool {
             inner: Arc::new(PoolInner {
                 options,
                 epoch: Instant::now(),
-                channels: Mutex::new(HashMap::new()),
+                channels: Mutex::new(Channels {
+                    by_host: HashMap::new(),
+                    sweeper: None,
+                }),
             }),
         }
     }
@@ -226,20 +246,25 @@ impl ClientPool {
     /// Nothing is dialled here: the channel connects on its first call and reconnects after
     /// failures. Fails with [`ErrorKind::InvalidConfig`] for an unusable configuration, or when
     /// called outside a Tokio runtime.
+    ///
+    /// While the pool holds channels, a background task on the current runtime drops those idle
+    /// for longer than [`PoolOptions::idle_timeout`]; it ends when the pool is empty or dropped.
     pub fn client(&self, host: &HostConfig) -> Result<FlintlockClient, Error> {
         let now = self.now_millis();
         let pooled = {
             let mut channels = self.lock_channels();
-            self.evict_idle_locked(&mut channels, now);
-            match channels.get(host) {
+            self.evict_idle_locked(&mut channels.by_host, now);
+            let pooled = match channels.by_host.get(host) {
                 Some(pooled) => pooled.clone(),
                 None => {
                     let pooled = self.open(host, now)?;
-                    channels.insert(host.clone(), pooled.clone());
-                    tracing::debug!(endpoint = %host.endpoint, channels = channels.len(), "opened flintlock channel");
+                    channels.by_host.insert(host.clone(), pooled.clone());
+                    tracing::debug!(endpoint = %host.endpoint, channels = channels.by_host.len(), "opened flintlock channel");
                     pooled
                 }
-            }
+            };
+            self.ensure_sweeper_locked(&mut channels);
+            pooled
         };
         pooled.last_used.store(now, Ordering::Relaxed);
         let options = &self.inner.options;
@@ -255,20 +280,21 @@ impl ClientPool {
         })
     }
 
-    /// Drops channels idle for longer than the idle timeout now (this also happens on every
-    /// [`client`](Self::client) call). Returns how many were dropped.
+    /// Drops channels idle for longer than the idle timeout now. Returns how many were dropped.
+    /// Not needed for eviction (the pool's background sweep and every [`client`](Self::client)
+    /// call do it); useful to release idle connections at a moment of the caller's choosing.
     pub fn evict_idle(&self) -> usize {
         let now = self.now_millis();
         let mut channels = self.lock_channels();
-        self.evict_idle_locked(&mut channels, now)
+        self.evict_idle_locked(&mut channels.by_host, now)
     }
 
     /// How many channels the pool holds.
     pub fn channel_count(&self) -> usize {
-        self.lock_channels().len()
+        self.lock_channels().by_host.len()
     }
 
-    fn lock_channels(&self) -> std::sync::MutexGuard<'_, HashMap<HostConfig, PooledChannel>> {
+    fn lock_channels(&self) -> std::sync::MutexGuard<'_, Channels> {
         // A panic while holding the lock cannot leave the map inconsistent (single inserts and
         // removals), so a poisoned lock is still usable.
         self.inner
@@ -281,12 +307,50 @@ impl ClientPool {
         u64::try_from(self.inner.epoch.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
+    fn idle_millis(&self) -> u64 {
+        u64::try_from(self.inner.options.idle_timeout.as_millis()).unwrap_or(u64::MAX)
+    }
+
+    /// Starts the sweeper task if channels need one and none runs. Without a runtime (only
+    /// possible if `open` ever stops requiring one) eviction still happens on use.
+    fn ensure_sweeper_locked(&self, channels: &mut Channels) {
+        let running = channels
+            .sweeper
+            .as_ref()
+            .is_some_and(|sweeper| !sweeper.is_closed());
+        if running || channels.by_host.is_empty() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        runtime.spawn(sweep(Arc::downgrade(&self.inner), stopped));
+        channels.sweeper = Some(stop);
+    }
+
+    /// How long until the first channel can be idle for too long (`None`: no channel).
+    fn next_expiry(
+        &self,
+        channels: &HashMap<HostConfig, PooledChannel>,
+        now: u64,
+    ) -> Option<Duration> {
+        let idle = self.idle_millis();
+        let oldest = channels
+            .values()
+            .map(|pooled| pooled.last_used.load(Ordering::Relaxed))
+            .min()?;
+        // Evicted once strictly more than `idle` has passed, hence the + 1.
+        let expiry = oldest.saturating_add(idle).saturating_add(1);
+        Some(Duration::from_millis(expiry.saturating_sub(now)).max(MIN_SWEEP_INTERVAL))
+    }
+
     fn evict_idle_locked(
         &self,
         channels: &mut HashMap<HostConfig, PooledChannel>,
         now: u64,
     ) -> usize {
-        let idle = u64::try_from(self.inner.options.idle_timeout.as_millis()).unwrap_or(u64::MAX);
+        let idle = self.idle_millis();
         let before = channels.len();
         channels.retain(|host, pooled| {
             let keep = now.saturating_sub(pooled.last_used.load(Ordering::Relaxed)) <= idle;
@@ -340,6 +404,36 @@ impl ClientPool {
             auth,
             last_used: Arc::new(AtomicU64::new(now)),
         })
+    }
+}
+
+/// The pool's sweeper: drops idle channels when they expire, without callers. It holds only a
+/// `Weak` so it never keeps a dropped pool alive; it ends when the pool is dropped (`stop`'s sender
+/// goes with it) or holds no channel (the next `client()` starts a new one).
+async fn sweep(pool: Weak<PoolInner>, mut stop: tokio::sync::oneshot::Receiver<()>) {
+    loop {
+        let wait = {
+            let Some(inner) = pool.upgrade() else {
+                return;
+            };
+            let pool = ClientPool { inner };
+            let now = pool.now_millis();
+            let mut channels = pool.lock_channels();
+            pool.evict_idle_locked(&mut channels.by_host, now);
+            match pool.next_expiry(&channels.by_host, now) {
+                Some(wait) => wait,
+                None => {
+                    // Decided under the lock, so a `client()` that adds a channel afterwards sees
+                    // no sweeper and starts one.
+                    channels.sweeper = None;
+                    return;
+                }
+            }
+        };
+        tokio::select! {
+            _ = &mut stop => return,
+            () = tokio::time::sleep(wait) => {}
+        }
     }
 }
 
@@ -538,7 +632,7 @@ impl Connector {
                 let tls = connector
                     .connect(server_name, stream)
                     .await
-                    .map_err(|err| annotate(err, format!("TLS handshake with {target}")))?;
+                    .map_err(|err| tls_failure(err, target))?;
                 Box::new(tls)
             }
             None => Box::new(stream),
@@ -549,6 +643,36 @@ impl Connector {
 
 fn annotate(err: std::io::Error, context: String) -> std::io::Error {
     std::io::Error::new(err.kind(), format!("{context}: {err}"))
+}
+
+/// A failed handshake, with the likely cause when it is the protocol version: rustls only names
+/// the alert (`received fatal alert: ProtocolVersion`), which does not tell an operator that the
+/// host is limited to TLS 1.2 while this client (like flintlockd) speaks TLS 1.3 only.
+fn tls_failure(err: std::io::Error, target: &str) -> std::io::Error {
+    use rustls::PeerIncompatible as Incompatible;
+    let version_mismatch = err
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+        .is_some_and(|tls| {
+            matches!(
+                tls,
+                rustls::Error::AlertReceived(rustls::AlertDescription::ProtocolVersion)
+                    | rustls::Error::PeerIncompatible(
+                        Incompatible::ServerTlsVersionIsDisabledByOurConfig
+                            | Incompatible::SupportedVersionsExtensionRequired
+                            | Incompatible::ServerDoesNotSupportTls12Or13
+                    )
+            )
+        });
+    let hint = if version_mismatch {
+        " (the host does not offer TLS 1.3, the only version this client accepts)"
+    } else {
+        ""
+    };
+    std::io::Error::new(
+        err.kind(),
+        format!("TLS handshake with {target}: {err}{hint}"),
+    )
 }
 
 /// Asks an HTTP proxy for a tunnel to `target` and reads its answer up to the blank line (byte by
@@ -686,7 +810,8 @@ impl FlintlockClient {
             name: None,
         };
         let started = Instant::now();
-        let deadline = tokio::time::Instant::now() + self.call_timeout;
+        // A call timeout too long to add to the clock (`Duration::MAX`, ...) is no deadline.
+        let deadline = tokio::time::Instant::now().checked_add(self.call_timeout);
         let streaming = self
             .unary(
                 Method::ListStream,
@@ -699,7 +824,12 @@ impl FlintlockClient {
             Some(streaming),
             move |state| async move {
                 let mut streaming = state?;
-                let item = match tokio::time::timeout_at(deadline, streaming.message()).await {
+                let next = streaming.message();
+                let next = match deadline {
+                    Some(deadline) => tokio::time::timeout_at(deadline, next).await,
+                    None => Ok(next.await),
+                };
+                let item = match next {
                     Ok(Ok(Some(message))) => microvm_from_response(message.microvm),
                     Ok(Ok(None)) => return None,
                     Ok(Err(status)) => Err(Error::from(status)),
@@ -741,10 +871,11 @@ impl FlintlockClient {
         let started = Instant::now();
         self.touch();
         let mut request = tonic::Request::new(message);
-        request.set_timeout(self.call_timeout);
+        request.set_timeout(self.call_timeout.min(MAX_GRPC_TIMEOUT));
         if let Some(auth) = &self.auth {
             request.metadata_mut().insert("authorization", auth.clone());
         }
+        // `tokio::time::timeout` turns a deadline past the clock's range into "never".
         let result =
             match tokio::time::timeout(self.call_timeout, call(self.grpc.clone(), request)).await {
                 Ok(Ok(response)) => Ok(response.into_inner()),
@@ -876,23 +1007,69 @@ mod tests {
         assert_eq!(pool.channel_count(), 2);
     }
 
+    /// Polls `done` (yielding to the runtime) until it holds; false if it never did in `within`.
+    async fn eventually(within: Duration, mut done: impl FnMut() -> bool) -> bool {
+        let deadline = tokio::time::Instant::now() + within;
+        while tokio::time::Instant::now() < deadline {
+            if done() {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        done()
+    }
+
     #[tokio::test]
-    async fn idle_channels_are_dropped() {
+    async fn idle_channels_are_dropped_without_further_use_of_the_pool() {
         let pool = ClientPool::new(PoolOptions {
             idle_timeout: Duration::from_millis(20),
             ..PoolOptions::default()
         });
         pool.client(&HostConfig::new("127.0.0.1:1")).unwrap();
-        tokio::time::sleep(Duration::from_millis(60)).await;
         pool.client(&HostConfig::new("127.0.0.1:2")).unwrap();
-        assert_eq!(
-            pool.channel_count(),
-            1,
-            "the idle channel to :1 is gone, :2 is new"
+        // Only looking: `channel_count` evicts nothing itself.
+        assert!(
+            eventually(Duration::from_secs(30), || pool.channel_count() == 0).await,
+            "{} idle channels still pooled",
+            pool.channel_count()
         );
-        tokio::time::sleep(Duration::from_millis(60)).await;
-        assert_eq!(pool.evict_idle(), 1);
-        assert_eq!(pool.channel_count(), 0);
+
+        // The sweeper ended with the last channel; a new channel gets a new one.
+        pool.client(&HostConfig::new("127.0.0.1:3")).unwrap();
+        assert!(eventually(Duration::from_secs(30), || pool.channel_count() == 0).await);
+        assert_eq!(pool.evict_idle(), 0, "nothing left to evict by hand");
+    }
+
+    #[tokio::test]
+    async fn channels_within_the_idle_timeout_are_kept() {
+        let pool = ClientPool::new(PoolOptions::default());
+        let client = pool.client(&HostConfig::new("127.0.0.1:1")).unwrap();
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(pool.evict_idle(), 0, "well within the 5 min idle timeout");
+        assert_eq!(pool.channel_count(), 1);
+        drop(client);
+    }
+
+    #[tokio::test]
+    async fn dropping_the_pool_ends_its_sweeper_at_once() {
+        let metrics = tokio::runtime::Handle::current().metrics();
+        let before = metrics.num_alive_tasks();
+        // A 5 min idle timeout: a sweeper that only noticed the dropped pool at its next wake-up
+        // would outlive this test by minutes.
+        let pool = ClientPool::new(PoolOptions::default());
+        let client = pool.client(&HostConfig::new("127.0.0.1:1")).unwrap();
+        assert!(metrics.num_alive_tasks() > before, "a sweeper runs");
+        // Lets the sweeper make its first pass and go to sleep (this test's runtime has one thread).
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        drop(client);
+        drop(pool);
+        assert!(
+            eventually(Duration::from_secs(30), || metrics.num_alive_tasks()
+                == before)
+            .await,
+            "{} tasks left behind",
+            metrics.num_alive_tasks() - before
+        );
     }
 
     #[tokio::test]

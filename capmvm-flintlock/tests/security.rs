@@ -203,6 +203,72 @@ async fn tls_to_an_ipv6_literal_uses_the_address_as_server_name() {
     );
 }
 
+/// A server that speaks TLS 1.2 and nothing newer, with a certificate our CA signed: only the
+/// protocol version stands between it and the client.
+async fn tls12_only_server(pki: &TestPki) -> String {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let chain = CertificateDer::pem_slice_iter(pki.server_cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_slice(pki.server_key_pem.expose()).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS12])
+    .unwrap()
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let endpoint = listener.local_addr().unwrap().to_string();
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                // Fails: the client offers TLS 1.3 only. The server answers with an alert.
+                let _ = acceptor.accept(stream).await;
+            });
+        }
+    });
+    endpoint
+}
+
+#[tokio::test]
+async fn a_tls_1_2_only_host_is_refused_as_unavailable_saying_why() {
+    let pki = TestPki::generate().unwrap();
+    let endpoint = tls12_only_server(&pki).await;
+    let pool = pool();
+    let client = pool
+        .client(&HostConfig {
+            tls: Some(pki.client_tls(true)),
+            basic_auth_token: Some(SecretString::new(TOKEN)),
+            ..HostConfig::new(&endpoint)
+        })
+        .unwrap();
+    let err = client.list("", None).await.unwrap_err();
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let text = format!("{err} {err:?}");
+    assert!(
+        text.contains(&format!("TLS handshake with {endpoint}")),
+        "says which step failed: {text}"
+    );
+    assert!(
+        text.contains("TLS 1.3"),
+        "says the client needs TLS 1.3: {text}"
+    );
+    // Nothing secret in it: not the token, not a line of either private key.
+    assert!(!text.contains(TOKEN), "{text}");
+    for key in [&pki.client_key_pem, &pki.server_key_pem] {
+        let pem = String::from_utf8(key.expose().to_vec()).unwrap();
+        for line in pem.lines().filter(|line| !line.starts_with("-----")) {
+            assert!(!text.contains(line), "key material in: {text}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn mtls_accepts_our_client_certificate_and_refuses_others() {
     let pki = TestPki::generate().unwrap();
