@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use base64::Engine as _;
-use capmvm_flintlock::hollow::{Capacity, is_ulid};
+use capmvm_flintlock::hollow::{Capacity, HollowConfig, is_ulid};
 use capmvm_flintlock::{
     CallObserver, ClientPool, ErrorKind, HostConfig, IfaceType, Method, MicrovmState, PoolOptions,
     StaticAddress,
@@ -315,6 +315,70 @@ async fn failing_creates_end_failed_after_the_retry_budget() {
     .await;
     assert_eq!(created.status.retry, 0, "success resets retry");
     assert_eq!(created.version, 1 + 2 + 1);
+}
+
+#[tokio::test]
+async fn time_scale_set_through_the_control_api_applies_to_later_backoffs_and_deletes() {
+    // flintlock's own clock, unscaled, with intervals of an hour: without the switch, nothing
+    // below would finish while the test runs.
+    let host = start(HollowConfig {
+        provision_time: Duration::from_millis(10),
+        backoff_base: Duration::from_secs(3600),
+        delete_time: Duration::from_secs(3600),
+        time_scale: 1.0,
+        ..HollowConfig::default()
+    })
+    .await;
+    let control = host.control();
+    let pool = pool();
+    let client = client(&pool, &host.endpoint());
+
+    // An hour becomes 3.6 ms.
+    control.set_time_scale(0.000_001).unwrap();
+    assert_eq!(control.time_scale(), 0.000_001);
+    control.fail_next_attempts(1);
+    let flaky = client.create(valid_spec("flaky")).await.unwrap();
+    let created = wait_for_state(
+        &client,
+        flaky.uid(),
+        MicrovmState::Created,
+        Duration::from_secs(30),
+    )
+    .await;
+    assert_eq!(
+        created.version,
+        1 + 1 + 1,
+        "one failed attempt, then CREATED"
+    );
+    client.delete(flaky.uid()).await.unwrap();
+    let err = wait_for_removal(&client, flaky.uid(), Duration::from_secs(30)).await;
+    assert_eq!(err.kind(), ErrorKind::NotFound);
+
+    // Scales that cannot scale a wait are refused and leave the current one in place.
+    for bad in [-1.0, f64::NAN, f64::INFINITY] {
+        assert!(control.set_time_scale(bad).is_err(), "{bad} was accepted");
+    }
+    assert_eq!(control.time_scale(), 0.000_001);
+}
+
+#[tokio::test]
+async fn a_huge_call_timeout_is_no_deadline_not_a_panic() {
+    let host = start(fast_config()).await;
+    let pool = ClientPool::new(PoolOptions {
+        call_timeout: Duration::MAX,
+        ..PoolOptions::default()
+    });
+    let client = pool.client(&HostConfig::new(host.endpoint())).unwrap();
+    let created = client.create(valid_spec("m1")).await.unwrap();
+    assert_eq!(
+        client.get(created.uid()).await.unwrap().uid(),
+        created.uid()
+    );
+    assert_eq!(client.list("", None).await.unwrap().len(), 1);
+    let streamed: Vec<_> = client.list_stream("ns1").await.unwrap().collect().await;
+    assert_eq!(streamed.len(), 1);
+    assert!(streamed[0].is_ok());
+    client.delete(created.uid()).await.unwrap();
 }
 
 #[tokio::test]

@@ -5,8 +5,10 @@
 mod support;
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use base64::Engine as _;
+use capmvm_flintlock::hollow::HollowConfig;
 use capmvm_flintlock::{
     IfaceType, Initrd, Kernel, MicrovmSpec, MicrovmState, NetworkInterface, StaticAddress, Volume,
     VolumeSource,
@@ -244,7 +246,13 @@ fn decode_meta(metadata: &BTreeMap<String, String>) -> BTreeMap<String, String> 
 #[test]
 fn any_valid_spec_comes_back_through_get_as_flintlock_echoes_it() {
     let runtime = tokio::runtime::Runtime::new().unwrap();
-    let (host, pool) = runtime.block_on(async { (start(fast_config()).await, pool()) });
+    // The test reads every microVM as PENDING right after its create, so none may provision while
+    // it runs, however slow the machine: a provisioning time of a day.
+    let config = HollowConfig {
+        provision_time: Duration::from_secs(24 * 3600),
+        ..fast_config()
+    };
+    let (host, pool) = runtime.block_on(async { (start(config).await, pool()) });
     let client = runtime.block_on(async { client(&pool, &host.endpoint()) });
     let mut runner = TestRunner::new(Config {
         cases: 96,

@@ -73,7 +73,7 @@ pub struct HollowConfig {
     /// Time from DELETING to removal, before scaling. Default 1 s.
     pub delete_time: Duration,
     /// Multiplies flintlock's own intervals (the retry backoff and the delete time): 0.001 makes
-    /// the 20 s backoff 20 ms. Default 1.0.
+    /// the 20 s backoff 20 ms. Default 1.0. [`HostControl::set_time_scale`] changes it later.
     pub time_scale: f64,
     /// Resource limit; `None` is unlimited. Default unlimited.
     pub capacity: Option<Capacity>,
@@ -124,6 +124,15 @@ pub enum HollowError {
     Config(String),
 }
 
+fn check_time_scale(time_scale: f64) -> Result<(), HollowError> {
+    if !time_scale.is_finite() || time_scale < 0.0 {
+        return Err(HollowError::Config(format!(
+            "time scale must be a finite number >= 0, not {time_scale}"
+        )));
+    }
+    Ok(())
+}
+
 /// Starts hollow hosts.
 #[derive(Debug)]
 pub struct HollowHost;
@@ -131,12 +140,7 @@ pub struct HollowHost;
 impl HollowHost {
     /// Binds, starts serving and returns the handle. Must run inside a Tokio runtime.
     pub async fn start(config: HollowConfig) -> Result<HollowHandle, HollowError> {
-        if !config.time_scale.is_finite() || config.time_scale < 0.0 {
-            return Err(HollowError::Config(format!(
-                "time scale must be a finite number >= 0, not {}",
-                config.time_scale
-            )));
-        }
+        check_time_scale(config.time_scale)?;
         if !service::PROVIDERS
             .iter()
             .any(|(name, _)| *name == config.default_provider)
@@ -162,6 +166,7 @@ impl HollowHost {
                 doomed_creates: 0,
                 failing_attempts: 0,
             }),
+            time_scale: AtomicU64::new(config.time_scale.to_bits()),
             config,
             counters: CallCounters::default(),
             listener: tokio::sync::Mutex::new(listener),
@@ -397,6 +402,23 @@ impl HostControl {
         self.host.state().provision_time = provision_time;
     }
 
+    /// Changes the time scale ([`HollowConfig::time_scale`]) for every wait that starts from now
+    /// on: retry backoffs after later failed attempts and delete times of later deletes. Waits
+    /// already under way keep their length. Refuses a scale that is negative or not finite.
+    pub fn set_time_scale(&self, time_scale: f64) -> Result<(), HollowError> {
+        check_time_scale(time_scale)?;
+        self.host
+            .time_scale
+            .store(time_scale.to_bits(), Ordering::Relaxed);
+        tracing::info!(endpoint = %self.host.endpoint, time_scale, "hollow host time scale changed");
+        Ok(())
+    }
+
+    /// The current time scale.
+    pub fn time_scale(&self) -> f64 {
+        self.host.time_scale()
+    }
+
     /// Calls answered so far, by method.
     pub fn counters(&self) -> Counters {
         self.host.counters.snapshot()
@@ -433,6 +455,9 @@ impl HostControl {
 pub(crate) struct Host {
     config: HollowConfig,
     endpoint: String,
+    /// The current time scale (`f64` bits). An atomic rather than a field of `State`: backoffs are
+    /// scaled while `State` is locked.
+    time_scale: AtomicU64,
     state: Mutex<State>,
     counters: CallCounters,
     listener: tokio::sync::Mutex<net::Listener>,
@@ -522,8 +547,14 @@ impl Host {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    fn time_scale(&self) -> f64 {
+        f64::from_bits(self.time_scale.load(Ordering::Relaxed))
+    }
+
     fn scaled(&self, duration: Duration) -> Duration {
-        Duration::try_from_secs_f64(duration.as_secs_f64() * self.config.time_scale)
+        // Only finite scales >= 0 are stored, so the product is never negative or NaN; a product
+        // too large for a Duration waits "forever" (tokio caps sleeps at ~30 years).
+        Duration::try_from_secs_f64(duration.as_secs_f64() * self.time_scale())
             .unwrap_or(Duration::MAX)
     }
 
