@@ -4,7 +4,8 @@
 //! capmvm-sim hosts --count 3 --base-port 9090 [--token T] [--tls-dir D] [--provision-ms 1000]
 //! ```
 //!
-//! prints one endpoint per line (`127.0.0.1:9090`, `127.0.0.1:9091`, ...) on stdout. With
+//! prints one endpoint per line (`127.0.0.1:9090`, `127.0.0.1:9091`, ...) on stdout; with
+//! `--base-port 0` every host gets its own free port and the lines show the ports bound. With
 //! `--tls-dir`, the hosts serve TLS 1.3 with the PEM files of that directory (`ca.crt`,
 //! `server.crt`, `server.key`, `client.crt`, `client.key`), generating them first if the directory
 //! is missing or empty, and require client certificates signed by `ca.crt` unless
@@ -25,12 +26,14 @@ pub struct HostsArgs {
     /// How many hosts to serve.
     #[arg(long, default_value_t = 1)]
     pub count: u16,
-    /// Port of the first host; host i listens on base-port + i.
+    /// Port of the first host; host i listens on base-port + i. 0: every host on a free port
+    /// (the printed endpoints show which).
     #[arg(long, default_value_t = 9090)]
     pub base_port: u16,
     /// flintlockd's --basic-auth-token for every host.
+    // A `SecretString`, so the derived `Debug` of these arguments prints `<redacted>`.
     #[arg(long, env = "CAPMVM_SIM_TOKEN", hide_env_values = true)]
-    pub token: Option<String>,
+    pub token: Option<SecretString>,
     /// Serve TLS with the PEM files in this directory (generated if missing or empty).
     #[arg(long)]
     pub tls_dir: Option<PathBuf>,
@@ -96,12 +99,15 @@ pub fn main(args: HostsArgs) -> Result<(), HostsError> {
     })
 }
 
-/// Starts the hosts `args` describes, on `127.0.0.1:base_port ..`.
+/// Starts the hosts `args` describes, on `127.0.0.1:base_port ..` (each on a free port when
+/// `base_port` is 0; [`HollowHandle::endpoint`] tells which).
 pub async fn start_hosts(args: &HostsArgs) -> Result<Vec<HollowHandle>, HostsError> {
     if args.count == 0 {
         return Err(HostsError::Usage("--count must be at least 1".into()));
     }
-    if u32::from(args.base_port) + u32::from(args.count) - 1 > u32::from(u16::MAX) {
+    if args.base_port != 0
+        && u32::from(args.base_port) + u32::from(args.count) - 1 > u32::from(u16::MAX)
+    {
         return Err(HostsError::Usage(format!(
             "--base-port {} with --count {} runs past port 65535",
             args.base_port, args.count
@@ -125,9 +131,16 @@ pub async fn start_hosts(args: &HostsArgs) -> Result<Vec<HollowHandle>, HostsErr
     };
     let mut hosts = Vec::with_capacity(usize::from(args.count));
     for i in 0..args.count {
+        // Port 0 is "any free port", not the first of a range: base_port + i would put the second
+        // host on port 1.
+        let port = if args.base_port == 0 {
+            0
+        } else {
+            args.base_port + i
+        };
         let config = HollowConfig {
-            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, args.base_port + i)),
-            basic_auth_token: args.token.clone().map(SecretString::new),
+            bind: SocketAddr::from((Ipv4Addr::LOCALHOST, port)),
+            basic_auth_token: args.token.clone(),
             tls: tls.clone(),
             provision_time: Duration::from_millis(args.provision_ms),
             time_scale: args.time_scale,
@@ -175,7 +188,7 @@ mod tests {
         HostsArgs {
             count: 2,
             base_port: 0,
-            token: Some("t0ken".into()),
+            token: Some(SecretString::new("t0ken")),
             tls_dir: None,
             tls_no_client_auth: false,
             provision_ms: 10,
@@ -226,6 +239,62 @@ mod tests {
         let again = load_or_generate_pki(&dir).unwrap();
         assert_eq!(again.ca_cert_pem, pki.ca_cert_pem);
         std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[tokio::test]
+    async fn base_port_0_puts_every_host_on_its_own_free_port() {
+        let hosts = start_hosts(&HostsArgs {
+            count: 3,
+            base_port: 0,
+            ..args()
+        })
+        .await
+        .unwrap();
+        let endpoints: Vec<String> = hosts.iter().map(HollowHandle::endpoint).collect();
+        let ports: std::collections::BTreeSet<u16> = endpoints
+            .iter()
+            .map(|endpoint| endpoint.rsplit_once(':').unwrap().1.parse().unwrap())
+            .collect();
+        assert_eq!(ports.len(), 3, "three distinct ports: {endpoints:?}");
+        assert!(
+            !ports.contains(&0),
+            "the endpoints show the bound ports: {endpoints:?}"
+        );
+        // Each printed endpoint is a host that answers.
+        let pool = ClientPool::new(PoolOptions::default());
+        for endpoint in &endpoints {
+            let host = HostConfig {
+                basic_auth_token: Some(SecretString::new("t0ken")),
+                ..HostConfig::new(endpoint.clone())
+            };
+            assert!(
+                pool.client(&host)
+                    .unwrap()
+                    .list("", None)
+                    .await
+                    .unwrap()
+                    .is_empty()
+            );
+        }
+    }
+
+    #[test]
+    fn the_token_never_shows_in_debug_output() {
+        #[derive(clap::Parser, Debug)]
+        struct Cli {
+            #[command(flatten)]
+            hosts: HostsArgs,
+        }
+        use clap::Parser as _;
+        let cli =
+            Cli::try_parse_from(["hosts", "--count", "2", "--token", "s3cret-t0ken"]).unwrap();
+        assert_eq!(
+            cli.hosts.token.as_ref().map(SecretString::expose),
+            Some("s3cret-t0ken")
+        );
+        let debug = format!("{cli:?} {:?}", cli.hosts);
+        assert!(!debug.contains("s3cret-t0ken"), "{debug}");
+        assert!(debug.contains("<redacted>"), "{debug}");
     }
 
     #[tokio::test]
