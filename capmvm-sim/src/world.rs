@@ -291,6 +291,11 @@ impl World {
         self.operator.as_ref()
     }
 
+    /// Takes the operator process out of the world (the caller stops it).
+    pub fn take_operator(&mut self) -> Option<OperatorProcess> {
+        self.operator.take()
+    }
+
     /// Waits up to `timeout` for the operator to exit by itself; returns its exit code.
     pub async fn wait_operator_exit(&mut self, timeout: Duration) -> Option<i32> {
         let code = self.operator.as_mut()?.wait_exit(timeout).await;

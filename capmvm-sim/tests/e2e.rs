@@ -196,8 +196,7 @@ async fn lifecycle_create_and_delete() {
             .filter_map(|e| e.reason)
             .collect();
         assert!(
-            reasons.contains(&"MicrovmCreated".to_string())
-                && reasons.contains(&"MicrovmReady".to_string()),
+            reasons.contains(&"MicrovmCreated".to_string()),
             "{reasons:?}"
         );
     }
@@ -261,6 +260,47 @@ async fn lifecycle_create_and_delete() {
         "still Ready"
     );
 
+    // Deletion deletes the microVM first and releases the finalizer only once the host no longer
+    // has it: with deletes held in DELETING on the hosts, the machines stay, finalizer and all.
+    for h in &w.hosts {
+        h.control().hang_deletes(true);
+    }
+    Api::<Cluster>::namespaced(w.client.clone(), NS)
+        .delete("demo", &DeleteParams::default())
+        .await
+        .unwrap();
+    let held = wait_for("every microVM to be deleting", WAIT, POLL, || async {
+        let all = w.all_vms();
+        let deleting = all.len() == 3
+            && all
+                .iter()
+                .all(|(_, vm)| vm.state() == MicrovmState::Deleting);
+        if !deleting {
+            return Ok(None);
+        }
+        let ms = w.microvm_machines(NS).await?;
+        Ok(Some(ms))
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let held_now = w.microvm_machines(NS).await.unwrap();
+    assert_eq!(
+        held_now.len(),
+        3,
+        "no machine is released while its microVM is deleting"
+    );
+    for m in held.iter().chain(&held_now) {
+        assert!(m.meta().deletion_timestamp.is_some());
+        assert!(
+            m.finalizers().contains(&MACHINE_FINALIZER.to_string()),
+            "{}: finalizer kept while the host deletes",
+            m.name_any()
+        );
+    }
+    for h in &w.hosts {
+        h.control().hang_deletes(false);
+    }
     delete_cluster_and_wait(&w).await;
 
     // The generated ClusterRole grants every request the operator made, create to delete.
@@ -287,15 +327,29 @@ async fn an_unchanged_object_is_reconciled_with_zero_writes() {
     // Let the last status writes land, then count what the operator writes while it resyncs.
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = w.emulator.counters_of_agent(capmvm_operator::USER_AGENT);
-    let reconciles_before = reconcile_count(&w).await;
+    let machine_reconciles_before = reconcile_count_of(&w, "microvmmachine").await;
+    let gets_before: u64 = w
+        .hosts
+        .iter()
+        .map(|h| h.control().counters().of(Method::Get))
+        .sum();
     tokio::time::sleep(Duration::from_secs(5)).await;
     let during = w
         .emulator
         .counters_of_agent(capmvm_operator::USER_AGENT)
         .since(&before);
     assert!(
-        reconcile_count(&w).await > reconciles_before + 2,
-        "the operator reconciled meanwhile"
+        reconcile_count_of(&w, "microvmmachine").await >= machine_reconciles_before + 2,
+        "the MicrovmMachines were reconciled meanwhile (resync every 2 s)"
+    );
+    let gets: u64 = w
+        .hosts
+        .iter()
+        .map(|h| h.control().counters().of(Method::Get))
+        .sum();
+    assert_eq!(
+        gets, gets_before,
+        "steady-state reconciles read the host observers' lists, no per-microVM get"
     );
     let writes: Vec<(Verb, String, u64)> = during
         .iter()
@@ -306,17 +360,18 @@ async fn an_unchanged_object_is_reconciled_with_zero_writes() {
     w.shutdown().await;
 }
 
-async fn reconcile_count(w: &World) -> u64 {
-    let text = w
-        .operator()
-        .unwrap()
-        .scrape_metrics()
-        .await
-        .unwrap_or_default();
+/// Reconciles of `controller` counted in a metrics scrape.
+fn reconciles_in(text: &str, controller: Option<&str>) -> u64 {
     text.lines()
         .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+        .filter(|l| controller.is_none_or(|c| l.contains(&format!("controller=\"{c}\""))))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
         .sum()
+}
+
+async fn reconcile_count_of(w: &World, controller: &str) -> u64 {
+    let text = w.operator().unwrap().scrape_metrics().await.unwrap();
+    reconciles_in(&text, Some(controller))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -421,6 +476,30 @@ async fn a_missing_secret_is_a_condition_until_it_exists() {
     let (token, _) = w.create_credentials(NS, "demo").await.unwrap();
     assert_eq!(token.as_deref(), Some("demo-flintlock-token"));
     wait_ready(&w, 1).await;
+    // Basic auth without TLS works (flintlock allows it) but is called out: a condition on the
+    // MicrovmCluster and a Warning event.
+    let mc = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
+        .get("demo")
+        .await
+        .unwrap();
+    let insecure = mc
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "HostTransportSecure")
+        .expect("the transport is reported");
+    assert_eq!(insecure.status, "False");
+    assert_eq!(insecure.reason, "BasicAuthWithoutTLS");
+    assert!(
+        insecure.message.contains("set tlsSecretRef"),
+        "says how to fix it: {}",
+        insecure.message
+    );
+    let warned = events_for(&w, "demo").await.into_iter().any(|e| {
+        e.reason.as_deref() == Some("InsecureTransport") && e.type_.as_deref() == Some("Warning")
+    });
+    assert!(warned, "a Warning event on the MicrovmCluster");
     let log = std::fs::read_to_string(w.operator_log()).unwrap();
     assert!(
         !log.contains("s3cret-token"),
@@ -589,6 +668,54 @@ async fn a_crash_between_create_and_status_write_duplicates_nothing() {
     w.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_between_recording_the_host_and_the_create_loses_nothing() {
+    let mut w = World::start(options(2)).await.unwrap();
+    w.start_operator(&[(capmvm_operator::fault::FAULT_ENV, "after-host-recorded")])
+        .unwrap();
+    w.apply_demo_cluster(&counts(0, 2), |_| {}).await.unwrap();
+    assert_eq!(
+        w.wait_operator_exit(WAIT).await,
+        Some(capmvm_operator::fault::FAULT_EXIT_CODE),
+        "the operator crashed at the named point"
+    );
+    assert_eq!(creates_on_hosts(&w), 0, "it crashed before any create");
+    let placed: Vec<MicrovmMachine> = w
+        .microvm_machines(NS)
+        .await
+        .unwrap()
+        .into_iter()
+        .filter(|m| {
+            m.annotations()
+                .contains_key(capmvm_api::keys::HOST_ANNOTATION)
+        })
+        .collect();
+    assert!(!placed.is_empty(), "a host was recorded before the crash");
+    for m in &placed {
+        assert!(m.finalizers().contains(&MACHINE_FINALIZER.to_string()));
+    }
+
+    w.start_operator(&[]).unwrap();
+    let machines = wait_ready(&w, 2).await;
+    assert_eq!(live_vms(&w).len(), 2);
+    assert_eq!(creates_on_hosts(&w), 2, "one create per machine, no more");
+    for p in &placed {
+        let m = machines
+            .iter()
+            .find(|m| m.name_any() == p.name_any())
+            .unwrap();
+        assert_eq!(
+            m.status.as_ref().unwrap().host,
+            p.annotations()
+                .get(capmvm_api::keys::HOST_ANNOTATION)
+                .cloned(),
+            "{}: created on the host recorded before the crash",
+            m.name_any()
+        );
+    }
+    w.shutdown().await;
+}
+
 /// `clusterctl move` recreates every object on the target cluster: same names, labels, annotations
 /// and spec, no status, and a new uid. A machine moved between its create and its providerID write
 /// must still find the microVM it created under its old uid, not create a second one.
@@ -713,8 +840,16 @@ async fn scale_workers_3_to_10_to_2() {
     w.apply_demo_cluster(&counts(0, 3), |_| {}).await.unwrap();
     wait_ready(&w, 3).await;
     scale(&w, "demo-md-0", 10).await;
-    wait_ready(&w, 10).await;
+    let ten = wait_ready(&w, 10).await;
     assert_eq!(live_vms(&w).len(), 10);
+    // Placement spreads the machines: every host is used, none takes more than its share and a half.
+    let per_host: BTreeMap<String, usize> = ten.iter().fold(BTreeMap::new(), |mut acc, m| {
+        *acc.entry(m.status.clone().unwrap().host.unwrap())
+            .or_default() += 1;
+        acc
+    });
+    assert_eq!(per_host.len(), 3, "{per_host:?}");
+    assert!(per_host.values().all(|n| *n <= 5), "{per_host:?}");
     scale(&w, "demo-md-0", 2).await;
     let machines = wait_ready(&w, 2).await;
     wait_for("8 microVMs to be deleted", WAIT, POLL, || async {
@@ -746,66 +881,80 @@ async fn scale_workers_3_to_10_to_2() {
         on_hosts, uids_sorted,
         "the remaining microVMs are exactly the remaining machines'"
     );
-    // Placement spread the machines over the hosts.
-    let per_host: BTreeMap<String, usize> = machines.iter().fold(BTreeMap::new(), |mut acc, m| {
-        *acc.entry(m.status.clone().unwrap().host.unwrap())
-            .or_default() += 1;
-        acc
-    });
-    assert!(per_host.values().all(|n| *n <= 2), "{per_host:?}");
     w.shutdown().await;
+}
+
+/// The pid in a leader Lease's holderIdentity (`<host>_<pid>_<nanos>`).
+async fn lease_holder_pid(w: &World) -> Option<u32> {
+    let lease = Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(w.client.clone(), NS)
+        .get_opt("controller-leader-elect-capmvm")
+        .await
+        .ok()??;
+    let holder = lease.spec?.holder_identity?;
+    holder.rsplit('_').nth(1)?.parse().ok()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leader_election_one_reconciles_and_hands_over() {
+    const LEASE: Duration = Duration::from_secs(4);
+    const RETRY: Duration = Duration::from_millis(500);
     let mut o = options(2);
     o.operator_flags.extend([
-        "--leader-elect".to_string(),
-        "--leader-elect-lease-duration=4s".to_string(),
+        format!("--leader-elect-lease-duration={}s", LEASE.as_secs()),
         "--leader-elect-renew-deadline=3s".to_string(),
-        "--leader-elect-retry-period=500ms".to_string(),
+        format!("--leader-elect-retry-period={}ms", RETRY.as_millis()),
+        "--leader-elect".to_string(),
     ]);
     let mut w = world(o).await;
     let second = w.spawn_operator(&[], &[]).unwrap();
     w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
     wait_ready(&w, 1).await;
 
-    let first_reconciles = reconcile_count(&w).await;
-    let second_text = second.scrape_metrics().await.unwrap_or_default();
-    let second_reconciles: u64 = second_text
-        .lines()
-        .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
-        .sum();
+    // The Lease names one of the two processes, and only that one reconciles.
+    let first_pid = w.operator_pid().unwrap();
+    let second_pid = second.pid().unwrap();
+    let leader = lease_holder_pid(&w)
+        .await
+        .expect("a leader holds the Lease");
+    assert!(leader == first_pid || leader == second_pid, "{leader}");
+    let first_reconciles =
+        reconciles_in(&w.operator().unwrap().scrape_metrics().await.unwrap(), None);
+    let second_reconciles = reconciles_in(&second.scrape_metrics().await.unwrap(), None);
+    let (leader_reconciles, standby_reconciles) = if leader == first_pid {
+        (first_reconciles, second_reconciles)
+    } else {
+        (second_reconciles, first_reconciles)
+    };
     assert!(
-        (first_reconciles > 0) != (second_reconciles > 0),
-        "exactly one operator reconciles (first {first_reconciles}, second {second_reconciles})"
+        leader_reconciles > 0 && standby_reconciles == 0,
+        "only the leader reconciles (leader {leader_reconciles}, standby {standby_reconciles})"
     );
-    // Kill whichever leads; the other takes over within the lease duration.
-    let survivor = if first_reconciles > 0 {
+
+    // Kill the leader as a crash would (no release): the standby takes the Lease once it expires.
+    let survivor = if leader == first_pid {
         w.kill_operator().await;
         second
     } else {
         second.kill().await;
-        // The primary keeps running.
-        scale(&w, "demo-md-0", 2).await;
-        wait_ready(&w, 2).await;
-        w.shutdown().await;
-        return;
+        w.take_operator().unwrap()
     };
+    let survivor_pid = survivor.pid().unwrap();
     let killed_at = std::time::Instant::now();
-    scale(&w, "demo-md-0", 2).await;
-    wait_ready(&w, 2).await;
+    wait_for("the standby to take the Lease", WAIT, POLL, || async {
+        Ok((lease_holder_pid(&w).await == Some(survivor_pid)).then_some(()))
+    })
+    .await
+    .unwrap();
     let took = killed_at.elapsed();
+    // The lease duration, one retry period to notice, and scheduling slack for a busy machine.
     assert!(
-        took < Duration::from_secs(4 + 10),
+        took < LEASE + RETRY + Duration::from_secs(3),
         "handed over in {took:?}"
     );
+    scale(&w, "demo-md-0", 2).await;
+    wait_ready(&w, 2).await;
     let text = survivor.scrape_metrics().await.unwrap();
-    assert!(
-        text.contains("controller_runtime_reconcile_total{"),
-        "the survivor reconciles"
-    );
+    assert!(reconciles_in(&text, None) > 0, "the survivor reconciles");
     survivor.stop().await;
     w.shutdown().await;
 }
