@@ -550,6 +550,106 @@ async fn field_validation_strict_warn_and_ignore() {
 }
 
 #[tokio::test]
+async fn unknown_fields_are_found_in_the_whole_body_before_the_status_rules() {
+    // A real server finds unknown fields while decoding the whole request, before the status
+    // subresource's rules drop `status` on the main path (or everything but `status` on /status).
+    let (_emu, client) = start().await;
+    create_crd(&client, &widget_crd()).await;
+    let path = "/apis/test.example.com/v1/namespaces/default/widgets";
+    let strict_create = raw(
+        &client,
+        "POST",
+        &format!("{path}?fieldValidation=Strict"),
+        Some("application/json"),
+        json!({"apiVersion": "test.example.com/v1", "kind": "Widget", "metadata": {"name": "s"},
+            "spec": {"size": 2}, "status": {"phase": "x", "bogus": 1}})
+        .to_string()
+        .as_bytes(),
+    )
+    .await;
+    assert_status(&strict_create, 400, "BadRequest");
+    assert!(
+        strict_create
+            .text
+            .contains(r#"unknown field \"status.bogus\""#),
+        "{}",
+        strict_create.text
+    );
+    widgets(&client, "default")
+        .create(&PostParams::default(), &dynamic(widget("w", 2)))
+        .await
+        .unwrap();
+
+    // `status` sent to the main path.
+    let main = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/w?fieldValidation=Strict"),
+        Some("application/merge-patch+json"),
+        br#"{"status":{"bogus":true}}"#,
+    )
+    .await;
+    assert_status(&main, 400, "BadRequest");
+    assert!(
+        main.text.contains(r#"unknown field \"status.bogus\""#),
+        "{}",
+        main.text
+    );
+    let warned = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/w"),
+        Some("application/merge-patch+json"),
+        br#"{"status":{"bogus":true}}"#,
+    )
+    .await;
+    assert_eq!(warned.status, 200, "{}", warned.text);
+    assert!(
+        warned
+            .warnings()
+            .iter()
+            .any(|w| w.contains(r#"unknown field \"status.bogus\""#)),
+        "{:?}",
+        warned.warnings()
+    );
+
+    // `spec` sent to /status, by merge patch and by PUT.
+    let status = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/w/status?fieldValidation=Strict"),
+        Some("application/merge-patch+json"),
+        br#"{"spec":{"alsoBogus":1},"status":{"phase":"p"}}"#,
+    )
+    .await;
+    assert_status(&status, 400, "BadRequest");
+    assert!(
+        status.text.contains(r#"unknown field \"spec.alsoBogus\""#),
+        "{}",
+        status.text
+    );
+    let mut whole = get_json(&client, &format!("{path}/w")).await;
+    whole["spec"]["alsoBogus"] = json!(1);
+    let put = raw(
+        &client,
+        "PUT",
+        &format!("{path}/w/status"),
+        Some("application/json"),
+        whole.to_string().as_bytes(),
+    )
+    .await;
+    assert_eq!(put.status, 200, "{}", put.text);
+    assert!(
+        put.warnings()
+            .iter()
+            .any(|w| w.contains(r#"unknown field \"spec.alsoBogus\""#)),
+        "{:?}",
+        put.warnings()
+    );
+    assert!(put.body["spec"].get("alsoBogus").is_none());
+}
+
+#[tokio::test]
 async fn unknown_paths_and_resources_are_404_status() {
     let (_emu, client) = start().await;
     for path in [
@@ -1715,6 +1815,74 @@ async fn delete_without_finalizers_removes_at_once_and_returns_the_object() {
 }
 
 #[tokio::test]
+async fn a_delete_without_finalizers_removes_the_object_unmarked() {
+    // A real registry deletes an object nothing holds straight from etcd: neither the answer nor the
+    // DELETED event carries deletionTimestamp or deletionGracePeriodSeconds, nor a new generation.
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    let api = machines(&client, "default");
+    let created = create_machine(&client, "default", "m").await;
+    assert_eq!(created.metadata.generation, Some(1));
+    let mut events = api
+        .watch(
+            &WatchParams::default(),
+            &created.metadata.resource_version.clone().unwrap(),
+        )
+        .await
+        .unwrap()
+        .boxed();
+    let out = api
+        .delete("m", &DeleteParams::default())
+        .await
+        .unwrap()
+        .left()
+        .expect("a custom resource delete returns the object");
+    assert!(out.metadata.deletion_timestamp.is_none(), "{out:?}");
+    assert!(out.metadata.deletion_grace_period_seconds.is_none());
+    assert_eq!(out.metadata.generation, Some(1));
+    assert!(rv_of(&out) > rv_of(&created), "the deletion's revision");
+    match tokio::time::timeout(Duration::from_secs(5), events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        WatchEvent::Deleted(o) => {
+            assert!(o.metadata.deletion_timestamp.is_none(), "{o:?}");
+            assert!(o.metadata.deletion_grace_period_seconds.is_none());
+            assert_eq!(o.metadata.generation, Some(1));
+            assert_eq!(rv_of(&o), rv_of(&out));
+        }
+        other => panic!("expected DELETED only, got {other:?}"),
+    }
+    // A dry run answers the same.
+    create_machine(&client, "default", "d").await;
+    let dry = api
+        .delete(
+            "d",
+            &DeleteParams {
+                dry_run: true,
+                ..Default::default()
+            },
+        )
+        .await
+        .unwrap()
+        .left()
+        .unwrap();
+    assert!(dry.metadata.deletion_timestamp.is_none());
+    assert!(api.get("d").await.is_ok());
+    // What stays (a finalizer, or a propagation policy that adds one) is still marked first.
+    let orphaned = api
+        .delete("d", &DeleteParams::orphan())
+        .await
+        .unwrap()
+        .left()
+        .expect("held by the orphan finalizer");
+    assert!(orphaned.metadata.deletion_timestamp.is_some());
+    assert_eq!(orphaned.metadata.generation, Some(2));
+}
+
+#[tokio::test]
 async fn delete_collection_deletes_what_the_selector_selects() {
     let (_emu, client) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -2467,13 +2635,14 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
     api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 4}})))
         .await
         .unwrap();
-    api.patch(
-        "m",
-        &pp,
-        &Patch::Merge(json!({"metadata": {"labels": {"role": "cp"}}})),
-    )
-    .await
-    .unwrap();
+    let left = api
+        .patch(
+            "m",
+            &pp,
+            &Patch::Merge(json!({"metadata": {"labels": {"role": "cp"}}})),
+        )
+        .await
+        .unwrap();
     api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 5}})))
         .await
         .unwrap();
@@ -2494,11 +2663,300 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
         {
             WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.data["spec"]["vcpu"])),
             WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data["spec"]["vcpu"])),
-            WatchEvent::Deleted(o) => seen.push(format!("DELETED {}", o.data["spec"]["vcpu"])),
+            WatchEvent::Deleted(o) => {
+                // As from the real watch cache: the object as it last matched (role=worker), at the
+                // revision of the change that made it leave.
+                assert_eq!(
+                    o.labels().get("role").map(String::as_str),
+                    Some("worker"),
+                    "{o:?}"
+                );
+                assert_eq!(rv_of(&o), rv_of(&left));
+                seen.push(format!("DELETED {}", o.data["spec"]["vcpu"]))
+            }
             other => panic!("{other:?}"),
         }
     }
     assert_eq!(seen, vec!["ADDED 2", "MODIFIED 4", "DELETED 4", "ADDED 5"]);
+    // Replayed from the history, the same.
+    let replayed: Vec<_> = api
+        .watch(
+            &WatchParams::default().labels("role=worker").timeout(1),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .try_collect()
+        .await
+        .unwrap();
+    let deleted = replayed
+        .iter()
+        .find_map(|e| match e {
+            WatchEvent::Deleted(o) => Some(o),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        deleted.labels().get("role").map(String::as_str),
+        Some("worker")
+    );
+    assert_eq!(rv_of(deleted), rv_of(&left));
+}
+
+#[tokio::test]
+async fn a_watch_on_a_named_path_watches_that_object_only() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let api = machines(&client, "default");
+    create_machine(&client, "default", "m").await;
+    create_machine(&client, "default", "n").await;
+    let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2";
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let lines = |r: &Raw| -> Vec<(String, String)> {
+        r.text
+            .lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                (
+                    v["type"].as_str().unwrap().to_string(),
+                    v["object"]["metadata"]["name"]
+                        .as_str()
+                        .unwrap_or("")
+                        .to_string(),
+                )
+            })
+            .collect()
+    };
+    let pair = |t: &str, n: &str| (t.to_string(), n.to_string());
+    emu.reset_counters();
+
+    // From "0": the object as ADDED, then its changes; the other object is not seen.
+    let watch = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            raw(
+                &client,
+                "GET",
+                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion=0&timeoutSeconds=2"),
+                None,
+                b"",
+            )
+            .await
+        })
+    };
+    // From a resourceVersion: only the changes after it.
+    let from_rv = {
+        let client = client.clone();
+        tokio::spawn(async move {
+            raw(
+                &client,
+                "GET",
+                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion={rv}&timeoutSeconds=2"),
+                None,
+                b"",
+            )
+            .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let pp = PatchParams::default();
+    for name in ["n", "m"] {
+        api.patch(name, &pp, &Patch::Merge(json!({"spec": {"vcpu": 3}})))
+            .await
+            .unwrap();
+    }
+    let watch = watch.await.unwrap();
+    assert_eq!(watch.status, 200, "{}", watch.text);
+    assert_eq!(
+        lines(&watch),
+        vec![pair("ADDED", "m"), pair("MODIFIED", "m")]
+    );
+    let from_rv = from_rv.await.unwrap();
+    assert_eq!(lines(&from_rv), vec![pair("MODIFIED", "m")]);
+    assert_eq!(
+        emu.counters().get(
+            capmvm_sim::kube::Verb::Watch,
+            "infrastructure.cluster.x-k8s.io/microvmmachines"
+        ),
+        2
+    );
+
+    // The legacy core path.
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    for name in ["c", "d"] {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    let core = raw(
+        &client,
+        "GET",
+        "/api/v1/watch/namespaces/default/configmaps/c?resourceVersion=0&timeoutSeconds=1",
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!(lines(&core), vec![pair("ADDED", "c")]);
+
+    // A field selector must name the same object; the watch paths take GET only.
+    let other = raw(
+        &client,
+        "GET",
+        "/api/v1/watch/namespaces/default/configmaps/c?fieldSelector=metadata.name%3Dd",
+        None,
+        b"",
+    )
+    .await;
+    assert_status(&other, 400, "BadRequest");
+    let post = raw(
+        &client,
+        "POST",
+        "/api/v1/watch/namespaces/default/configmaps",
+        Some("application/json"),
+        br#"{"apiVersion":"v1","kind":"ConfigMap","metadata":{"name":"x"}}"#,
+    )
+    .await;
+    assert_status(&post, 405, "MethodNotAllowed");
+    // `?watch=true` on a named path is a plain GET on a real server.
+    let get = raw(
+        &client,
+        "GET",
+        "/api/v1/namespaces/default/configmaps/c?watch=true",
+        None,
+        b"",
+    )
+    .await;
+    assert_eq!(get.status, 200);
+    assert_eq!(get.body["kind"], "ConfigMap");
+}
+
+#[tokio::test]
+async fn reads_from_a_resource_version_not_reached_yet() {
+    let (_emu, client) = start().await;
+    let no_retry = client_without_retries(&_emu);
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let create = |name: String| {
+        let cms = cms.clone();
+        async move {
+            cms.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let now: u64 = cms
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+        .parse()
+        .unwrap();
+
+    // A watch from a future resourceVersion starts and sends only the changes after it (a real server
+    // "may wait indefinitely" for it): not the ones on the way there.
+    let mut s = cms
+        .watch(&WatchParams::default(), &(now + 2).to_string())
+        .await
+        .unwrap()
+        .boxed();
+    for i in 1..=3 {
+        create(format!("c{i}")).await;
+    }
+    match tokio::time::timeout(Duration::from_secs(5), s.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        WatchEvent::Added(o) => assert_eq!(o.metadata.name.as_deref(), Some("c3")),
+        other => panic!("expected ADDED c3, got {other:?}"),
+    }
+
+    // A list waits briefly for the version it asks for...
+    let now = now + 3;
+    let started = std::time::Instant::now();
+    let later = {
+        let cms = cms.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            cms.create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap(),
+            )
+            .await
+            .unwrap()
+        })
+    };
+    let list = cms
+        .list(&ListParams::default().at(&(now + 1).to_string()))
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert!(
+        list.items
+            .iter()
+            .any(|c| c.metadata.name.as_deref() == Some("late"))
+    );
+    later.await.unwrap();
+    let now = now + 1;
+
+    // ...and then, as a GET does, fails with the real server's "Too large resource version"; a
+    // watch with sendInitialEvents (whose initial state must be that fresh) fails the same way, as an
+    // ERROR event.
+    let too_large = |r: &Value| {
+        assert_eq!(r["code"], 504, "{r}");
+        assert_eq!(r["reason"], "Timeout", "{r}");
+        assert!(
+            r["message"].as_str().unwrap().starts_with(&format!(
+                "Timeout: Too large resource version: {}, current: {now}",
+                now + 100
+            )),
+            "{r}"
+        );
+        assert_eq!(
+            r["details"]["causes"][0]["reason"], "ResourceVersionTooLarge",
+            "{r}"
+        );
+        assert_eq!(r["details"]["retryAfterSeconds"], 1, "{r}");
+    };
+    let started = std::time::Instant::now();
+    let base = "/api/v1/namespaces/default/configmaps";
+    let future = now + 100;
+    let list_path = format!("{base}?resourceVersion={future}");
+    let get_path = format!("{base}/c1?resourceVersion={future}");
+    let watch_path = format!(
+        "{base}?watch=true&sendInitialEvents=true&allowWatchBookmarks=true&resourceVersionMatch=NotOlderThan&resourceVersion={future}"
+    );
+    let (list, get, watch) = tokio::join!(
+        raw(&no_retry, "GET", &list_path, None, b""),
+        raw(&no_retry, "GET", &get_path, None, b""),
+        raw(&no_retry, "GET", &watch_path, None, b""),
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited < Duration::from_secs(10),
+        "{waited:?}"
+    );
+    assert_status(&list, 504, "Timeout");
+    too_large(&list.body);
+    assert_status(&get, 504, "Timeout");
+    assert_eq!(list.headers.get("retry-after").unwrap(), "1");
+    assert_eq!(watch.status, 200, "{}", watch.text);
+    assert_eq!(watch.body["type"], "ERROR", "{}", watch.text);
+    too_large(&watch.body["object"]);
 }
 
 #[tokio::test]
@@ -2704,6 +3162,54 @@ async fn requests_are_counted_by_verb_and_resource() {
         .await
         .unwrap();
     assert_eq!(emu.counters().get(Verb::List, "core/secrets"), 1);
+}
+
+#[tokio::test]
+async fn request_counters_fold_clients_beyond_the_cap_into_other() {
+    // The User-Agent is whatever a client sends: past 64 distinct clients, requests are counted
+    // together under "other" instead of growing the counters without bound.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (emu, _client) = start().await;
+    emu.reset_counters();
+    for i in 0..70 {
+        let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+        let req = format!(
+            "GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: {}\r\nUser-Agent: agent-{i}/1.0\r\nConnection: close\r\n\r\n",
+            emu.addr()
+        );
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    use capmvm_sim::kube::{OTHER_AGENTS, Verb};
+    assert_eq!(
+        emu.counters().get(Verb::List, "core/configmaps"),
+        70,
+        "every request counted"
+    );
+    assert_eq!(emu.counters_of_agent("agent-0").total(), 1);
+    assert_eq!(emu.counters_of_agent("agent-63/2.0").total(), 1);
+    assert_eq!(emu.counters_of_agent("agent-64").total(), 0);
+    assert_eq!(
+        emu.counters_of_agent(OTHER_AGENTS)
+            .get(Verb::List, "core/configmaps"),
+        6
+    );
+    // A client counted apart stays so.
+    let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+    conn.write_all(
+        b"GET /version HTTP/1.1\r\nHost: x\r\nUser-Agent: agent-1\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    assert_eq!(emu.counters_of_agent("agent-1").total(), 2);
 }
 
 /// JSON patch documents for kube's `Patch::Json`, from JSON values.

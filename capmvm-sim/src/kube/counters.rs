@@ -50,6 +50,13 @@ impl fmt::Display for Verb {
 /// Counts of one client, by verb and resource.
 type PerAgent = HashMap<(Verb, Arc<str>), u64>;
 
+/// How many clients (User-Agent products) are counted apart. The User-Agent is whatever a client
+/// sends, so without a bound any client could grow the counters without limit.
+pub(crate) const MAX_AGENTS: usize = 64;
+
+/// The client the requests of agents beyond [`MAX_AGENTS`] are counted under.
+pub const OTHER_AGENTS: &str = "other";
+
 /// Live counters, per client (the product part of its User-Agent); cheap to bump from request handlers.
 #[derive(Debug, Default)]
 pub(crate) struct Counters {
@@ -62,6 +69,13 @@ impl Counters {
             .inner
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // The first MAX_AGENTS clients are counted apart, the rest together under OTHER_AGENTS (so at
+        // most MAX_AGENTS + 1 entries).
+        let agent = if map.contains_key(agent) || map.len() < MAX_AGENTS {
+            agent
+        } else {
+            OTHER_AGENTS
+        };
         let per_agent = match map.get_mut(agent) {
             Some(m) => m,
             None => map.entry(Arc::from(agent)).or_default(),
@@ -79,7 +93,8 @@ impl Counters {
         self.snapshot_where(|_| true)
     }
 
-    /// The requests of clients whose User-Agent product (the part before `/`) is `agent`'s.
+    /// The requests of clients whose User-Agent product (the part before `/`) is `agent`'s
+    /// ([`OTHER_AGENTS`] for the clients beyond the first [`MAX_AGENTS`]).
     pub(crate) fn snapshot_of_agent(&self, agent: &str) -> CounterSnapshot {
         let product = user_agent_product(agent);
         self.snapshot_where(|a| a == product)

@@ -347,14 +347,20 @@ impl ApiError {
         )
     }
 
-    /// 504 Timeout, with the one-second retry hint the real server gives.
-    pub(crate) fn timeout(message: impl Into<String>) -> Self {
+    /// 504 Timeout for a resourceVersion the server has not reached (yet), as the real storage layer's
+    /// `NewTooLargeResourceVersionError`: the one-second retry hint and the `ResourceVersionTooLarge`
+    /// cause that client-go's reflector recognises (it then relists from the newest version).
+    pub(crate) fn too_large_resource_version(wanted: u64, current: u64) -> Self {
         let mut d = Map::new();
+        d.insert(
+            "causes".into(),
+            json!([{"reason": "ResourceVersionTooLarge", "message": "Too large resource version"}]),
+        );
         d.insert("retryAfterSeconds".into(), json!(1));
         Self {
             code: 504,
             reason: "Timeout",
-            message: message.into(),
+            message: format!("Timeout: Too large resource version: {wanted}, current: {current}"),
             details: Some(d),
         }
     }

@@ -52,7 +52,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub use cli::{KubeArgs, run};
-pub use counters::{CounterSnapshot, Verb};
+pub use counters::{CounterSnapshot, OTHER_AGENTS, Verb};
 pub use error::Error;
 
 /// How to start the emulator.
@@ -241,7 +241,8 @@ impl EmulatorHandle {
     }
 
     /// Request counts of one client: those whose User-Agent has the product of `user_agent` (the part
-    /// before `/`, so `capmvm-operator/0.1.0` counts every capmvm-operator version).
+    /// before `/`, so `capmvm-operator/0.1.0` counts every capmvm-operator version). The first 64
+    /// clients seen are counted apart; later ones together under [`OTHER_AGENTS`].
     pub fn counters_of_agent(&self, user_agent: &str) -> CounterSnapshot {
         self.shared.counters.snapshot_of_agent(user_agent)
     }

@@ -181,18 +181,28 @@ fn truncate(s: &str) -> String {
     s.chars().take(200).collect()
 }
 
-/// Prunes, defaults and validates against the served version's schema; unknown fields are handled as
-/// `fieldValidation` says.
+/// The unknown fields of a decoded request body, found on the whole body (and pruned from it) before
+/// any rule of the status subresource drops parts of it, as the real server finds them while decoding.
+fn unknown_fields(def: &ResourceDef, body: &mut Value, unknown: &mut Vec<String>) {
+    if let Some(schema) = &def.schema {
+        schema.prune(body, unknown);
+    }
+}
+
+/// Prunes, defaults and validates against the served version's schema; the request's unknown fields
+/// (from `decode_body` and [`unknown_fields`]) are handled as `fieldValidation` says.
 fn apply_schema(
     def: &ResourceDef,
     obj: &mut Value,
     old: Option<&Value>,
-    mut unknown: Vec<String>,
+    unknown: Vec<String>,
     fv: FieldValidation,
     warnings: &mut Vec<String>,
 ) -> Result<(), ApiError> {
     if let Some(schema) = &def.schema {
-        schema.prune(obj, &mut unknown);
+        // What this pruning finds came from the stored object or the server, not from the request
+        // (whose unknown fields were already collected): it is dropped silently.
+        schema.prune(obj, &mut Vec::new());
         schema.default_and_drop_nulls(obj);
     }
     if !unknown.is_empty() {
@@ -347,7 +357,8 @@ pub(crate) fn create(
     params: &WriteParams,
 ) -> Result<WriteResult, ApiError> {
     let mut warnings: Vec<String> = def.deprecation_warning.iter().cloned().collect();
-    let unknown = decode_body(def, &mut obj)?;
+    let mut unknown = decode_body(def, &mut obj)?;
+    unknown_fields(def, &mut obj, &mut unknown);
     {
         let m = meta::metadata_mut(&mut obj);
         match (def.namespaced, ns) {
@@ -566,10 +577,11 @@ pub(crate) fn prepare_update(
     sub: Sub,
     current: &Stored,
     mut new: Value,
-    unknown: Vec<String>,
+    mut unknown: Vec<String>,
     params: &WriteParams,
     warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
+    unknown_fields(def, &mut new, &mut unknown);
     let old = view(def, current.value()).into_owned();
     if def.status_subresource || sub == Sub::Status {
         match sub {
@@ -637,11 +649,6 @@ pub(crate) fn prepare_update(
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut new, Some(&old))?;
     }
-    let unknown = if sub == Sub::Status {
-        Vec::new()
-    } else {
-        unknown
-    };
     apply_schema(
         def,
         &mut new,
@@ -953,6 +960,16 @@ pub(crate) fn delete_locked(
         fins.push(f.to_string());
     }
     let deleting = meta::is_deleting(&next);
+    // An object that nothing holds (no finalizers, none added by the propagation policy, not a
+    // Namespace with its `spec.finalizers`) is removed as it is: the real registry deletes it from etcd
+    // without first writing `deletionTimestamp`, so neither the answer nor the DELETED event carries
+    // one, and `generation` is unchanged.
+    if !deleting && fins.is_empty() && removable(storage, &mark_deleting(next.clone())) {
+        if opts.dry_run {
+            return Ok(Written::Removed(current));
+        }
+        return Ok(Written::Removed(store.remove(storage, key, next)));
+    }
     {
         let m = meta::metadata_mut(&mut next);
         if !fins.is_empty() {
@@ -994,6 +1011,15 @@ pub(crate) fn delete_locked(
         )),
         Err(CommitError::Api(e)) => Err(e),
     }
+}
+
+/// The object with the marks of a deletion in progress, to ask [`removable`] whether it would stay.
+fn mark_deleting(mut v: Value) -> Value {
+    meta::metadata_mut(&mut v).insert(
+        "deletionTimestamp".into(),
+        Value::String(meta::now_rfc3339()),
+    );
+    v
 }
 
 /// A server-side update of metadata (garbage collector, namespace and CRD controllers).
@@ -1093,10 +1119,7 @@ pub(crate) fn list(
             Some("Exact") => at = Some(rv),
             None | Some("NotOlderThan") => {
                 if rv > store.rev {
-                    return Err(ApiError::timeout(format!(
-                        "Too large resource version: {rv}, current: {}",
-                        store.rev
-                    )));
+                    return Err(ApiError::too_large_resource_version(rv, store.rev));
                 }
             }
             Some(other) => {
@@ -1109,10 +1132,7 @@ pub(crate) fn list(
     if let Some(a) = at
         && a > store.rev
     {
-        return Err(ApiError::timeout(format!(
-            "Too large resource version: {a}, current: {}",
-            store.rev
-        )));
+        return Err(ApiError::too_large_resource_version(a, store.rev));
     }
     let list_rv = at.unwrap_or(store.rev);
     let limit = opts.limit.filter(|l| *l > 0);
@@ -1195,13 +1215,25 @@ pub(crate) struct WatchOpts {
     pub(crate) send_initial_events: bool,
 }
 
-/// Registers a watch; a resourceVersion older than the history gives a 410 (sent as an ERROR event).
-pub(crate) fn watch(
+/// How a watch starts: a stream (the backlog, then the channel), or an error that the real server
+/// reports as an ERROR event in a 200 stream because it arises after the request was accepted.
+#[derive(Debug)]
+pub(crate) enum WatchStart {
+    Stream(Vec<WatchMsg>, mpsc::Receiver<WatchMsg>),
+    Error(ApiError),
+}
+
+/// Registers a watch. A resourceVersion older than the history gives a 410; one newer than the
+/// current revision starts a watch that sends only the changes after it (the real server "may wait
+/// indefinitely", as its API documentation says), except with `sendInitialEvents`, where the initial
+/// state must be at least that fresh: the watch cache waits up to [`FRESHNESS_WAIT`] for it, then
+/// fails with "Too large resource version".
+pub(crate) async fn watch(
     shared: &Shared,
     def: &ResourceDef,
     filter: Filter,
     opts: &WatchOpts,
-) -> Result<(Vec<WatchMsg>, mpsc::Receiver<WatchMsg>), ApiError> {
+) -> Result<WatchStart, ApiError> {
     let rv = opts.resource_version.as_deref().unwrap_or("");
     if opts.send_initial_events {
         if opts.resource_version_match.as_deref() != Some("NotOlderThan") {
@@ -1237,19 +1269,74 @@ pub(crate) fn watch(
             )],
         ));
     }
-    let from = if opts.send_initial_events || rv.is_empty() || rv == "0" {
+    let wanted = if rv.is_empty() || rv == "0" {
         None
     } else {
         Some(parse_rv(rv)?)
     };
+    let from = if opts.send_initial_events {
+        if let Some(w) = wanted
+            && let Err(e) = wait_for_revision(shared, w).await
+        {
+            return Ok(WatchStart::Error(e));
+        }
+        None
+    } else {
+        wanted
+    };
     let mut store = shared.lock();
-    store.watch(
+    match store.watch(
         &def.storage,
         filter,
         from,
         opts.bookmarks,
         opts.send_initial_events,
-    )
+    ) {
+        Ok((backlog, rx)) => Ok(WatchStart::Stream(backlog, rx)),
+        Err(e) if e.code == 410 => Ok(WatchStart::Error(e)),
+        Err(e) => Err(e),
+    }
+}
+
+/// How long a read that needs a resourceVersion newer than the current one waits for it, as the real
+/// watch cache's `waitUntilFreshAndBlock` (3 s) before "Too large resource version".
+pub(crate) const FRESHNESS_WAIT: Duration = Duration::from_secs(3);
+
+/// Waits (up to [`FRESHNESS_WAIT`]) until the store has reached revision `wanted`.
+pub(crate) async fn wait_for_revision(shared: &Shared, wanted: u64) -> Result<(), ApiError> {
+    let mut revisions = {
+        let store = shared.lock();
+        if store.rev >= wanted {
+            return Ok(());
+        }
+        store.revisions()
+    };
+    let reached = tokio::time::timeout(FRESHNESS_WAIT, revisions.wait_for(|r| *r >= wanted)).await;
+    match reached {
+        Ok(Ok(_)) => Ok(()),
+        _ => {
+            let current = shared.lock().rev;
+            if current >= wanted {
+                Ok(())
+            } else {
+                Err(ApiError::too_large_resource_version(wanted, current))
+            }
+        }
+    }
+}
+
+/// The wait a LIST (or GET) with a resourceVersion makes before it is served: "not older than" and
+/// "exact" both need the store to have reached it. Continue tokens carry a version already served.
+pub(crate) async fn wait_for_read(
+    shared: &Shared,
+    resource_version: Option<&str>,
+    continued: bool,
+) -> Result<(), ApiError> {
+    match resource_version {
+        None | Some("" | "0") => Ok(()),
+        Some(_) if continued => Ok(()),
+        Some(rv) => wait_for_revision(shared, parse_rv(rv)?).await,
+    }
 }
 
 /// Runs garbage collection and namespace/CRD cleanup until shutdown.

@@ -399,6 +399,18 @@ impl FieldSelector {
         Ok(Self { terms })
     }
 
+    /// `metadata.name=<name>`, taken as it is (no selector syntax to escape), as the real server
+    /// builds it for a watch of one object.
+    pub(crate) fn name(name: &str) -> Self {
+        Self {
+            terms: vec![FieldTerm {
+                path: "metadata.name".into(),
+                value: name.to_string(),
+                negate: false,
+            }],
+        }
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         self.terms.is_empty()
     }

@@ -17,7 +17,7 @@ use super::discovery;
 use super::error::{ApiError, FieldError};
 use super::meta;
 use super::ops::{
-    self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WriteParams,
+    self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WatchStart, WriteParams,
 };
 use super::patch::PatchType;
 use super::registry::{Builtin, ResourceDef};
@@ -635,19 +635,46 @@ async fn resource(
         def.counter_name.clone()
     };
     let ns = rp.ns.as_deref();
+    if rp.watch {
+        // The (deprecated) `/watch/` paths are served for GET of a collection or of one object only.
+        if sub != Sub::Main {
+            return Err(ApiError::path_not_found());
+        }
+        if *method != Method::GET {
+            return Err(ApiError::method_not_allowed());
+        }
+    }
+    // `?watch=true` makes a GET of a collection a watch; on a named path the real server ignores it
+    // (a plain GET), and only the `/watch/` form watches one object.
     let watch = rp.watch || query.flag("watch")?;
     match (method.clone(), rp.name.as_deref()) {
         (Method::GET, None) if watch => {
             shared.counters.bump(Verb::Watch, &counter, agent);
-            start_watch(app, &def, ns, query, negotiate(headers)?)
+            let filter = filter_from(&def, ns, query)?;
+            start_watch(app, &def, filter, query, negotiate(headers)?).await
+        }
+        (Method::GET, Some(name)) if rp.watch => {
+            shared.counters.bump(Verb::Watch, &counter, agent);
+            let filter = named_filter(&def, ns, name, query)?;
+            start_watch(app, &def, filter, query, negotiate(headers)?).await
         }
         (Method::GET, None) => {
             shared.counters.bump(Verb::List, &counter, agent);
-            list(shared, &def, ns, query, negotiate(headers)?)
+            let format = negotiate(headers)?;
+            let opts = list_opts(query)?;
+            ops::wait_for_read(
+                shared,
+                opts.resource_version.as_deref(),
+                opts.continue_token.is_some(),
+            )
+            .await?;
+            list(shared, &def, ns, query, &opts, format)
         }
         (Method::GET, Some(name)) => {
             shared.counters.bump(Verb::Get, &counter, agent);
             let format = negotiate(headers)?;
+            // A GET "not older than" a resourceVersion waits for it as a LIST does.
+            ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
             let stored = ops::get(shared, &def, ns, name)?;
             object_response(&def, &stored, format, query, StatusCode::OK, &[])
         }
@@ -832,10 +859,11 @@ fn list(
     def: &ResourceDef,
     ns: Option<&str>,
     query: &Query,
+    opts: &ListOpts,
     format: Format,
 ) -> Result<Response, ApiError> {
     let filter = filter_from(def, ns, query)?;
-    let page = ops::list(shared, def, &filter, &list_opts(query)?)?;
+    let page = ops::list(shared, def, &filter, opts)?;
     match format {
         Format::Table => {
             let values: Vec<Value> = page
@@ -939,15 +967,33 @@ fn delete_collection(
     Ok(respond_value(StatusCode::OK, &v, &[]))
 }
 
-fn start_watch(
+/// The selection of a watch of one object (`/watch/.../{name}`): the real server turns the name into
+/// `fieldSelector=metadata.name=<name>`, and refuses a field selector that names another object.
+fn named_filter(
+    def: &ResourceDef,
+    ns: Option<&str>,
+    name: &str,
+    query: &Query,
+) -> Result<Filter, ApiError> {
+    let mut filter = filter_from(def, ns, query)?;
+    if filter.fields.is_empty() {
+        filter.fields = FieldSelector::name(name);
+    } else if filter.fields.pinned_name() != Some(name) {
+        return Err(ApiError::bad_request(
+            "fieldSelector metadata.name doesn't match requested name",
+        ));
+    }
+    Ok(filter)
+}
+
+async fn start_watch(
     app: &Arc<App>,
     def: &Arc<ResourceDef>,
-    ns: Option<&str>,
+    filter: Filter,
     query: &Query,
     format: Format,
 ) -> Result<Response, ApiError> {
     let shared = &app.shared;
-    let filter = filter_from(def, ns, query)?;
     let opts = WatchOpts {
         resource_version: query.get("resourceVersion").map(str::to_string),
         resource_version_match: query
@@ -968,8 +1014,8 @@ fn start_watch(
         Format::Table => "application/json;as=Table;v=v1;g=meta.k8s.io",
         _ => "application/json",
     };
-    match ops::watch(shared, def, filter, &opts) {
-        Ok((backlog, rx)) => {
+    match ops::watch(shared, def, filter, &opts).await? {
+        WatchStart::Stream(backlog, rx) => {
             let stream = WatchStream {
                 shared: shared.clone(),
                 def: def.clone(),
@@ -990,12 +1036,12 @@ fn start_watch(
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
             Ok(resp)
         }
-        Err(e) if e.code == 410 => {
-            // The real server answers a too-old watch with an ERROR event in a 200 stream.
+        WatchStart::Error(e) => {
+            // The real server answers a too-old (or, for `sendInitialEvents`, a too-new) watch with an
+            // ERROR event in a 200 stream.
             let line = store::event_line("ERROR", &store::encode(&e.to_status()));
             Ok(respond(StatusCode::OK, "application/json", line, &[]))
         }
-        Err(e) => Err(e),
     }
 }
 

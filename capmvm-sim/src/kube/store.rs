@@ -140,6 +140,17 @@ pub(crate) struct Event {
     pub(crate) prev: Option<Arc<Stored>>,
 }
 
+impl Event {
+    /// The object before this change with this change's resourceVersion (the real watch cache sets
+    /// the event's revision on the previous object it sends).
+    fn previous_at_rev(&self) -> Arc<Stored> {
+        match &self.prev {
+            Some(p) => Arc::new(Stored::new(p.value().clone(), self.rev)),
+            None => self.obj.clone(),
+        }
+    }
+}
+
 /// What a watcher receives.
 #[derive(Debug, Clone)]
 pub(crate) enum WatchMsg {
@@ -188,6 +199,9 @@ struct WatcherSlot {
     filter: Filter,
     tx: mpsc::Sender<WatchMsg>,
     bookmarks: bool,
+    /// Only changes after this revision are sent: a watch from a resourceVersion the store has not
+    /// reached yet waits for it, as on a real server, instead of getting the changes before it.
+    after: u64,
 }
 
 /// One resource's objects and watchers.
@@ -274,6 +288,8 @@ pub(crate) struct Store {
     watch_buffer: usize,
     /// Watchers closed because they did not keep up.
     pub(crate) slow_watchers_closed: u64,
+    /// The current revision, for requests waiting for a resourceVersion to be reached.
+    rev_tx: tokio::sync::watch::Sender<u64>,
 }
 
 impl Store {
@@ -308,6 +324,7 @@ impl Store {
             next_watcher_id: 0,
             watch_buffer: watch_buffer.max(1),
             slow_watchers_closed: 0,
+            rev_tx: tokio::sync::watch::Sender::new(0),
         };
         for ns in ["default", "kube-system", "kube-public", "kube-node-lease"] {
             let obj = json!({
@@ -341,6 +358,11 @@ impl Store {
         let item = self.gc_queue.pop_front()?;
         self.gc_queued.remove(&item);
         Some(item)
+    }
+
+    /// Follows the revision (subscribed under the lock, so no later write is missed).
+    pub(crate) fn revisions(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.rev_tx.subscribe()
     }
 
     pub(crate) fn has_background_work(&self) -> bool {
@@ -390,6 +412,7 @@ impl Store {
         };
         // Watchers get the objects with their parsed values; the history keeps bytes-only copies.
         self.dispatch(&ev);
+        self.rev_tx.send_replace(ev.rev);
         let kept = Event {
             obj: Arc::new(ev.obj.history_copy()),
             prev: ev.prev.as_ref().map(|p| Arc::new(p.history_copy())),
@@ -408,9 +431,18 @@ impl Store {
             return;
         };
         let mut closed = 0u64;
+        // Built once, for the watchers this change moves out of their selection.
+        let mut left: Option<Arc<Stored>> = None;
         col.watchers.retain(|w| {
-            let Some(ty) = transition(&w.filter, ev) else { return true };
-            match w.tx.try_send(WatchMsg::Event(ty, ev.obj.clone())) {
+            if ev.rev <= w.after {
+                return true;
+            }
+            let Some((ty, obj)) = transition(&w.filter, ev) else { return true };
+            let obj = match obj {
+                Shown::Current => ev.obj.clone(),
+                Shown::Previous => left.get_or_insert_with(|| ev.previous_at_rev()).clone(),
+            };
+            match w.tx.try_send(WatchMsg::Event(ty, obj)) {
                 Ok(()) => true,
                 Err(mpsc::error::TrySendError::Full(_)) => {
                     tracing::warn!(watcher = w.id, resource = %ev.storage, "closing a watcher that does not keep up");
@@ -830,8 +862,12 @@ impl Store {
                     .range(first..)
                     .filter(|e| e.storage == *storage)
                 {
-                    if let Some(ty) = transition(&filter, ev) {
-                        backlog.push(WatchMsg::Event(ty, ev.obj.clone()));
+                    if let Some((ty, obj)) = transition(&filter, ev) {
+                        let obj = match obj {
+                            Shown::Current => ev.obj.clone(),
+                            Shown::Previous => ev.previous_at_rev(),
+                        };
+                        backlog.push(WatchMsg::Event(ty, obj));
                     }
                 }
             }
@@ -845,6 +881,7 @@ impl Store {
                 filter,
                 tx,
                 bookmarks,
+                after: from.unwrap_or(0),
             }),
             None => return Err(ApiError::path_not_found()),
         }
@@ -860,7 +897,9 @@ impl Store {
                 if w.tx.is_closed() {
                     return false;
                 }
-                if w.bookmarks {
+                // A watch from a resourceVersion not reached yet gets no bookmark older than it (a
+                // client resuming from one would go back before what it asked for).
+                if w.bookmarks && rev >= w.after {
                     // A full buffer only skips this bookmark; the next event decides about slowness.
                     let _ = w.tx.try_send(WatchMsg::Bookmark(rev));
                 }
@@ -918,23 +957,33 @@ fn storage_version(crd: &Value) -> String {
         .to_string()
 }
 
+/// Which version of the object a watcher is sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Shown {
+    /// The object as the change left it.
+    Current,
+    /// The object before the change, at the change's revision: what a watcher whose selection the
+    /// object leaves gets, as from the real watch cache (the last version it matched).
+    Previous,
+}
+
 /// What a watcher with this filter sees of an event: an object entering the selection is ADDED, one
-/// leaving it is DELETED.
-fn transition(filter: &Filter, ev: &Event) -> Option<EventType> {
+/// leaving it is DELETED (carrying its previous content, which matched).
+fn transition(filter: &Filter, ev: &Event) -> Option<(EventType, Shown)> {
     let now = filter.matches_stored(&ev.key, &ev.obj);
     let before = ev
         .prev
         .as_ref()
         .is_some_and(|p| filter.matches_stored(&ev.key, p));
     match ev.ty {
-        EventType::Added => now.then_some(EventType::Added),
+        EventType::Added => now.then_some((EventType::Added, Shown::Current)),
         EventType::Modified => match (before, now) {
-            (true, true) => Some(EventType::Modified),
-            (false, true) => Some(EventType::Added),
-            (true, false) => Some(EventType::Deleted),
+            (true, true) => Some((EventType::Modified, Shown::Current)),
+            (false, true) => Some((EventType::Added, Shown::Current)),
+            (true, false) => Some((EventType::Deleted, Shown::Previous)),
             (false, false) => None,
         },
-        EventType::Deleted => (before || now).then_some(EventType::Deleted),
+        EventType::Deleted => (before || now).then_some((EventType::Deleted, Shown::Current)),
     }
 }
 
