@@ -581,3 +581,154 @@ regarding: {kind: MicrovmMachine, name: m1, namespace: demo}
         );
     }
 }
+
+/// A `capmvm-sim` child process, killed if a test fails before it ends.
+struct ChildGuard(std::process::Child);
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Waits for a child to exit, up to `limit`.
+fn wait_exit(child: &mut std::process::Child, limit: Duration) -> Option<std::process::ExitStatus> {
+    let deadline = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn command_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("capmvm-kube-cmd-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+#[test]
+fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
+    use std::io::BufRead as _;
+    let dir = command_dir("serve");
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_capmvm-sim"))
+            .args(["kube", "--port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .expect("capmvm-sim kube starts"),
+    );
+    // The command prints the URL (with the port it was given for `--port 0`), then the kubeconfig path.
+    let stdout = child.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut url = None;
+    loop {
+        let line = rx
+            .recv_timeout(Duration::from_secs(60))
+            .expect("capmvm-sim kube reports where it serves");
+        if let Some(u) = line.strip_prefix("Kubernetes API emulator at ") {
+            url = Some(u.to_string());
+        }
+        if line.starts_with("kubeconfig written to") {
+            break;
+        }
+    }
+    let url = url.expect("the URL is printed before the kubeconfig line");
+    let port: u16 = url
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(0);
+    assert!(url.starts_with("http://127.0.0.1:") && port != 0, "{url}");
+    let written = std::fs::read_to_string(&kubeconfig).unwrap();
+    assert!(written.contains(&format!("server: {url}")), "{written}");
+
+    let k = Kubectl {
+        dir: dir.clone(),
+        kubeconfig,
+    };
+    let crds = repo_root().join("config/crd/bases");
+    k.ok(&["apply", "-f", crds.to_str().unwrap()]);
+    let names = k.ok(&["get", "crd", "-o", "name"]);
+    for crd in [
+        "customresourcedefinition.apiextensions.k8s.io/microvmclusters.infrastructure.cluster.x-k8s.io",
+        "customresourcedefinition.apiextensions.k8s.io/microvmmachines.infrastructure.cluster.x-k8s.io",
+        "customresourcedefinition.apiextensions.k8s.io/microvmmachinetemplates.infrastructure.cluster.x-k8s.io",
+    ] {
+        assert!(
+            names.lines().any(|l| l == crd),
+            "missing {crd} in:\n{names}"
+        );
+    }
+    let kinds = k.ok(&[
+        "api-resources",
+        "--api-group=infrastructure.cluster.x-k8s.io",
+    ]);
+    for kind in ["MicrovmCluster", "MicrovmMachine", "MicrovmMachineTemplate"] {
+        assert!(
+            kinds
+                .lines()
+                .any(|l| l.trim_end().ends_with(&format!(" {kind}"))),
+            "missing {kind} in:\n{kinds}"
+        );
+    }
+
+    // SIGTERM stops it cleanly.
+    let term = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(term.success());
+    let status = wait_exit(&mut child.0, Duration::from_secs(20)).expect("exits on SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn the_kube_command_refuses_a_non_loopback_address_without_the_opt_in() {
+    let dir = command_dir("refuse");
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_capmvm-sim"))
+            .args([
+                "kube",
+                "--port",
+                "0",
+                "--address",
+                "0.0.0.0",
+                "--kubeconfig",
+            ])
+            .arg(&kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("capmvm-sim kube starts"),
+    );
+    let status = wait_exit(&mut child.0, Duration::from_secs(60))
+        .expect("refuses instead of serving unauthenticated HTTP beyond loopback");
+    assert!(!status.success());
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.0.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(
+        stderr.contains("refusing to listen on 0.0.0.0") && stderr.contains("--insecure-bind-any"),
+        "{stderr}"
+    );
+    assert!(!kubeconfig.exists());
+    let _ = std::fs::remove_dir_all(&dir);
+}

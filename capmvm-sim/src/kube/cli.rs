@@ -11,9 +11,14 @@ pub struct KubeArgs {
     /// Port to listen on (0 picks a free one).
     #[arg(long, default_value_t = 6443)]
     pub port: u16,
-    /// Address to listen on. Plain HTTP without authentication: keep it on loopback.
+    /// Address to listen on. Plain HTTP without authentication, so only loopback addresses are
+    /// accepted unless `--insecure-bind-any` is given.
     #[arg(long, default_value = "127.0.0.1")]
     pub address: IpAddr,
+    /// Allow a non-loopback `--address`: anyone who can reach it can read and change everything
+    /// (Secrets included), with no TLS and no authentication.
+    #[arg(long)]
+    pub insecure_bind_any: bool,
     /// Where to write a kubeconfig for kubectl and kube-rs.
     #[arg(long, default_value = "kubeconfig")]
     pub kubeconfig: PathBuf,
@@ -25,8 +30,13 @@ pub struct KubeArgs {
     pub watch_buffer: usize,
 }
 
-/// Serves until interrupted, printing the URL and the kubeconfig path.
+/// Serves until interrupted, printing the URL (with the port chosen for `--port 0`) and the
+/// kubeconfig path.
 pub async fn run(args: KubeArgs) -> Result<(), Error> {
+    check_address(args.address, args.insecure_bind_any)?;
+    if !args.address.is_loopback() {
+        tracing::warn!(address = %args.address, "the API emulator listens beyond loopback without TLS or authentication");
+    }
     let mut options = EmulatorOptions::default()
         .history_limit(args.history_limit)
         .watch_buffer(args.watch_buffer);
@@ -48,6 +58,18 @@ pub async fn run(args: KubeArgs) -> Result<(), Error> {
     Ok(())
 }
 
+/// The emulator answers anyone who reaches it, so a non-loopback address needs an explicit opt-in.
+fn check_address(address: IpAddr, insecure_bind_any: bool) -> Result<(), Error> {
+    if address.is_loopback() || insecure_bind_any {
+        return Ok(());
+    }
+    Err(Error::Options(format!(
+        "refusing to listen on {address}: the emulator serves plain HTTP without authentication, so \
+         anyone who can reach it can read and change every object; use a loopback address \
+         (127.0.0.1 or ::1), or pass --insecure-bind-any to accept that"
+    )))
+}
+
 async fn wait_for_signal() -> Result<(), Error> {
     let io = |what: &str, source| Error::Io {
         what: what.to_string(),
@@ -67,5 +89,22 @@ async fn wait_for_signal() -> Result<(), Error> {
         tokio::signal::ctrl_c()
             .await
             .map_err(|e| io("waiting for Ctrl-C", e))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_without_the_opt_in() {
+        let any: IpAddr = "0.0.0.0".parse().unwrap();
+        let lan: IpAddr = "192.168.1.10".parse().unwrap();
+        let v6: IpAddr = "::1".parse().unwrap();
+        assert!(check_address("127.0.0.1".parse().unwrap(), false).is_ok());
+        assert!(check_address(v6, false).is_ok());
+        assert!(check_address(any, false).is_err());
+        assert!(check_address(lan, false).is_err());
+        assert!(check_address(any, true).is_ok());
     }
 }
