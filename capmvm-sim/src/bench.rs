@@ -21,20 +21,28 @@ use kube::api::ListParams;
 use crate::kube::{CounterSnapshot, Verb};
 use crate::world::{World, WorldOptions};
 
+/// A count of at least one (every ratio the bench reports divides by it).
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(n) if n >= 1 => Ok(n),
+        _ => Err(format!("{s:?} is not a count of at least 1")),
+    }
+}
+
 /// Options of `capmvm-sim bench`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct BenchArgs {
     /// Hollow flintlock hosts.
-    #[arg(long, default_value_t = 20)]
+    #[arg(long, default_value_t = 20, value_parser = at_least_one)]
     pub hosts: usize,
     /// Worker machines of the cluster.
-    #[arg(long, default_value_t = 1000)]
+    #[arg(long, default_value_t = 1000, value_parser = at_least_one)]
     pub machines: usize,
     /// Milliseconds from create to CREATED on the hosts.
     #[arg(long, default_value_t = 5000)]
     pub provision_ms: u64,
     /// The operator's --host-poll-interval, in seconds.
-    #[arg(long, default_value_t = 10)]
+    #[arg(long, default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..))]
     pub poll_secs: u64,
     /// How long to measure the steady state after everything is ready, in seconds.
     #[arg(long, default_value_t = 60)]
@@ -217,6 +225,23 @@ impl Report {
         writes as f64 / self.args.machines as f64
     }
 
+    /// The operator's writes that each machine causes, per machine until ready: everything but the
+    /// per-cluster writes (MicrovmCluster and MicrovmMachineTemplate status, a handful per cluster
+    /// whatever its size).
+    pub fn machine_caused_writes_per_machine(&self) -> f64 {
+        let writes: u64 = self
+            .operator_requests
+            .iter()
+            .filter(|(v, r, _)| {
+                !matches!(v, Verb::Get | Verb::List | Verb::Watch)
+                    && !r.starts_with("infrastructure.cluster.x-k8s.io/microvmclusters")
+                    && !r.starts_with("infrastructure.cluster.x-k8s.io/microvmmachinetemplates")
+            })
+            .map(|(_, _, n)| n)
+            .sum();
+        writes as f64 / self.args.machines as f64
+    }
+
     /// The operator's writes to MicrovmMachines (main resource and status) per machine until ready.
     pub fn machine_writes_per_machine(&self) -> f64 {
         let writes: u64 = self
@@ -243,10 +268,10 @@ impl Report {
         if self.time_ratio() > 1.25 {
             failures.push(format!("time ratio {:.2} > 1.25", self.time_ratio()));
         }
-        if self.machine_writes_per_machine() > 4.0 {
+        if self.machine_caused_writes_per_machine() > 4.0 {
             failures.push(format!(
-                "{:.2} MicrovmMachine writes per machine > 4",
-                self.machine_writes_per_machine()
+                "{:.2} API writes per machine > 4",
+                self.machine_caused_writes_per_machine()
             ));
         }
         // Steady state: one list per host per poll interval, whatever the number of machines.
@@ -294,12 +319,16 @@ impl Report {
             mark(self.time_ratio() <= 1.25)
         ));
         line(format!(
-            "| operator writes to MicrovmMachines per machine | {:.2} | ≤ 4 {} |",
-            self.machine_writes_per_machine(),
-            mark(self.machine_writes_per_machine() <= 4.0)
+            "| operator API writes per machine (MicrovmMachine and Event writes) | {:.2} | ≤ 4 {} |",
+            self.machine_caused_writes_per_machine(),
+            mark(self.machine_caused_writes_per_machine() <= 4.0)
         ));
         line(format!(
-            "| operator writes per machine, all resources | {:.2} | |",
+            "| of which to MicrovmMachines | {:.2} | |",
+            self.machine_writes_per_machine()
+        ));
+        line(format!(
+            "| all operator writes / machines (adds the per-cluster status writes) | {:.3} | |",
             self.writes_per_machine()
         ));
         line(format!(
