@@ -126,6 +126,24 @@ pub struct MachineSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+    /// Node drain, volume detach and deletion timeouts (informational for a provider).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deletion: Option<MachineDeletion>,
+}
+
+/// `Machine.spec.deletion` (v1beta2): timeouts in seconds.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineDeletion {
+    /// How long CAPI drains the Node before deleting the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_drain_timeout_seconds: Option<i64>,
+    /// How long CAPI waits for volumes to detach.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_volume_detach_timeout_seconds: Option<i64>,
+    /// How long CAPI tries to delete the Node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_deletion_timeout_seconds: Option<i64>,
 }
 
 /// `Machine.spec.bootstrap`.
@@ -153,9 +171,15 @@ pub struct MachineStatus {
     /// Failure domain the machine landed in.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failure_domain: Option<String>,
-    /// Node reference, once the node registered.
+    /// Node reference (`{name}`), once the node registered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_ref: Option<BTreeMap<String, String>>,
+    /// Addresses CAPI copied from the InfraMachine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<crate::MachineAddress>,
+    /// The Node's system info (architecture, kubelet version, ...), once it registered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_info: Option<BTreeMap<String, String>>,
 }
 
 /// `Machine.status.initialization`.
@@ -193,5 +217,74 @@ impl Cluster {
             .and_then(|s| s.initialization.as_ref())
             .and_then(|i| i.infrastructure_provisioned)
             .unwrap_or(false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// Objects as CAPI v1.11+ serves them, with fields these views do not model.
+    #[test]
+    fn real_v1beta2_objects_read_with_unknown_fields_ignored() {
+        let cluster: Cluster = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Cluster",
+            "metadata": {"name": "demo", "namespace": "default", "uid": "u1"},
+            "spec": {
+                "clusterNetwork": {"pods": {"cidrBlocks": ["172.25.0.0/16"]}},
+                "controlPlaneEndpoint": {"host": "10.0.0.100", "port": 6443},
+                "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": "demo-cp"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "MicrovmCluster", "name": "demo"},
+                "paused": true
+            },
+            "status": {
+                "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": false},
+                "failureDomains": [{"name": "r1", "controlPlane": true, "attributes": {"rack": "1"}}],
+                "conditions": [{"type": "Available", "status": "False", "reason": "NotAvailable", "lastTransitionTime": "2026-01-01T00:00:00Z"}],
+                "controlPlane": {"desiredReplicas": 1},
+                "phase": "Provisioned",
+                "observedGeneration": 3
+            }
+        }))
+        .unwrap();
+        assert!(cluster.is_paused() && cluster.infrastructure_provisioned());
+        assert_eq!(cluster.spec.infrastructure_ref.unwrap().kind, "MicrovmCluster");
+
+        let machine: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": "default", "labels": {"cluster.x-k8s.io/control-plane": ""}},
+            "spec": {
+                "clusterName": "demo",
+                "bootstrap": {"configRef": {"apiGroup": "bootstrap.cluster.x-k8s.io", "kind": "KubeadmConfig", "name": "m1"}, "dataSecretName": "m1"},
+                "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "MicrovmMachine", "name": "m1"},
+                "version": "v1.33.0",
+                "failureDomain": "r1",
+                "providerID": "microvm://10.0.0.1:9090/01KE75BHT9H6D7V5YG0KYGRXX2",
+                "deletion": {"nodeDrainTimeoutSeconds": 60},
+                "readinessGates": [{"conditionType": "X"}]
+            },
+            "status": {
+                "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": true},
+                "nodeRef": {"name": "m1"},
+                "addresses": [{"type": "InternalIP", "address": "10.0.0.50"}],
+                "nodeInfo": {"architecture": "amd64", "kubeletVersion": "v1.33.0"},
+                "phase": "Running",
+                "deprecated": {"v1beta1": {"failureReason": null}}
+            }
+        }))
+        .unwrap();
+        assert!(machine.is_control_plane());
+        assert_eq!(machine.spec.bootstrap.data_secret_name.as_deref(), Some("m1"));
+        assert_eq!(machine.spec.failure_domain.as_deref(), Some("r1"));
+        assert_eq!(
+            machine.spec.deletion.unwrap().node_drain_timeout_seconds,
+            Some(60)
+        );
+        let status = machine.status.unwrap();
+        assert_eq!(status.node_ref.unwrap()["name"], "m1");
+        assert_eq!(status.addresses[0].address, "10.0.0.50");
     }
 }

@@ -114,6 +114,13 @@ pub fn validate_template(template: &MicrovmMachineTemplate) -> Result<(), Valida
         "spec.template.spec",
         &mut errs,
     );
+    if template.spec.template.spec.provider_id.is_some() {
+        // Every clone would carry it, and CAPI matches Nodes by providerID: no two machines may share one.
+        errs.add(
+            "spec.template.spec.providerID",
+            "is set by the provider on each MicrovmMachine; remove it from the template",
+        );
+    }
     errs.finish()
 }
 
@@ -169,8 +176,17 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
             for (i, host) in pool.hosts.iter().enumerate() {
                 let hpath = format!("{path}.hosts[{i}]");
                 match host.endpoint.parse::<HostEndpoint>() {
+                    Ok(ep) if ep.to_string() != host.endpoint => errs.add(
+                        format!("{hpath}.endpoint"),
+                        format!(
+                            "{:?} is not in canonical form; write {:?} (the endpoint is used verbatim in providerIDs and failure domains)",
+                            host.endpoint,
+                            ep.to_string()
+                        ),
+                    ),
                     Ok(ep) => {
-                        if let Some(first) = endpoints.insert(ep.to_string(), i) {
+                        // DNS names are case-insensitive: `Host-A:9090` and `host-a:9090` are one host.
+                        if let Some(first) = endpoints.insert(ep.to_string().to_ascii_lowercase(), i) {
                             errs.add(
                                 format!("{hpath}.endpoint"),
                                 format!("{:?} is already the endpoint of hosts[{first}]; endpoints are unique", host.endpoint),
@@ -201,6 +217,23 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
                     errs.add(
                         format!("{hpath}.failureDomain"),
                         "must be 1 to 256 characters long",
+                    );
+                }
+            }
+            // A host without failureDomain is its own domain, named by its name or endpoint; two
+            // such hosts must not share that name (one's name spelling the other's endpoint).
+            let mut own_domains = BTreeMap::new();
+            for (i, host) in pool.hosts.iter().enumerate() {
+                if host.failure_domain.is_none()
+                    && let Some(first) = own_domains.insert(host.failure_domain_name(), i)
+                    && host.name.is_none() != pool.hosts[first].name.is_none()
+                {
+                    errs.add(
+                        format!("{path}.hosts[{i}]"),
+                        format!(
+                            "is its own failure domain {:?}, which hosts[{first}] is too; give one of them another name, or set failureDomain on both to group them",
+                            host.failure_domain_name()
+                        ),
                     );
                 }
             }

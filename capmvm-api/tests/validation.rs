@@ -444,3 +444,59 @@ fn proxy_accepts_an_http_prefix() {
     });
     assert_eq!(validate_cluster_spec(&spec), Ok(()));
 }
+
+#[test]
+fn a_template_may_not_carry_a_provider_id() {
+    let mut spec = valid_machine();
+    spec.provider_id = Some("microvm://10.0.0.1:9090/01KE75BHT9H6D7V5YG0KYGRXX2".into());
+    let template = MicrovmMachineTemplate::new(
+        "t",
+        MicrovmMachineTemplateSpec {
+            template: MicrovmMachineTemplateResource {
+                metadata: None,
+                spec,
+            },
+        },
+    );
+    let errors = validate_template(&template).unwrap_err();
+    assert!(
+        errors.errors().iter().any(|e| e.path == "spec.template.spec.providerID"
+            && e.message.contains("remove it from the template")),
+        "{errors}"
+    );
+}
+
+#[test]
+fn endpoints_are_canonical_and_unique_whatever_their_case() {
+    cluster_error(
+        |s| hosts(s)[1].endpoint = "[FD00:0::2]:9090".into(),
+        "spec.placement.staticPool.hosts[1].endpoint",
+        "write \"[fd00::2]:9090\"",
+    );
+    cluster_error(
+        |s| hosts(s)[1].endpoint = "10.0.0.2:09090".into(),
+        "spec.placement.staticPool.hosts[1].endpoint",
+        "write \"10.0.0.2:9090\"",
+    );
+    cluster_error(
+        |s| {
+            hosts(s)[0].endpoint = "Host-A:9090".into();
+            hosts(s)[1].endpoint = "host-a:9090".into();
+        },
+        "spec.placement.staticPool.hosts[1].endpoint",
+        "already the endpoint of hosts[0]",
+    );
+}
+
+#[test]
+fn two_hosts_cannot_be_the_same_own_failure_domain() {
+    // One host is named after the other's endpoint: both would be failure domain "10.0.0.1:9090".
+    cluster_error(
+        |s| {
+            hosts(s)[1] = host("10.0.0.1:9090", "10.0.0.9:9090", None);
+            hosts(s)[0].name = None;
+        },
+        "spec.placement.staticPool.hosts[1]",
+        "which hosts[0] is too",
+    );
+}
