@@ -250,7 +250,10 @@ mod tests {
         }))
         .unwrap();
         assert!(cluster.is_paused() && cluster.infrastructure_provisioned());
-        assert_eq!(cluster.spec.infrastructure_ref.unwrap().kind, "MicrovmCluster");
+        assert_eq!(
+            cluster.spec.infrastructure_ref.unwrap().kind,
+            "MicrovmCluster"
+        );
 
         let machine: Machine = serde_json::from_value(serde_json::json!({
             "apiVersion": "cluster.x-k8s.io/v1beta2",
@@ -277,7 +280,10 @@ mod tests {
         }))
         .unwrap();
         assert!(machine.is_control_plane());
-        assert_eq!(machine.spec.bootstrap.data_secret_name.as_deref(), Some("m1"));
+        assert_eq!(
+            machine.spec.bootstrap.data_secret_name.as_deref(),
+            Some("m1")
+        );
         assert_eq!(machine.spec.failure_domain.as_deref(), Some("r1"));
         assert_eq!(
             machine.spec.deletion.unwrap().node_drain_timeout_seconds,

@@ -460,8 +460,11 @@ fn a_template_may_not_carry_a_provider_id() {
     );
     let errors = validate_template(&template).unwrap_err();
     assert!(
-        errors.errors().iter().any(|e| e.path == "spec.template.spec.providerID"
-            && e.message.contains("remove it from the template")),
+        errors
+            .errors()
+            .iter()
+            .any(|e| e.path == "spec.template.spec.providerID"
+                && e.message.contains("remove it from the template")),
         "{errors}"
     );
 }
