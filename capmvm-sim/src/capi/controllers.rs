@@ -485,6 +485,7 @@ async fn create_machine(ctx: &Ctx, md: &MachineDeployment, ns: &str) -> Result<(
                 .and_then(Value::as_str)
                 .map(str::to_string),
             provider_id: None,
+            deletion: None,
         },
     );
     let machine_labels: BTreeMap<String, String> = md
