@@ -144,7 +144,9 @@ const MAX_FLAG_DURATION: Duration = Duration::from_secs(366 * 24 * 3600);
 pub fn parse_positive_duration(s: &str) -> Result<Duration, String> {
     let d = parse_duration(s)?;
     if d.is_zero() {
-        return Err(format!("{s:?} is zero; give a positive duration such as 1s"));
+        return Err(format!(
+            "{s:?} is zero; give a positive duration such as 1s"
+        ));
     }
     Ok(d)
 }
