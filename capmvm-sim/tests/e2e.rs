@@ -132,6 +132,22 @@ async fn events_for(w: &World, name: &str) -> Vec<Event> {
         .collect()
 }
 
+/// The demo MicrovmCluster's `HostTransportSecure` condition.
+async fn transport_condition(
+    w: &World,
+) -> k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+    Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
+        .get("demo")
+        .await
+        .unwrap()
+        .status
+        .unwrap()
+        .conditions
+        .into_iter()
+        .find(|c| c.type_ == "HostTransportSecure")
+        .expect("the transport is reported")
+}
+
 async fn scale(w: &World, deployment: &str, replicas: usize) {
     Api::<MachineDeployment>::namespaced(w.client.clone(), NS)
         .patch(
@@ -478,17 +494,7 @@ async fn a_missing_secret_is_a_condition_until_it_exists() {
     wait_ready(&w, 1).await;
     // Basic auth without TLS works (flintlock allows it) but is called out: a condition on the
     // MicrovmCluster and a Warning event.
-    let mc = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
-        .get("demo")
-        .await
-        .unwrap();
-    let insecure = mc
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "HostTransportSecure")
-        .expect("the transport is reported");
+    let insecure = transport_condition(&w).await;
     assert_eq!(insecure.status, "False");
     assert_eq!(insecure.reason, "BasicAuthWithoutTLS");
     assert!(
@@ -813,17 +819,7 @@ async fn basic_auth_and_mtls_end_to_end() {
     .await
     .unwrap();
     wait_ready(&w, 2).await;
-    let mc = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
-        .get("demo")
-        .await
-        .unwrap();
-    let secure = mc
-        .status
-        .unwrap()
-        .conditions
-        .into_iter()
-        .find(|c| c.type_ == "HostTransportSecure")
-        .unwrap();
+    let secure = transport_condition(&w).await;
     assert_eq!(secure.status, "True");
     let log = std::fs::read_to_string(w.operator_log()).unwrap();
     assert!(
