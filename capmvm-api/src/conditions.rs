@@ -11,6 +11,9 @@ pub mod types {
     pub const PAUSED: &str = "Paused";
     /// MicrovmCluster: whether every static-pool host answers.
     pub const HOSTS_REACHABLE: &str = "HostsReachable";
+    /// Whether microVMs on the cluster's hosts carry the uid of a machine that no longer exists
+    /// (True: some do; they are reported, never deleted silently).
+    pub const ORPHANED_MICROVMS: &str = "OrphanedMicrovms";
     /// MicrovmMachine: whether its microVM runs with what the spec asks (vCPUs, memory, kernel and
     /// root images). A microVM cannot be changed in place: an edit after create is reported here.
     pub const MICROVM_UP_TO_DATE: &str = "MicrovmUpToDate";
@@ -43,6 +46,14 @@ pub mod reasons {
     pub const HOSTS_UNREACHABLE: &str = "HostsUnreachable";
     /// HostsReachable=Unknown: no host has been asked yet.
     pub const HOSTS_NOT_OBSERVED: &str = "HostsNotObserved";
+    /// A host refused the credentials (a wrong basic-auth token or client certificate).
+    pub const HOST_AUTHENTICATION_FAILED: &str = "HostAuthenticationFailed";
+    /// The MicrovmCluster is deleted and waits for its MicrovmMachines to go first.
+    pub const WAITING_FOR_MACHINES: &str = "WaitingForMachines";
+    /// OrphanedMicrovms=True.
+    pub const ORPHANED_MICROVMS_FOUND: &str = "OrphanedMicrovmsFound";
+    /// OrphanedMicrovms=False.
+    pub const NO_ORPHANED_MICROVMS: &str = "NoOrphanedMicrovms";
 
     // --- MicrovmMachine gates, in the order they are checked ---
     /// The Cluster named by the owner Machine does not exist (yet).

@@ -3,6 +3,15 @@
 /// Finalizer on every MicrovmMachine that may own a microVM; removed only once the VM is gone.
 pub const MACHINE_FINALIZER: &str = "microvmmachine.infrastructure.cluster.x-k8s.io";
 
+/// Finalizer on every MicrovmCluster: removed only once none of its MicrovmMachines exists, so their
+/// deletion always has the cluster's hosts and credentials (the Go provider's name).
+pub const CLUSTER_FINALIZER: &str = "microvmcluster.infrastructure.cluster.x-k8s.io";
+
+/// Finalizer on the Secrets a MicrovmCluster names for host credentials: a namespace deletion removes
+/// Secrets at once, and the machines still need them to delete their microVMs.
+pub const CREDENTIALS_FINALIZER: &str =
+    "microvmcluster.infrastructure.cluster.x-k8s.io/credentials";
+
 /// Label CAPI sets on infrastructure objects: the owning Cluster's name.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 

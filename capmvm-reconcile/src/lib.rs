@@ -21,8 +21,8 @@ pub mod template;
 pub use cluster::decide_cluster;
 pub use machine::decide;
 pub use observe::{
-    BootstrapData, HostFacts, HostLookup, ObservedCluster, ObservedMachine, ObservedVm,
-    Reachability, RunningSpec, Sensitive, VmState,
+    BootstrapData, CredentialSecret, HostFacts, HostLookup, HostedVm, ObservedCluster,
+    ObservedMachine, ObservedVm, Reachability, RunningSpec, Sensitive, VmState,
 };
 pub use plan::{Effect, Event, EventKind, Plan, Requeue};
 pub use template::decide_template;

@@ -3,7 +3,7 @@
 //! The operator fills these from its watch caches, Secrets and the flintlock hosts. The engine never
 //! asks for more; where it needs something the operator did not gather, it waits with a reason.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
 use capmvm_api::capi::{Cluster, Machine};
@@ -77,6 +77,9 @@ pub enum Reachability {
     Reachable,
     /// The last call failed to reach the host; the reason is safe to show.
     Unreachable(String),
+    /// The host answered but refused the credentials (a wrong or missing basic-auth token); the
+    /// reason is safe to show. Nothing listed with these credentials is known.
+    Refused(String),
 }
 
 /// What the operator knows about one flintlock host.
@@ -167,4 +170,43 @@ pub struct ObservedCluster {
     pub owner: Option<Cluster>,
     /// Facts about every host of its static pool, keyed by canonical endpoint.
     pub hosts: BTreeMap<String, HostFacts>,
+    /// The MicrovmMachines of its Cluster that still exist (`name`s, deleting ones included): the
+    /// MicrovmCluster stays while they need its hosts and credentials.
+    pub machines: Vec<String>,
+    /// The origin uids of every MicrovmMachine in the namespace, whatever its cluster: a microVM that
+    /// carries one of them belongs to an object.
+    pub known_machine_uids: BTreeSet<String>,
+    /// The microVMs in its namespace on the hosts it uses, as listed with its own credentials.
+    pub microvms: Vec<HostedVm>,
+    /// The Secrets its spec names for host credentials.
+    pub credential_secrets: Vec<CredentialSecret>,
+    /// Secrets of the namespace that carry the credentials finalizer although no MicrovmCluster names
+    /// them any more (a spec now names another Secret).
+    pub unclaimed_secrets: Vec<String>,
+}
+
+/// A microVM and the host it lives on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostedVm {
+    /// Canonical endpoint of the host.
+    pub host: String,
+    /// The microVM.
+    pub vm: ObservedVm,
+    /// Its `cluster-name` label (the CAPI Cluster it was created for), if any.
+    pub cluster_name: Option<String>,
+}
+
+/// A Secret a MicrovmCluster names for host credentials (basic-auth tokens, TLS material).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CredentialSecret {
+    /// Its name (in the MicrovmCluster's namespace).
+    pub name: String,
+    /// Whether it exists.
+    pub exists: bool,
+    /// Whether it carries the credentials finalizer, which keeps it through a namespace deletion
+    /// until the machines that need it are gone.
+    pub protected: bool,
+    /// Other MicrovmClusters in the namespace that name it and are not gone: the last one to go
+    /// releases it.
+    pub other_users: usize,
 }

@@ -90,6 +90,9 @@ pub fn choose(
             Reachability::Reachable => eligible.push((host, endpoint, fact)),
             Reachability::Unknown => problems.push(format!("{name}: not observed yet")),
             Reachability::Unreachable(why) => problems.push(format!("{name}: unreachable ({why})")),
+            Reachability::Refused(why) => {
+                problems.push(format!("{name}: refused the credentials ({why})"));
+            }
         }
     }
 

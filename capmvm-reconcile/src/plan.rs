@@ -18,6 +18,9 @@ use crate::microvm::MicrovmSpec;
 /// 4. host calls: [`Effect::CreateMicrovm`], [`Effect::DeleteMicrovm`];
 /// 5. [`Effect::Event`]s;
 /// 6. [`Effect::RemoveFinalizer`] (never in the same plan as a host call).
+///
+/// A MicrovmCluster's plan: [`Effect::AddFinalizer`] and [`Effect::ProtectSecret`]s, the status,
+/// events, then [`Effect::ReleaseSecret`]s and [`Effect::RemoveFinalizer`] last.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Plan<S> {
     /// Effects, in the order above.
@@ -51,9 +54,10 @@ impl<S> Plan<S> {
 /// One thing to do.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Effect {
-    /// Add the MicrovmMachine finalizer.
+    /// Add the object's finalizer.
     AddFinalizer,
-    /// Remove the MicrovmMachine finalizer: the microVM is gone (or was never created, or abandoned).
+    /// Remove the object's finalizer: a MicrovmMachine's microVM is gone (or was never created, or
+    /// abandoned); a MicrovmCluster's machines are gone.
     RemoveFinalizer,
     /// Record the chosen host and the machine's origin uid in their annotations (before the microVM
     /// is created there), so a recreated object (`clusterctl move`) still finds its microVM.
@@ -81,6 +85,11 @@ pub enum Effect {
     },
     /// Record an event on the object.
     Event(Event),
+    /// Add the credentials finalizer to a Secret the MicrovmCluster names, so it outlives the cluster's
+    /// machines (a namespace deletion removes everything at once).
+    ProtectSecret(String),
+    /// Remove the credentials finalizer from a Secret: no MicrovmCluster needs it any more.
+    ReleaseSecret(String),
 }
 
 /// When to decide again.
@@ -145,4 +154,14 @@ pub mod reasons {
     pub const SPEC_CHANGE_NOT_APPLIED: &str = "SpecChangeNotApplied";
     /// Basic-auth tokens go to hosts without TLS.
     pub const INSECURE_TRANSPORT: &str = "InsecureTransport";
+    /// A Secret or key the MicrovmCluster names for host credentials is missing.
+    pub const MISSING_CREDENTIALS: &str = "MissingCredentials";
+    /// A host refused the MicrovmCluster's credentials.
+    pub const HOST_AUTHENTICATION_FAILED: &str = "HostAuthenticationFailed";
+    /// A microVM on the cluster's hosts carries the uid of a machine that no longer exists.
+    pub const ORPHANED_MICROVM: &str = "OrphanedMicrovm";
+    /// The MicrovmCluster waits for its machines before it goes.
+    pub const WAITING_FOR_MACHINES: &str = "WaitingForMachines";
+    /// A cluster-level problem was resolved.
+    pub const CLUSTER_RECOVERED: &str = "ClusterReady";
 }

@@ -15,11 +15,16 @@ use capmvm_api::{
 use capmvm_reconcile::*;
 use support::*;
 
-fn observed_cluster() -> ObservedCluster {
+pub(crate) fn observed_cluster() -> ObservedCluster {
     ObservedCluster {
         microvm_cluster: microvm_cluster(),
         owner: Some(cluster()),
         hosts: reachable_hosts(),
+        machines: Vec::new(),
+        known_machine_uids: Default::default(),
+        microvms: Vec::new(),
+        credential_secrets: Vec::new(),
+        unclaimed_secrets: Vec::new(),
     }
 }
 

@@ -1,0 +1,304 @@
+//! Table tests of a MicrovmCluster's lifecycle: its finalizer and its credential Secrets' finalizers
+//! (so a namespace deletion cannot strand machines), credentials on `Ready`, the Warning events of
+//! cluster-level problems, and microVMs left behind.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use capmvm_api::MicrovmClusterStatus;
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::CLUSTER_FINALIZER;
+use capmvm_reconcile::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use support::*;
+
+fn observed_cluster() -> ObservedCluster {
+    let mut mc = microvm_cluster();
+    mc.metadata.finalizers = Some(vec![CLUSTER_FINALIZER.into()]);
+    ObservedCluster {
+        microvm_cluster: mc,
+        owner: Some(cluster()),
+        hosts: reachable_hosts(),
+        machines: Vec::new(),
+        known_machine_uids: Default::default(),
+        microvms: Vec::new(),
+        credential_secrets: Vec::new(),
+        unclaimed_secrets: Vec::new(),
+    }
+}
+
+fn condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
+    let c = plan
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no condition {t}"));
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+fn warnings(plan: &Plan<MicrovmClusterStatus>) -> Vec<&'static str> {
+    plan.events()
+        .filter(|e| e.kind == EventKind::Warning)
+        .map(|e| e.reason)
+        .collect()
+}
+
+fn secret(name: &str, protected: bool, other_users: usize) -> CredentialSecret {
+    CredentialSecret {
+        name: name.into(),
+        exists: true,
+        protected,
+        other_users,
+    }
+}
+
+fn deleting(obs: &mut ObservedCluster) {
+    obs.microvm_cluster.metadata.deletion_timestamp = Some(Time(now()));
+}
+
+#[test]
+fn the_finalizer_and_the_secrets_finalizers_are_added_first() {
+    let mut obs = observed_cluster();
+    obs.microvm_cluster.metadata.finalizers = None;
+    obs.credential_secrets = vec![secret("tokens", false, 0), secret("tls", true, 0)];
+    let plan = decide_cluster(&obs, now());
+    assert_eq!(
+        plan.effects
+            .iter()
+            .filter(|e| !matches!(e, Effect::Event(_)))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [Effect::AddFinalizer, Effect::ProtectSecret("tokens".into())],
+        "the already protected Secret is left alone"
+    );
+    // A Secret that does not exist cannot be protected (the cluster reports it missing instead).
+    obs.credential_secrets = vec![CredentialSecret {
+        exists: false,
+        ..secret("tokens", false, 0)
+    }];
+    assert!(
+        !decide_cluster(&obs, now())
+            .effects
+            .contains(&Effect::ProtectSecret("tokens".into()))
+    );
+}
+
+#[test]
+fn a_deleted_cluster_waits_for_its_machines_then_releases_everything() {
+    let mut obs = observed_cluster();
+    deleting(&mut obs);
+    obs.credential_secrets = vec![secret("tokens", true, 0), secret("shared", true, 1)];
+    obs.machines = vec!["demo-md-1".into(), "demo-cp-0".into()];
+    let plan = decide_cluster(&obs, now());
+    let (status, reason, message) = condition(&plan, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::WAITING_FOR_MACHINES)
+    );
+    assert!(
+        message.contains("2 MicrovmMachine(s)") && message.contains("demo-cp-0, demo-md-1"),
+        "{message}"
+    );
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::RemoveFinalizer | Effect::ReleaseSecret(_))),
+        "nothing is released while a machine may still need the hosts: {:?}",
+        plan.effects
+    );
+    assert!(matches!(plan.requeue, Requeue::After(_)));
+
+    obs.machines.clear();
+    let plan = decide_cluster(&obs, now());
+    assert_eq!(
+        plan.effects
+            .iter()
+            .filter(|e| !matches!(e, Effect::Event(_)))
+            .cloned()
+            .collect::<Vec<_>>(),
+        [
+            Effect::ReleaseSecret("tokens".into()),
+            Effect::RemoveFinalizer
+        ],
+        "a Secret another MicrovmCluster still names stays protected"
+    );
+}
+
+#[test]
+fn a_deleted_cluster_without_its_finalizer_or_paused_does_nothing() {
+    let mut obs = observed_cluster();
+    deleting(&mut obs);
+    obs.microvm_cluster.metadata.finalizers = None;
+    assert!(decide_cluster(&obs, now()).effects.is_empty());
+
+    let mut obs = observed_cluster();
+    deleting(&mut obs);
+    obs.owner.as_mut().unwrap().spec.paused = Some(true);
+    assert!(decide_cluster(&obs, now()).effects.is_empty());
+}
+
+#[test]
+fn unclaimed_protected_secrets_are_released() {
+    let mut obs = observed_cluster();
+    obs.unclaimed_secrets = vec!["old-tokens".into()];
+    assert!(
+        decide_cluster(&obs, now())
+            .effects
+            .contains(&Effect::ReleaseSecret("old-tokens".into()))
+    );
+}
+
+#[test]
+fn missing_credentials_make_the_cluster_not_ready_with_a_warning() {
+    let mut obs = observed_cluster();
+    for h in HOSTS {
+        obs.hosts.get_mut(h).unwrap().credentials_problem =
+            Some("basic-auth Secret \"tokens\" not found".into());
+    }
+    let plan = decide_cluster(&obs, now());
+    let (status, reason, message) = condition(&plan, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::MISSING_CREDENTIALS)
+    );
+    assert!(
+        message.contains("cannot call 3 of 3 hosts") && message.contains("\"tokens\" not found"),
+        "{message}"
+    );
+    assert_eq!(
+        condition(&plan, "HostsReachable").1,
+        reasons::MISSING_CREDENTIALS
+    );
+    assert_eq!(warnings(&plan), ["MissingCredentials"]);
+
+    // Once: the same problem seen again is not a new event.
+    obs.microvm_cluster.status = plan.status.clone();
+    assert!(warnings(&decide_cluster(&obs, later())).is_empty());
+
+    // Fixed: Ready again, with a Normal event marking the recovery.
+    obs.hosts = reachable_hosts();
+    let plan = decide_cluster(&obs, later());
+    assert_eq!(condition(&plan, "Ready").0, "True");
+    assert_eq!(
+        plan.events()
+            .map(|e| (e.kind, e.reason))
+            .collect::<Vec<_>>(),
+        [(EventKind::Normal, "ClusterReady")]
+    );
+}
+
+#[test]
+fn a_refused_token_is_an_authentication_failure_not_unreachable() {
+    let mut obs = observed_cluster();
+    obs.hosts.get_mut(HOSTS[0]).unwrap().reachability =
+        Reachability::Refused("host refused the credentials: invalid token".into());
+    let plan = decide_cluster(&obs, now());
+    let (status, reason, message) = condition(&plan, "Ready");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("False", reasons::HOST_AUTHENTICATION_FAILED)
+    );
+    assert!(
+        message.contains("1 of 3 hosts refused the credentials")
+            && message.contains("host-a (10.0.0.1:9090)"),
+        "{message}"
+    );
+    assert!(!message.contains("unreachable"), "{message}");
+    assert_eq!(warnings(&plan), ["HostAuthenticationFailed"]);
+}
+
+fn orphan(uid: &str, machine_uid: &str) -> HostedVm {
+    HostedVm {
+        host: HOSTS[1].into(),
+        vm: ObservedVm {
+            uid: uid.into(),
+            namespace: "default".into(),
+            name: "demo-md-x".into(),
+            state: VmState::Created,
+            retry: 0,
+            machine_uid: Some(machine_uid.into()),
+            running: None,
+        },
+        cluster_name: Some("demo".into()),
+    }
+}
+
+#[test]
+fn microvms_of_machines_that_no_longer_exist_are_reported_never_deleted() {
+    let mut obs = observed_cluster();
+    obs.known_machine_uids = [MACHINE_UID.to_string()].into();
+    obs.microvms = vec![
+        // Belongs to a machine that exists.
+        orphan("01A", MACHINE_UID),
+        // Left behind.
+        orphan("01B", "gone-uid"),
+        // Not ours: another cluster's, no machine uid, being deleted.
+        HostedVm {
+            cluster_name: Some("other".into()),
+            ..orphan("01C", "gone-uid")
+        },
+        HostedVm {
+            vm: ObservedVm {
+                machine_uid: None,
+                ..orphan("01D", "x").vm
+            },
+            ..orphan("01D", "x")
+        },
+        HostedVm {
+            vm: ObservedVm {
+                state: VmState::Deleting,
+                ..orphan("01E", "gone-uid").vm
+            },
+            ..orphan("01E", "gone-uid")
+        },
+    ];
+    let plan = decide_cluster(&obs, now());
+    let (status, reason, message) = condition(&plan, "OrphanedMicrovms");
+    assert_eq!(
+        (status.as_str(), reason.as_str()),
+        ("True", reasons::ORPHANED_MICROVMS_FOUND)
+    );
+    assert!(
+        message.contains("uid 01B") && message.contains("10.0.0.2:9090"),
+        "{message}"
+    );
+    for other in ["01A", "01C", "01D", "01E"] {
+        assert!(!message.contains(other), "{other} is no orphan: {message}");
+    }
+    assert_eq!(warnings(&plan), ["OrphanedMicrovm"]);
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::RemoveFinalizer)),
+        "an orphan is reported only"
+    );
+    assert_eq!(
+        cluster::orphans(&obs)
+            .iter()
+            .map(|h| h.vm.uid.as_str())
+            .collect::<Vec<_>>(),
+        ["01B"]
+    );
+
+    // Reported once; a new orphan gets its own event.
+    obs.microvm_cluster.status = plan.status.clone();
+    assert!(warnings(&decide_cluster(&obs, later())).is_empty());
+    obs.microvms.push(orphan("01F", "gone-too"));
+    assert_eq!(
+        warnings(&decide_cluster(&obs, later())),
+        ["OrphanedMicrovm"]
+    );
+
+    // Cleaned up: the condition clears.
+    obs.microvms.clear();
+    assert_eq!(
+        condition(&decide_cluster(&obs, later()), "OrphanedMicrovms").0,
+        "False"
+    );
+}
