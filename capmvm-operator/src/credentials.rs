@@ -1,12 +1,12 @@
 //! How to reach each host of a MicrovmCluster: endpoint, basic-auth token, TLS material, proxy.
 //!
-//! Secrets are read with GET and kept for a short time, so Secret reads grow with clusters, not with
-//! machines, and no cluster-wide Secret informer (and its RBAC) is needed. Problems are reported as
-//! text naming the Secret and key, never their content.
+//! The operator watches the *metadata* of Secrets (never their content, so no Secret data sits in a
+//! cache), and reads a Secret's content with one GET per new resourceVersion: a corrected token or CA is
+//! picked up as soon as the watch sees it, and Secret reads grow with changes, not with machines.
+//! Problems are reported as text naming the Secret and key, never their content.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use capmvm_api::keys::{
     BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
@@ -15,24 +15,27 @@ use capmvm_api::{HostEndpoint, MicrovmCluster};
 use capmvm_flintlock::{HostConfig, SecretBytes, SecretString, TlsMaterial};
 use capmvm_reconcile::{BootstrapData, Sensitive};
 use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt};
-
-/// How long a Secret read is reused.
-const SECRET_TTL: Duration = Duration::from_secs(5);
 
 type SecretKey = (String, String);
 
 /// Reads and caches the Secrets named by MicrovmClusters.
 pub struct Credentials {
     client: kube::Client,
-    cache: Mutex<HashMap<SecretKey, (Instant, Option<Secret>)>>,
+    /// The watched metadata of every Secret in scope: which exist, at which resourceVersion.
+    index: Store<PartialObjectMeta<Secret>>,
+    /// Content read per Secret, with the resourceVersion it was read at.
+    cache: Mutex<HashMap<SecretKey, (String, Secret)>>,
 }
 
 impl Credentials {
-    /// A reader using `client`.
-    pub fn new(client: kube::Client) -> Self {
+    /// A reader using `client`, told of Secret changes by the metadata store `index`.
+    pub fn new(client: kube::Client, index: Store<PartialObjectMeta<Secret>>) -> Self {
         Self {
             client,
+            index,
             cache: Mutex::new(HashMap::new()),
         }
     }
@@ -112,23 +115,35 @@ impl Credentials {
         Ok(Ok(config))
     }
 
-    /// Reads a Secret, reusing a read younger than [`SECRET_TTL`]. `None` if it does not exist.
+    /// Reads a Secret's content, reusing the last read while the watched resourceVersion is the same.
+    /// `None` if the watch has not seen it (it does not exist, or was just created: its watch event
+    /// wakes the clusters that name it).
     async fn secret(&self, namespace: &str, name: &str) -> Result<Option<Secret>, kube::Error> {
         let key = (namespace.to_string(), name.to_string());
+        let Some(meta) = self.index.get(&ObjectRef::new(name).within(namespace)) else {
+            if let Ok(mut cache) = self.cache.lock() {
+                cache.remove(&key);
+            }
+            return Ok(None);
+        };
+        let version = meta.resource_version().unwrap_or_default();
         if let Ok(cache) = self.cache.lock()
-            && let Some((at, secret)) = cache.get(&key)
-            && at.elapsed() < SECRET_TTL
+            && let Some((read_at, secret)) = cache.get(&key)
+            && *read_at == version
         {
-            return Ok(secret.clone());
+            return Ok(Some(secret.clone()));
         }
-        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+        let Some(secret) = Api::<Secret>::namespaced(self.client.clone(), namespace)
             .get_opt(name)
-            .await?;
+            .await?
+        else {
+            return Ok(None);
+        };
         if let Ok(mut cache) = self.cache.lock() {
-            cache.retain(|_, (at, _)| at.elapsed() < SECRET_TTL);
-            cache.insert(key, (Instant::now(), secret.clone()));
+            let read_at = secret.resource_version().unwrap_or_default();
+            cache.insert(key, (read_at, secret.clone()));
         }
-        Ok(secret)
+        Ok(Some(secret))
     }
 }
 

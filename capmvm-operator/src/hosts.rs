@@ -1,13 +1,19 @@
-//! The host observer: one task per flintlock host lists all its microVMs at a poll interval (faster while
-//! a microVM there is being created or deleted), keeps the answer, reports reachability, and wakes the
-//! objects whose microVM or host changed. Steady-state reconciles read these snapshots, so flintlock
-//! traffic grows with hosts, not machines.
+//! The host observer: one task per flintlock host *and credentials* lists all its microVMs at a poll
+//! interval (faster while a microVM there is being created or deleted), keeps the answer, reports
+//! reachability, and wakes the objects whose microVM or host changed. Steady-state reconciles read these
+//! snapshots, so flintlock traffic grows with hosts, not machines.
+//!
+//! Observers are keyed by the whole connection config (endpoint, token, TLS material, proxy): a
+//! MicrovmCluster sees a host only through its own credentials, so a cluster without a valid token never
+//! reads what another tenant's token listed, and two clusters with different credentials for one host
+//! each keep a steady observer. MicrovmClusters declare the configs they use ([`Hosts::declare`]); an
+//! observer nobody declares any more stops, and its gauges go with it.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use capmvm_flintlock::{ClientPool, FlintlockClient, HostConfig, Microvm, MicrovmState};
+use capmvm_flintlock::{ClientPool, ErrorKind, FlintlockClient, HostConfig, Microvm, MicrovmState};
 use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
 use capmvm_reconcile::{HostFacts, ObservedVm, Reachability, RunningSpec, VmState};
 use tokio::sync::Notify;
@@ -58,18 +64,15 @@ struct HostState {
 }
 
 struct HostEntry {
-    config: HostConfig,
     state: Arc<HostState>,
     task: JoinHandle<()>,
+    /// Last time a reconcile asked for this observer ([`Hosts::ensure`]).
     wanted_at: Instant,
-    started_at: Instant,
 }
 
-/// How long an observer keeps its credentials before another config for the same host may replace
-/// it. A rotated Secret takes over after this; two MicrovmClusters that disagree about a host's
-/// credentials (one is wrong, and its machines report the failed calls) cannot make the observer
-/// restart on every reconcile.
-const CONFIG_SETTLE: Duration = Duration::from_secs(30);
+/// How long an observer that no MicrovmCluster declares is kept after a reconcile last asked for it
+/// (a machine reconciled before its cluster declared, a rotated Secret's old config).
+const UNDECLARED_GRACE: Duration = Duration::from_secs(60);
 
 /// A machine placed on a host, counted towards its allocation until its microVM is listed.
 struct Reservation {
@@ -85,7 +88,9 @@ pub struct Hosts {
     wake: Arc<dyn Wake>,
     poll: Duration,
     busy_poll: Duration,
-    entries: Mutex<HashMap<String, HostEntry>>,
+    entries: Mutex<HashMap<HostConfig, HostEntry>>,
+    /// Which configs each MicrovmCluster (`namespace/name`) uses.
+    declared: Mutex<HashMap<String, HashSet<HostConfig>>>,
     /// Machines placed on a host whose microVM the host does not list yet: endpoint → machine uid →
     /// (vcpu, memory, since). Keeps a burst of placements from piling onto one host.
     reservations: Mutex<HashMap<String, HashMap<String, Reservation>>>,
@@ -107,6 +112,7 @@ impl Hosts {
             poll,
             busy_poll,
             entries: Mutex::new(HashMap::new()),
+            declared: Mutex::new(HashMap::new()),
             reservations: Mutex::new(HashMap::new()),
         })
     }
@@ -116,27 +122,13 @@ impl Hosts {
         self.pool.client(config)
     }
 
-    /// Makes sure `config.endpoint` is observed with `config`; restarts its observer if the config
-    /// (a rotated token or certificate) changed.
+    /// Makes sure `config` (a host under one set of credentials) is observed.
     pub fn ensure(self: &Arc<Self>, config: &HostConfig) {
         let Ok(mut entries) = self.entries.lock() else {
             return;
         };
-        if let Some(entry) = entries.get_mut(&config.endpoint) {
+        if let Some(entry) = entries.get_mut(config) {
             entry.wanted_at = Instant::now();
-            if entry.config == *config {
-                return;
-            }
-            if entry.started_at.elapsed() < CONFIG_SETTLE {
-                debug!(host = %config.endpoint, "another credential config for this host; keeping the observer's for now");
-                return;
-            }
-            info!(host = %config.endpoint, "host credentials changed; restarting its observer");
-            entry.task.abort();
-            let state = entry.state.clone();
-            entry.task = self.spawn(config.clone(), state);
-            entry.config = config.clone();
-            entry.started_at = Instant::now();
             return;
         }
         let state = Arc::new(HostState {
@@ -145,42 +137,86 @@ impl Hosts {
             kick: Notify::new(),
         });
         let task = self.spawn(config.clone(), state.clone());
+        debug!(host = %config.endpoint, "observing host");
         entries.insert(
-            config.endpoint.clone(),
+            config.clone(),
             HostEntry {
-                config: config.clone(),
                 state,
                 task,
                 wanted_at: Instant::now(),
-                started_at: Instant::now(),
             },
         );
     }
 
-    /// Stops observing hosts nobody asked for since `older_than` ago.
-    pub fn forget_unwanted(&self, older_than: Duration) {
-        if let Ok(mut entries) = self.entries.lock() {
-            entries.retain(|endpoint, entry| {
-                let keep = entry.wanted_at.elapsed() < older_than;
-                if !keep {
-                    info!(host = %endpoint, "no longer observing host");
-                    entry.task.abort();
-                }
-                keep
-            });
+    /// Records the configs MicrovmCluster `owner` uses now (its pool's hosts and those its machines
+    /// live on), replacing what it declared before. Observers nobody declares stop at the next
+    /// [`Hosts::sweep`].
+    pub fn declare(self: &Arc<Self>, owner: &str, configs: impl IntoIterator<Item = HostConfig>) {
+        let configs: HashSet<HostConfig> = configs.into_iter().collect();
+        for config in &configs {
+            self.ensure(config);
+        }
+        if let Ok(mut declared) = self.declared.lock() {
+            declared.insert(owner.to_string(), configs);
         }
     }
 
-    /// The last answer of `endpoint`, if it is observed.
-    pub fn snapshot(&self, endpoint: &str) -> Option<Snapshot> {
+    /// Forgets what MicrovmCluster `owner` declared (it is gone) and stops what nobody needs now.
+    pub fn release(&self, owner: &str) {
+        if let Ok(mut declared) = self.declared.lock() {
+            declared.remove(owner);
+        }
+        self.sweep(UNDECLARED_GRACE);
+    }
+
+    /// [`Hosts::sweep`] with the default grace for observers nobody declares.
+    pub fn sweep_undeclared(&self) {
+        self.sweep(UNDECLARED_GRACE);
+    }
+
+    /// Stops observers no MicrovmCluster declares and no reconcile asked for within `grace`, and drops
+    /// the gauges of endpoints no observer is left for.
+    pub fn sweep(&self, grace: Duration) {
+        let wanted: HashSet<HostConfig> = match self.declared.lock() {
+            Ok(declared) => declared.values().flatten().cloned().collect(),
+            Err(_) => return,
+        };
+        let Ok(mut entries) = self.entries.lock() else {
+            return;
+        };
+        let mut stopped = Vec::new();
+        entries.retain(|config, entry| {
+            let keep = wanted.contains(config) || entry.wanted_at.elapsed() < grace;
+            if !keep {
+                entry.task.abort();
+                stopped.push(config.endpoint.clone());
+            }
+            keep
+        });
+        for endpoint in stopped {
+            if !entries.keys().any(|c| c.endpoint == endpoint) {
+                info!(host = %endpoint, "no longer observing host: no MicrovmCluster names it");
+                self.metrics.host_forgotten(&endpoint);
+                if let Ok(mut reservations) = self.reservations.lock() {
+                    reservations.remove(&endpoint);
+                }
+            }
+        }
+    }
+
+    /// The last answer of the host under `config`, if it is observed.
+    pub fn snapshot(&self, config: &HostConfig) -> Option<Snapshot> {
         let entries = self.entries.lock().ok()?;
-        let entry = entries.get(endpoint)?;
+        let entry = entries.get(config)?;
         entry.state.snapshot.read().ok().map(|s| s.clone())
     }
 
-    /// Reachability and allocation of `endpoint` (credentials are the caller's to fill in).
-    pub fn facts(&self, endpoint: &str) -> HostFacts {
-        let Some(snapshot) = self.snapshot(endpoint) else {
+    /// Reachability and allocation of the host under `config` (credentials problems are the caller's
+    /// to fill in). Allocation counts the microVMs listed with these credentials plus the placements
+    /// of any cluster on that endpoint not listed yet: capacity is physical.
+    pub fn facts(&self, config: &HostConfig) -> HostFacts {
+        let endpoint = config.endpoint.as_str();
+        let Some(snapshot) = self.snapshot(config) else {
             return HostFacts::default();
         };
         let mut facts = HostFacts {
@@ -236,7 +272,7 @@ impl Hosts {
         let hv = host_vm(vm, machine_uid_from_metadata(&vm.spec.metadata));
         self.update(endpoint, |vms| {
             vms.retain(|v| v.vm.uid != hv.vm.uid);
-            vms.push(hv);
+            vms.push(hv.clone());
         });
     }
 
@@ -249,22 +285,25 @@ impl Hosts {
         });
     }
 
-    fn update(&self, endpoint: &str, change: impl FnOnce(&mut Vec<HostVm>)) {
+    /// Applies `change` to the snapshots of `endpoint` whose credentials could list it (their last
+    /// list answered): an observer refused by the host never shows what it could not list.
+    fn update(&self, endpoint: &str, change: impl Fn(&mut Vec<HostVm>)) {
         let Ok(entries) = self.entries.lock() else {
             return;
         };
-        let Some(entry) = entries.get(endpoint) else {
-            return;
-        };
-        if let Ok(mut snapshot) = entry.state.snapshot.write() {
-            let mut vms = snapshot.vms.as_ref().clone();
-            change(&mut vms);
-            snapshot.vms = Arc::new(vms);
+        for (_, entry) in entries.iter().filter(|(c, _)| c.endpoint == endpoint) {
+            if let Ok(mut snapshot) = entry.state.snapshot.write()
+                && snapshot.reachability == Reachability::Reachable
+            {
+                let mut vms = snapshot.vms.as_ref().clone();
+                change(&mut vms);
+                snapshot.vms = Arc::new(vms);
+            }
+            if let Ok(mut busy) = entry.state.busy_until.lock() {
+                *busy = Instant::now() + BUSY_AFTER_CALL;
+            }
+            entry.state.kick.notify_one();
         }
-        if let Ok(mut busy) = entry.state.busy_until.lock() {
-            *busy = Instant::now() + BUSY_AFTER_CALL;
-        }
-        entry.state.kick.notify_one();
     }
 
     fn spawn(self: &Arc<Self>, config: HostConfig, state: Arc<HostState>) -> JoinHandle<()> {
@@ -320,6 +359,10 @@ impl Hosts {
                     machine_uids.retain(|uid, _| seen.contains(uid));
                     (Reachability::Reachable, Some(vms))
                 }
+                Err(e) if e.kind() == ErrorKind::Unauthenticated => {
+                    debug!(host = %endpoint, error = %e, "host refused the credentials");
+                    (Reachability::Refused(e.to_string()), None)
+                }
                 Err(e) => {
                     debug!(host = %endpoint, error = %e, "host list failed");
                     (Reachability::Unreachable(e.to_string()), None)
@@ -349,6 +392,9 @@ impl Hosts {
                 Reachability::Reachable => info!(host = %endpoint, "host reachable"),
                 Reachability::Unreachable(why) => {
                     warn!(host = %endpoint, reason = %why, "host unreachable")
+                }
+                Reachability::Refused(why) => {
+                    warn!(host = %endpoint, reason = %why, "host refused the credentials")
                 }
                 Reachability::Unknown => {}
             }
@@ -382,10 +428,15 @@ impl Hosts {
             }
             self.metrics
                 .host_observed(endpoint, true, &by_state.into_iter().collect::<Vec<_>>());
-        } else {
+        } else if !self.reachable_elsewhere(endpoint, state) {
+            // Another observer of the endpoint (other credentials) that answers speaks for the host.
             self.metrics.host_observed(endpoint, false, &[]);
         }
         if let Ok(mut s) = state.snapshot.write() {
+            if matches!(reachability, Reachability::Refused(_)) {
+                // What these credentials listed before they were refused is theirs to see no more.
+                s.vms = Arc::default();
+            }
             s.reachability = reachability;
             if let Some(vms) = vms {
                 s.vms = Arc::new(vms);
@@ -400,6 +451,24 @@ impl Hosts {
             debug!(host = %endpoint, reachable = reachable_now, "waking objects of host");
             self.wake.host_changed(endpoint);
         }
+    }
+}
+
+impl Hosts {
+    /// Whether an observer of `endpoint` other than `state`'s last answered.
+    fn reachable_elsewhere(&self, endpoint: &str, state: &HostState) -> bool {
+        let Ok(entries) = self.entries.lock() else {
+            return false;
+        };
+        entries
+            .iter()
+            .filter(|(c, e)| c.endpoint == endpoint && !std::ptr::eq(e.state.as_ref(), state))
+            .any(|(_, e)| {
+                e.state
+                    .snapshot
+                    .read()
+                    .is_ok_and(|s| s.reachability == Reachability::Reachable)
+            })
     }
 }
 

@@ -197,7 +197,7 @@ pub async fn run(
         scope: scope.clone(),
         stores: stores.clone(),
         hosts: hosts.clone(),
-        credentials: credentials::Credentials::new(client.clone()),
+        credentials: credentials::Credentials::new(client.clone(), stores.secrets.clone()),
         recorder: Recorder::new(
             client.clone(),
             Reporter {
@@ -255,11 +255,10 @@ pub async fn run(
     .for_each(|_| async {});
     let reaper = {
         let hosts = hosts.clone();
-        let unwanted_after = flags.sync_period * 2 + Duration::from_secs(60);
         async move {
             loop {
-                tokio::time::sleep(Duration::from_secs(60)).await;
-                hosts.forget_unwanted(unwanted_after);
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                hosts.sweep_undeclared();
             }
         }
     };

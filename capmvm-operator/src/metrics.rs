@@ -1,5 +1,6 @@
 //! Prometheus metrics. Reconcile metrics carry controller-runtime's names so existing CAPI dashboards
-//! work. Labels are bounded: controller, result, host endpoint, method, code, state; never object names.
+//! work. Labels are bounded: controller, result, host endpoint, method, code, state, and the
+//! MicrovmCluster (`namespace/name`) for cluster-level facts; never a machine's name.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -41,6 +42,11 @@ struct HostLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ClusterLabels {
+    cluster: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HostStateLabels {
     host: String,
     state: &'static str,
@@ -77,6 +83,7 @@ pub struct Metrics {
     flintlock_call_time: Family<MethodLabels, Histogram>,
     host_reachable: Family<HostLabels, Gauge>,
     microvms: Family<HostStateLabels, Gauge>,
+    orphaned_microvms: Family<ClusterLabels, Gauge>,
 }
 
 impl Metrics {
@@ -129,6 +136,12 @@ impl Metrics {
             "MicroVMs on each observed host by state, as of its last list",
             microvms.clone(),
         );
+        let orphaned_microvms = Family::<ClusterLabels, Gauge>::default();
+        registry.register(
+            "capmvm_orphaned_microvms",
+            "MicroVMs on a MicrovmCluster's hosts that carry the uid of a MicrovmMachine that no longer exists",
+            orphaned_microvms.clone(),
+        );
         Arc::new(Self {
             registry,
             reconcile_total,
@@ -138,6 +151,7 @@ impl Metrics {
             flintlock_call_time,
             host_reachable,
             microvms,
+            orphaned_microvms,
         })
     }
 
@@ -173,6 +187,37 @@ impl Metrics {
                     state,
                 })
                 .set(*n);
+        }
+    }
+
+    /// Records how many microVMs on the hosts of MicrovmCluster `cluster` (`namespace/name`) belong to
+    /// no object.
+    pub fn orphaned_microvms(&self, cluster: &str, count: usize) {
+        self.orphaned_microvms
+            .get_or_create(&ClusterLabels {
+                cluster: cluster.to_string(),
+            })
+            .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// Drops the gauges of a MicrovmCluster that is gone.
+    pub fn cluster_forgotten(&self, cluster: &str) {
+        self.orphaned_microvms.remove(&ClusterLabels {
+            cluster: cluster.to_string(),
+        });
+    }
+
+    /// Drops the gauges of a host no longer observed.
+    pub fn host_forgotten(&self, host: &str) {
+        let labels = HostLabels {
+            host: host.to_string(),
+        };
+        self.host_reachable.remove(&labels);
+        for state in ["pending", "created", "failed", "deleting", "unknown"] {
+            self.microvms.remove(&HostStateLabels {
+                host: host.to_string(),
+                state,
+            });
         }
     }
 

@@ -176,6 +176,48 @@ where
     .map(Some)
 }
 
+/// Adds (`add`) or removes `finalizer` on the object whose metadata is `meta`, by a metadata-only JSON
+/// patch conditional on its resourceVersion (used for Secrets: their content is never fetched for
+/// this). Nothing is sent when there is nothing to change.
+pub async fn metadata_finalizer<K>(
+    api: &Api<K>,
+    meta: &kube::core::PartialObjectMeta<K>,
+    finalizer: &str,
+    add: bool,
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + DeserializeOwned + Debug,
+{
+    let present = meta.finalizers().iter().position(|f| f == finalizer);
+    let mut ops = vec![PatchOperation::Test(TestOperation {
+        path: jsonptr("/metadata/resourceVersion"),
+        value: json!(meta.resource_version()),
+    })];
+    match (add, present) {
+        (true, None) if meta.finalizers().is_empty() => {
+            ops.push(PatchOperation::Add(AddOperation {
+                path: jsonptr("/metadata/finalizers"),
+                value: json!([finalizer]),
+            }))
+        }
+        (true, None) => ops.push(PatchOperation::Add(AddOperation {
+            path: jsonptr("/metadata/finalizers/-"),
+            value: json!(finalizer),
+        })),
+        (false, Some(index)) => ops.push(PatchOperation::Remove(RemoveOperation {
+            path: jsonptr(&format!("/metadata/finalizers/{index}")),
+        })),
+        _ => return Ok(()),
+    }
+    api.patch_metadata(
+        &meta.name_any(),
+        &params(),
+        &Patch::<()>::Json(json_patch::Patch(ops)),
+    )
+    .await
+    .map(|_| ())
+}
+
 /// Plain (not server-side apply) patch parameters that still name the field manager.
 fn params() -> PatchParams {
     PatchParams {

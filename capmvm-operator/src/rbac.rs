@@ -21,16 +21,16 @@ pub struct Rule {
 
 /// Every permission the operator uses, and why.
 pub const RULES: &[Rule] = &[
-    // Watch caches (list+watch).
+    // Watch cache.
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
-        resources: &["microvmclusters", "microvmmachinetemplates"],
+        resources: &["microvmmachinetemplates"],
         verbs: &["list", "watch"],
     },
-    // Watch cache; finalizer, host annotations and providerID (patch).
+    // Watch caches; finalizers, host annotations and providerID (patch).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
-        resources: &["microvmmachines"],
+        resources: &["microvmclusters", "microvmmachines"],
         verbs: &["list", "patch", "watch"],
     },
     // Status writes (merge patch).
@@ -49,11 +49,12 @@ pub const RULES: &[Rule] = &[
         resources: &["clusters", "machines"],
         verbs: &["list", "watch"],
     },
-    // Bootstrap data and host credentials, read by name.
+    // Bootstrap data and host credentials, read by name; their metadata watched (a corrected token
+    // is picked up at once); the credentials finalizer on the Secrets a MicrovmCluster names.
     Rule {
         group: "",
         resources: &["secrets"],
-        verbs: &["get"],
+        verbs: &["get", "list", "patch", "watch"],
     },
     // Events (a repeated event is patched into a series).
     Rule {

@@ -5,6 +5,8 @@
 //! - Machine → its infrastructure MicrovmMachine;
 //! - Cluster → its MicrovmCluster, and its MicrovmMachines on pause and provisioned transitions;
 //! - MicrovmCluster → itself, and its MicrovmMachines when its spec changes;
+//! - a MicrovmMachine gone → the MicrovmClusters of its namespace (a deleted one waits for it);
+//! - Secret metadata → the MicrovmClusters naming it and their MicrovmMachines (credentials changed);
 //! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters.
 //!
 //! Status-only updates wake nobody: each cache keeps a fingerprint of the parts that matter and
@@ -18,6 +20,8 @@ use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine};
 use capmvm_api::keys::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
@@ -41,6 +45,8 @@ pub struct Stores {
     pub clusters: Store<Cluster>,
     /// MicrovmClusters.
     pub microvm_clusters: Store<MicrovmCluster>,
+    /// Secrets, metadata only: which exist and at which version (credentials are read on change).
+    pub secrets: Store<PartialObjectMeta<Secret>>,
 }
 
 impl Stores {
@@ -49,7 +55,18 @@ impl Stores {
         self.machines.wait_until_ready().await?;
         self.capi_machines.wait_until_ready().await?;
         self.clusters.wait_until_ready().await?;
-        self.microvm_clusters.wait_until_ready().await
+        self.microvm_clusters.wait_until_ready().await?;
+        self.secrets.wait_until_ready().await
+    }
+
+    /// The MicrovmClusters of `namespace` that name Secret `name` for credentials.
+    pub fn clusters_naming_secret(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmCluster>> {
+        self.microvm_clusters
+            .state()
+            .into_iter()
+            .filter(|mc| mc.namespace().as_deref() == Some(namespace))
+            .filter(|mc| credential_secret_names(mc).contains(&name))
+            .collect()
     }
 
     /// The MicrovmMachines of Cluster `namespace/cluster`.
@@ -128,24 +145,36 @@ pub fn start(
     let (capi_machines, capi_machines_w) = reflector::store();
     let (clusters, clusters_w) = reflector::store();
     let (microvm_clusters, microvm_clusters_w) = reflector::store();
+    let (secrets, secrets_w) = reflector::store();
     let stores = Stores {
         machines,
         capi_machines,
         clusters,
         microvm_clusters,
+        secrets,
     };
     let mut tasks = Vec::new();
 
     // MicrovmMachine → itself, except for versions our own writes produced (the reconcile that wrote
     // them already acted; waking again would only re-stamp observedGeneration, a write per machine).
+    // One gone → the MicrovmClusters of its namespace (a deleted cluster waits for its machines).
     {
         let t = triggers.clone();
+        let s = stores.clone();
         let seen = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<MicrovmMachine>(client),
             scope,
             machines_w,
             move |m: &MicrovmMachine| {
+                if m.meta().deletion_timestamp.is_some() && m.finalizers().is_empty() {
+                    let ns = m.namespace().unwrap_or_default();
+                    for mc in s.microvm_clusters.state() {
+                        if mc.namespace().as_deref() == Some(ns.as_str()) {
+                            t.cluster(ObjectRef::from_obj(mc.as_ref()));
+                        }
+                    }
+                }
                 let changed = seen.changed(m, fingerprint(m, &["spec"]));
                 let own = own_writes.is_own(
                     &crate::controllers::key(m),
@@ -234,6 +263,42 @@ pub fn start(
             },
         ));
     }
+    // Secret metadata → the MicrovmClusters naming it, and their MicrovmMachines.
+    {
+        let t = triggers.clone();
+        let s = stores.clone();
+        let seen = Fingerprints::default();
+        let stream = watcher(
+            scope.api::<PartialObjectMeta<Secret>>(client),
+            watcher::Config::default().any_semantic(),
+        )
+        .default_backoff()
+        .reflect(secrets_w)
+        .touched_objects();
+        tasks.push(tokio::spawn(async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(secret) => {
+                        let version = hash_of(&secret.resource_version());
+                        if !seen.changed(&secret, version) {
+                            continue;
+                        }
+                        let ns = secret.namespace().unwrap_or_default();
+                        for mc in s.clusters_naming_secret(&ns, &secret.name_any()) {
+                            t.cluster(ObjectRef::from_obj(mc.as_ref()));
+                            if let Some(cluster) = owner_cluster_name(&mc) {
+                                for m in s.machines_of(&ns, &cluster) {
+                                    t.machine(m);
+                                }
+                            }
+                        }
+                    }
+                    Err(e) => warn!(kind = "Secret", error = %e, "watch error"),
+                }
+            }
+        }));
+    }
     (stores, tasks)
 }
 
@@ -247,8 +312,17 @@ pub struct HostWake {
 
 impl Wake for HostWake {
     fn microvm_changed(&self, namespace: &str, name: &str) {
-        self.triggers
-            .machine(ObjectRef::new(name).within(namespace));
+        let machine = ObjectRef::new(name).within(namespace);
+        if self.stores.machines.get(&machine).is_none() {
+            // No object for it: a microVM left behind, or its cleanup; the clusters report those.
+            for mc in self.stores.microvm_clusters.state() {
+                if mc.namespace().as_deref() == Some(namespace) {
+                    self.triggers.cluster(ObjectRef::from_obj(mc.as_ref()));
+                }
+            }
+            return;
+        }
+        self.triggers.machine(machine);
     }
 
     fn host_changed(&self, endpoint: &str) {
@@ -276,6 +350,21 @@ impl Wake for HostWake {
             }
         }
     }
+}
+
+/// The Secrets `mc` names for host credentials (basic-auth tokens, TLS material).
+pub fn credential_secret_names(mc: &MicrovmCluster) -> Vec<&str> {
+    let mut names: Vec<&str> = mc
+        .spec
+        .placement
+        .static_pool
+        .as_ref()
+        .and_then(|p| p.basic_auth_secret.as_deref())
+        .into_iter()
+        .chain(mc.spec.tls_secret_ref.as_deref())
+        .collect();
+    names.dedup();
+    names
 }
 
 /// The name of the CAPI Cluster owning `mc` (ownerReference kind Cluster), else its cluster-name label.

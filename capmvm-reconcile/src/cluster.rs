@@ -29,16 +29,16 @@ pub const HOST_TRANSPORT_SECURE: &str = "HostTransportSecure";
 pub const MACHINES_GONE_RECHECK: Duration = Duration::from_secs(10);
 
 /// The microVMs on the cluster's hosts that carry the uid of a MicrovmMachine that no longer exists:
-/// in the cluster's namespace, labelled for its Cluster, not being deleted. Reported, never deleted:
-/// only a person can tell a leak from a machine restored from a backup without its annotations.
+/// in the cluster's namespace, not being deleted. Reported, never deleted: only a person can tell a
+/// leak from a machine restored from a backup without its annotations. (Flintlock drops a microVM's
+/// labels, so its cluster is not known: MicrovmClusters of one namespace that share a host each
+/// report what is left there.)
 pub fn orphans(obs: &ObservedCluster) -> Vec<&HostedVm> {
-    let cluster = cluster_name(obs);
     let namespace = obs.microvm_cluster.namespace().unwrap_or_default();
     let mut out: Vec<&HostedVm> = obs
         .microvms
         .iter()
         .filter(|h| h.vm.namespace == namespace && h.vm.state != VmState::Deleting)
-        .filter(|h| cluster.is_some() && h.cluster_name == cluster)
         .filter(|h| {
             h.vm.machine_uid
                 .as_ref()
@@ -48,16 +48,6 @@ pub fn orphans(obs: &ObservedCluster) -> Vec<&HostedVm> {
     out.sort_by(|a, b| (&a.host, &a.vm.uid).cmp(&(&b.host, &b.vm.uid)));
     out.dedup_by(|a, b| a.vm.uid == b.vm.uid);
     out
-}
-
-/// The name of the CAPI Cluster the MicrovmCluster belongs to: its owner, else its cluster-name label.
-fn cluster_name(obs: &ObservedCluster) -> Option<String> {
-    obs.owner.as_ref().map(ResourceExt::name_any).or_else(|| {
-        obs.microvm_cluster
-            .labels()
-            .get(capmvm_api::keys::CLUSTER_NAME_LABEL)
-            .cloned()
-    })
 }
 
 /// Decides what to do for one MicrovmCluster.

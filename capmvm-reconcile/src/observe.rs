@@ -192,8 +192,6 @@ pub struct HostedVm {
     pub host: String,
     /// The microVM.
     pub vm: ObservedVm,
-    /// Its `cluster-name` label (the CAPI Cluster it was created for), if any.
-    pub cluster_name: Option<String>,
 }
 
 /// A Secret a MicrovmCluster names for host credentials (basic-auth tokens, TLS material).

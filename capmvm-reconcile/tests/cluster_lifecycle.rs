@@ -224,7 +224,6 @@ fn orphan(uid: &str, machine_uid: &str) -> HostedVm {
             machine_uid: Some(machine_uid.into()),
             running: None,
         },
-        cluster_name: Some("demo".into()),
     }
 }
 
@@ -237,9 +236,12 @@ fn microvms_of_machines_that_no_longer_exist_are_reported_never_deleted() {
         orphan("01A", MACHINE_UID),
         // Left behind.
         orphan("01B", "gone-uid"),
-        // Not ours: another cluster's, no machine uid, being deleted.
+        // Not ours: another namespace's, no machine uid, being deleted.
         HostedVm {
-            cluster_name: Some("other".into()),
+            vm: ObservedVm {
+                namespace: "other".into(),
+                ..orphan("01C", "gone-uid").vm
+            },
             ..orphan("01C", "gone-uid")
         },
         HostedVm {

@@ -1,22 +1,30 @@
-//! The MicrovmCluster controller: failure domains, provisioned, host reachability.
+//! The MicrovmCluster controller: gather the cluster's hosts (through its own credentials), machines,
+//! credential Secrets and the microVMs on its hosts; let the engine decide; carry out the plan.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use capmvm_api::MicrovmCluster;
 use capmvm_api::capi::CAPI_GROUP;
-use capmvm_reconcile::{HostFacts, ObservedCluster, decide_cluster};
+use capmvm_api::keys::{CLUSTER_FINALIZER, CREDENTIALS_FINALIZER};
+use capmvm_api::{HostEndpoint, MicrovmCluster};
+use capmvm_flintlock::HostConfig;
+use capmvm_reconcile::machine::{origin_uid, recorded_host};
+use capmvm_reconcile::{
+    CredentialSecret, Effect, HostFacts, HostedVm, ObservedCluster, Reachability, decide_cluster,
+};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
-use tracing::instrument;
+use tracing::{debug, info, instrument};
 
 use super::{Error, publish};
 use crate::context::Ctx;
 use crate::metrics::ReconcileResult;
 use crate::patch;
+use crate::watch::{credential_secret_names, owner_cluster_name};
 
 /// Controller name in metrics and events.
 pub const CONTROLLER: &str = "microvmcluster";
@@ -39,7 +47,87 @@ pub async fn reconcile(obj: Arc<MicrovmCluster>, ctx: Arc<Ctx>) -> Result<Action
     result
 }
 
+/// The key a MicrovmCluster declares its host observers under.
+pub fn observer_owner(mc: &MicrovmCluster) -> String {
+    format!("{}/{}", mc.namespace().unwrap_or_default(), mc.name_any())
+}
+
 async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Action, Error> {
+    let obs = gather(ctx, mc).await?;
+    let plan = decide_cluster(&obs, Timestamp::now());
+    debug!(
+        effects = plan.effects.len(),
+        machines = obs.machines.len(),
+        microvms = obs.microvms.len(),
+        requeue = ?plan.requeue,
+        "decided"
+    );
+    ctx.metrics.orphaned_microvms(
+        &observer_owner(mc),
+        capmvm_reconcile::cluster::orphans(&obs).len(),
+    );
+    let ns = mc.namespace().unwrap_or_default();
+    let api: Api<MicrovmCluster> = Api::namespaced(ctx.client.clone(), &ns);
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut current = mc.clone();
+
+    // 1. The finalizer, then the credential Secrets' finalizers.
+    if plan.effects.contains(&Effect::AddFinalizer) {
+        current = patch::add_metadata(&api, &current, Some(CLUSTER_FINALIZER), &[]).await?;
+    }
+    for effect in &plan.effects {
+        if let Effect::ProtectSecret(name) = effect {
+            secret_finalizer(ctx, &secrets, &ns, name, true).await?;
+        }
+    }
+    // 2. The status.
+    if let Some(status) = &plan.status
+        && let Some(updated) =
+            patch::status(&api, &current, current.status.as_ref(), status).await?
+    {
+        current = updated;
+    }
+    // 3. Events.
+    for event in plan.events() {
+        publish(ctx, &current, event).await;
+    }
+    // 4. Releases, the object's own finalizer last.
+    for effect in &plan.effects {
+        if let Effect::ReleaseSecret(name) = effect {
+            secret_finalizer(ctx, &secrets, &ns, name, false).await?;
+        }
+    }
+    if plan.effects.contains(&Effect::RemoveFinalizer) {
+        patch::remove_finalizer(&api, &current, CLUSTER_FINALIZER).await?;
+        info!("every MicrovmMachine is gone; finalizer released");
+        ctx.hosts.release(&observer_owner(mc));
+        ctx.metrics.cluster_forgotten(&observer_owner(mc));
+        return Ok(Action::await_change());
+    }
+    Ok(match plan.requeue {
+        capmvm_reconcile::Requeue::After(d) => Action::requeue(d.min(ctx.sync_period)),
+        capmvm_reconcile::Requeue::Immediately => Action::requeue(std::time::Duration::ZERO),
+        capmvm_reconcile::Requeue::Await => Action::requeue(ctx.sync_period),
+    })
+}
+
+/// Adds or removes the credentials finalizer on Secret `name`, as the watched metadata shows it.
+async fn secret_finalizer(
+    ctx: &Ctx,
+    api: &Api<Secret>,
+    ns: &str,
+    name: &str,
+    add: bool,
+) -> Result<(), Error> {
+    let Some(meta) = ctx.stores.secrets.get(&ObjectRef::new(name).within(ns)) else {
+        return Ok(());
+    };
+    patch::metadata_finalizer(api, meta.as_ref(), CREDENTIALS_FINALIZER, add).await?;
+    Ok(())
+}
+
+/// Everything the engine decides a MicrovmCluster from.
+async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error> {
     let ns = mc.namespace().unwrap_or_default();
     let owner = mc
         .owner_references()
@@ -51,38 +139,122 @@ async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Action, Error>
                 .get(&ObjectRef::new(&o.name).within(&ns))
         })
         .map(|c| c.as_ref().clone());
+    let cluster_name = owner_cluster_name(mc);
+    let in_namespace: Vec<_> = ctx
+        .stores
+        .machines
+        .state()
+        .into_iter()
+        .filter(|m| m.namespace().as_deref() == Some(ns.as_str()))
+        .collect();
+    let own_machines: Vec<_> = in_namespace
+        .iter()
+        .filter(|m| {
+            cluster_name.is_some()
+                && m.labels().get(capmvm_api::keys::CLUSTER_NAME_LABEL) == cluster_name.as_ref()
+        })
+        .collect();
 
-    // Observe every host of the pool (the observers also serve the cluster's machines).
+    // The pool's hosts, and the hosts its machines live on (a host removed from the pool still holds
+    // their microVMs), each observed through this cluster's own credentials.
+    let mut configs = ctx.credentials.host_configs(mc).await?;
+    let recorded: BTreeSet<HostEndpoint> = own_machines
+        .iter()
+        .filter_map(|m| recorded_host(m))
+        .collect();
+    for host in recorded {
+        if !configs.contains_key(&host.to_string()) {
+            let config = ctx.credentials.host_config(mc, &host).await?;
+            configs.insert(host.to_string(), config);
+        }
+    }
+    let usable: Vec<HostConfig> = configs
+        .values()
+        .filter_map(|c| c.as_ref().ok())
+        .cloned()
+        .collect();
+    ctx.hosts.declare(&observer_owner(mc), usable);
+
     let mut hosts = BTreeMap::new();
-    for (endpoint, config) in ctx.credentials.host_configs(mc).await? {
+    let mut microvms = Vec::new();
+    for (endpoint, config) in configs {
         let facts = match config {
             Ok(config) => {
-                ctx.hosts.ensure(&config);
-                ctx.hosts.facts(&endpoint)
+                if let Some(snapshot) = ctx.hosts.snapshot(&config)
+                    && snapshot.reachability == Reachability::Reachable
+                {
+                    microvms.extend(snapshot.vms.iter().filter(|hv| hv.vm.namespace == ns).map(
+                        |hv| HostedVm {
+                            host: endpoint.clone(),
+                            vm: hv.vm.clone(),
+                        },
+                    ));
+                }
+                ctx.hosts.facts(&config)
             }
             Err(problem) => HostFacts {
                 credentials_problem: Some(problem),
-                ..ctx.hosts.facts(&endpoint)
+                ..HostFacts::default()
             },
         };
         hosts.insert(endpoint, facts);
     }
 
-    let obs = ObservedCluster {
+    let others: Vec<Arc<MicrovmCluster>> = ctx
+        .stores
+        .microvm_clusters
+        .state()
+        .into_iter()
+        .filter(|o| o.namespace().as_deref() == Some(ns.as_str()) && o.uid() != mc.uid())
+        .collect();
+    let credential_secrets = credential_secret_names(mc)
+        .into_iter()
+        .map(|name| {
+            let meta = ctx.stores.secrets.get(&ObjectRef::new(name).within(&ns));
+            CredentialSecret {
+                name: name.to_string(),
+                exists: meta.is_some(),
+                protected: meta
+                    .is_some_and(|m| m.finalizers().iter().any(|f| f == CREDENTIALS_FINALIZER)),
+                other_users: others
+                    .iter()
+                    .filter(|o| credential_secret_names(o).contains(&name))
+                    .count(),
+            }
+        })
+        .collect();
+    // With a watch filter, MicrovmClusters of other operators are not seen: leave their Secrets be.
+    let unclaimed_secrets = if ctx.scope.watch_filter.is_empty() {
+        let named: BTreeSet<&str> = others
+            .iter()
+            .flat_map(|o| credential_secret_names(o))
+            .chain(credential_secret_names(mc))
+            .collect();
+        ctx.stores
+            .secrets
+            .state()
+            .iter()
+            .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|s| s.finalizers().iter().any(|f| f == CREDENTIALS_FINALIZER))
+            .map(|s| s.name_any())
+            .filter(|name| !named.contains(name.as_str()))
+            .collect()
+    } else {
+        Vec::new()
+    };
+
+    Ok(ObservedCluster {
         microvm_cluster: mc.clone(),
         owner,
         hosts,
-    };
-    let plan = decide_cluster(&obs, Timestamp::now());
-    let api: Api<MicrovmCluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut current = mc.clone();
-    if let Some(status) = &plan.status
-        && let Some(updated) = patch::status(&api, mc, mc.status.as_ref(), status).await?
-    {
-        current = updated;
-    }
-    for event in plan.events() {
-        publish(ctx, &current, event).await;
-    }
-    Ok(Action::requeue(ctx.sync_period))
+        machines: own_machines.iter().map(|m| m.name_any()).collect(),
+        known_machine_uids: in_namespace
+            .iter()
+            .flat_map(|m| [m.uid(), origin_uid(m).map(str::to_string)])
+            .flatten()
+            .collect(),
+        microvms,
+        credential_secrets,
+        unclaimed_secrets,
+    })
 }

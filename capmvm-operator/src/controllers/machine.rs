@@ -180,11 +180,11 @@ async fn gather(
             let facts = match &config {
                 Ok(c) => {
                     ctx.hosts.ensure(c);
-                    ctx.hosts.facts(&endpoint)
+                    ctx.hosts.facts(c)
                 }
                 Err(problem) => HostFacts {
                     credentials_problem: Some(problem.clone()),
-                    ..ctx.hosts.facts(&endpoint)
+                    ..HostFacts::default()
                 },
             };
             if recorded.as_ref().is_some_and(|h| h.to_string() == endpoint) {
@@ -197,9 +197,9 @@ async fn gather(
     let recorded_host = match (&recorded, recorded_config) {
         (None, _) | (Some(_), None) => HostLookup::NotAsked,
         (Some(_), Some(Err(problem))) => HostLookup::Unreachable(problem),
-        (Some(host), Some(Ok(config))) => match known_after_create {
+        (Some(_), Some(Ok(config))) => match known_after_create {
             Some(vms) => HostLookup::Answered { vms },
-            None => lookup(ctx, machine, host, &config).await,
+            None => lookup(ctx, machine, &config).await,
         },
     };
 
@@ -246,12 +246,7 @@ fn infra_cluster(
 /// Asks the recorded host about this machine's microVMs: freshly while it has no providerID (that
 /// answer decides whether to create), else from the host observer's last list, confirming with a
 /// direct get before reporting the microVM missing.
-async fn lookup(
-    ctx: &Ctx,
-    machine: &MicrovmMachine,
-    host: &HostEndpoint,
-    config: &HostConfig,
-) -> HostLookup {
+async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> HostLookup {
     let client = match ctx.hosts.client(config) {
         Ok(c) => c,
         Err(e) => return HostLookup::Unreachable(e.to_string()),
@@ -277,9 +272,10 @@ async fn lookup(
         };
     }
     let uid = provider_id(machine).map(|p| p.uid).unwrap_or_default();
-    let snapshot = ctx.hosts.snapshot(&host.to_string()).unwrap_or_default();
+    let snapshot = ctx.hosts.snapshot(config).unwrap_or_default();
     let mut vms: Vec<ObservedVm> = match &snapshot.reachability {
-        capmvm_reconcile::Reachability::Unreachable(why) => {
+        capmvm_reconcile::Reachability::Unreachable(why)
+        | capmvm_reconcile::Reachability::Refused(why) => {
             return HostLookup::Unreachable(why.clone());
         }
         capmvm_reconcile::Reachability::Unknown => Vec::new(),
