@@ -163,9 +163,8 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
         .filter_map(|m| recorded_host(m))
         .collect();
     for host in recorded {
-        if !configs.contains_key(&host.to_string()) {
-            let config = ctx.credentials.host_config(mc, &host).await?;
-            configs.insert(host.to_string(), config);
+        if let std::collections::btree_map::Entry::Vacant(slot) = configs.entry(host.to_string()) {
+            slot.insert(ctx.credentials.host_config(mc, &host).await?);
         }
     }
     let usable: Vec<HostConfig> = configs
