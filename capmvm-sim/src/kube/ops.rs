@@ -428,6 +428,8 @@ pub(crate) fn create(
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut obj, None)?;
     }
+    // The generated name keeps at most 58 characters of the prefix, as the real name generator does.
+    let generate = meta::generated_name_base(&generate).to_string();
     let probe_name = if name.is_empty() {
         format!("{generate}xxxxx")
     } else {
