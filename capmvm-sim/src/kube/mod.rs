@@ -25,7 +25,7 @@
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
 //! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
-//! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `cli`
+//! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
 //! (`capmvm-sim kube`).
 
 mod apply;
@@ -34,6 +34,7 @@ mod cli;
 mod counters;
 mod discovery;
 mod error;
+mod faults;
 mod jsonpath;
 mod meta;
 mod ops;
@@ -54,6 +55,9 @@ use std::time::Duration;
 pub use cli::{KubeArgs, run};
 pub use counters::{CounterSnapshot, OTHER_AGENTS, Verb};
 pub use error::Error;
+pub use faults::{
+    DEFAULT_FAULT_SEED, FaultCounts, FaultKind, FaultRule, FaultRuleError, Faults,
+};
 
 /// How to start the emulator.
 #[derive(Debug, Clone)]
@@ -245,6 +249,11 @@ impl EmulatorHandle {
     /// clients seen are counted apart; later ones together under [`OTHER_AGENTS`].
     pub fn counters_of_agent(&self, user_agent: &str) -> CounterSnapshot {
         self.shared.counters.snapshot_of_agent(user_agent)
+    }
+
+    /// The fault rules of this emulator (a handle: clone it, set rules at run time, read the counts).
+    pub fn faults(&self) -> Faults {
+        self.shared.faults.clone()
     }
 
     /// Sets every request counter back to zero.

@@ -25,6 +25,7 @@ use super::store::{
 pub(crate) struct Shared {
     store: Mutex<Store>,
     pub(crate) counters: Counters,
+    pub(crate) faults: super::faults::Faults,
     pub(crate) gc_notify: Notify,
     pub(crate) default_watch_timeout: Duration,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
@@ -39,6 +40,7 @@ impl Shared {
         Self {
             store: Mutex::new(store),
             counters: Counters::default(),
+            faults: super::faults::Faults::default(),
             gc_notify: Notify::new(),
             default_watch_timeout,
             shutdown,
