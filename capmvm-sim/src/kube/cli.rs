@@ -142,7 +142,10 @@ mod tests {
         assert_eq!(cli.kube.faults.len(), 2);
         assert_eq!(cli.kube.fault_seed, 7);
         let e = Cli::try_parse_from(["kube", "--fault", "kind=500;share=half"]).unwrap_err();
-        assert!(e.to_string().contains("share=\"half\" is not a number"), "{e}");
+        assert!(
+            e.to_string().contains("share=\"half\" is not a number"),
+            "{e}"
+        );
     }
 
     #[test]

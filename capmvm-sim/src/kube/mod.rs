@@ -55,9 +55,7 @@ use std::time::Duration;
 pub use cli::{KubeArgs, run};
 pub use counters::{CounterSnapshot, OTHER_AGENTS, Verb};
 pub use error::Error;
-pub use faults::{
-    DEFAULT_FAULT_SEED, FaultCounts, FaultKind, FaultRule, FaultRuleError, Faults,
-};
+pub use faults::{DEFAULT_FAULT_SEED, FaultCounts, FaultKind, FaultRule, FaultRuleError, Faults};
 
 /// How to start the emulator.
 #[derive(Debug, Clone)]

@@ -1173,6 +1173,9 @@ impl WatchStream {
             && self.sent >= cut.after
         {
             self.ended = true;
+            // hyper writes what it has been given only once the body stops being ready: pause, so
+            // the events before the cut reach the client before the connection is dropped.
+            tokio::time::sleep(Duration::from_millis(20)).await;
             if let Some(c) = &cut.counter {
                 c.record();
             }

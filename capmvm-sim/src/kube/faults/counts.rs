@@ -100,6 +100,9 @@ mod tests {
             lines[1].starts_with("internal-error (500)") && lines[1].ends_with(" 3"),
             "{table}"
         );
-        assert!(lines[3].starts_with("total") && lines[3].ends_with(" 5"), "{table}");
+        assert!(
+            lines[3].starts_with("total") && lines[3].ends_with(" 5"),
+            "{table}"
+        );
     }
 }

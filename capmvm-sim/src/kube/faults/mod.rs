@@ -137,7 +137,10 @@ impl Faults {
 
     /// Replaces the rules (checked first: on an error the old rules stay). Rules are tried in order;
     /// the first one that selects a request and draws it decides the fault.
-    pub fn set_rules(&self, rules: impl IntoIterator<Item = FaultRule>) -> Result<(), FaultRuleError> {
+    pub fn set_rules(
+        &self,
+        rules: impl IntoIterator<Item = FaultRule>,
+    ) -> Result<(), FaultRuleError> {
         let rules: Vec<FaultRule> = rules.into_iter().collect();
         for r in &rules {
             r.validate()?;

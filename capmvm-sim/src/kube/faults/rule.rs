@@ -145,7 +145,13 @@ impl ResourceMatch {
         }
         Ok(Self {
             plural: plural.to_string(),
-            group: group.map(|g| if g == "core" { String::new() } else { g.to_string() }),
+            group: group.map(|g| {
+                if g == "core" {
+                    String::new()
+                } else {
+                    g.to_string()
+                }
+            }),
             subresource: sub.map(str::to_string),
         })
     }
@@ -238,10 +244,12 @@ impl FaultRule {
     ) -> Result<Self, FaultRuleError> {
         let mut parsed = Vec::new();
         for r in resources {
-            parsed.push(ResourceMatch::parse(r.as_ref()).map_err(|problem| FaultRuleError {
-                rule: self.to_string(),
-                problem,
-            })?);
+            parsed.push(
+                ResourceMatch::parse(r.as_ref()).map_err(|problem| FaultRuleError {
+                    rule: self.to_string(),
+                    problem,
+                })?,
+            );
         }
         self.resources = parsed;
         Ok(self)
@@ -309,7 +317,7 @@ impl FaultRule {
         }
         if self.kind == FaultKind::Slow && self.delay.is_zero() {
             return Err(err(
-                "kind=slow needs a delay above zero, e.g. delay=200ms".into(),
+                "kind=slow needs a delay above zero, e.g. delay=200ms".into()
             ));
         }
         Ok(())
@@ -376,8 +384,7 @@ impl fmt::Display for FaultRule {
     }
 }
 
-const KEYS: &str =
-    "kind, share, verbs, resources, agent, retry-after (429), delay (slow), after (cut-watch), times";
+const KEYS: &str = "kind, share, verbs, resources, agent, retry-after (429), delay (slow), after (cut-watch), times";
 
 /// Parses `key=value` pairs separated by `;`: `kind` (required), `share` (default 1), `verbs`,
 /// `resources`, `agent` (User-Agent prefix), `retry-after` (seconds), `delay` (`200ms`, `2s`),
@@ -393,22 +400,26 @@ impl FromStr for FaultRule {
         let mut pairs = Vec::new();
         for part in s.split(';').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((k, v)) = part.split_once('=') else {
-                return Err(err(format!(
-                    "{part:?} is not key=value (keys: {KEYS})"
-                )));
+                return Err(err(format!("{part:?} is not key=value (keys: {KEYS})")));
             };
             pairs.push((k.trim().to_ascii_lowercase(), v.trim()));
         }
         let kind = match pairs.iter().find(|(k, _)| k == "kind") {
-            Some((_, v)) => v.parse::<FaultKind>().map_err(|p| err(format!("kind: {p}")))?,
-            None => return Err(err(format!("kind is missing, e.g. kind=500 (keys: {KEYS})"))),
+            Some((_, v)) => v
+                .parse::<FaultKind>()
+                .map_err(|p| err(format!("kind: {p}")))?,
+            None => {
+                return Err(err(format!(
+                    "kind is missing, e.g. kind=500 (keys: {KEYS})"
+                )));
+            }
         };
         let mut rule = Self::new(kind);
         for (key, value) in pairs {
             let number = |what: &str| {
-                value.parse::<u64>().map_err(|_| {
-                    err(format!("{key}={value:?} is not a whole number ({what})"))
-                })
+                value
+                    .parse::<u64>()
+                    .map_err(|_| err(format!("{key}={value:?} is not a whole number ({what})")))
             };
             match key.as_str() {
                 "kind" => {}
@@ -433,7 +444,9 @@ impl FromStr for FaultRule {
                 }
                 "resources" | "resource" => {
                     rule.resources = list(value)
-                        .map(|r| ResourceMatch::parse(r).map_err(|p| err(format!("resources: {p}"))))
+                        .map(|r| {
+                            ResourceMatch::parse(r).map_err(|p| err(format!("resources: {p}")))
+                        })
                         .collect::<Result<_, _>>()?;
                 }
                 "agent" | "user-agent" => {
@@ -446,7 +459,9 @@ impl FromStr for FaultRule {
                     rule.retry_after_secs = u32::try_from(number("seconds")?)
                         .map_err(|_| err(format!("retry-after={value} is too large")))?;
                 }
-                "delay" => rule.delay = parse_duration(value).map_err(|p| err(format!("delay: {p}")))?,
+                "delay" => {
+                    rule.delay = parse_duration(value).map_err(|p| err(format!("delay: {p}")))?
+                }
                 "after" => {
                     rule.cut_after = usize::try_from(number("events before the cut")?)
                         .map_err(|_| err(format!("after={value} is too large")))?;
