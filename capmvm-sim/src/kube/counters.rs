@@ -64,7 +64,8 @@ impl std::str::FromStr for Verb {
 
 impl fmt::Display for Verb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so tables can align the column (`{verb:<16}`).
+        f.pad(self.as_str())
     }
 }
 

@@ -100,6 +100,10 @@ mod tests {
             lines[1].starts_with("internal-error (500)") && lines[1].ends_with(" 3"),
             "{table}"
         );
+        // Columns line up: each resource starts where its header does.
+        let column = lines[0].find("RESOURCE").unwrap();
+        assert_eq!(lines[1].find("core/secrets"), Some(column), "{table}");
+        assert_eq!(lines[2].find("core/secrets"), Some(column), "{table}");
         assert!(
             lines[3].starts_with("total") && lines[3].ends_with(" 5"),
             "{table}"
