@@ -23,7 +23,7 @@
 //!
 //! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
-//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only),
+//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only), `scale` (the scale subresource),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
 //! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
 //! (`capmvm-sim kube`).
@@ -41,6 +41,7 @@ mod ops;
 mod patch;
 mod protobuf;
 mod registry;
+mod scale;
 mod schema;
 mod selector;
 mod server;

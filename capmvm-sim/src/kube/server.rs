@@ -639,6 +639,9 @@ async fn resource(
     if !def.namespaced && rp.ns.is_some() {
         return Err(ApiError::path_not_found());
     }
+    if rp.sub.as_deref() == Some("scale") && def.scale.is_some() && !rp.watch {
+        return scale_request(app, method, &def, &rp, query, headers, &body).await;
+    }
     let sub = match rp.sub.as_deref() {
         None => Sub::Main,
         Some("status") if def.status_subresource => Sub::Status,
@@ -666,37 +669,10 @@ async fn resource(
         return Err(ApiError::method_not_allowed());
     };
     shared.counters.bump(verb, &counter, agent);
-    let mut cut = None;
-    if let Some(fault) = shared.faults.decide(&FaultRequest {
-        verb,
-        group: &def.group,
-        plural: &def.plural,
-        subresource: rp.sub.as_deref(),
-        user_agent: full_user_agent(headers),
-        counter: &counter,
-        resuming_watch: verb == Verb::Watch
-            && query
-                .get("resourceVersion")
-                .is_some_and(|rv| !rv.is_empty() && rv != "0"),
-    }) {
-        match fault.kind {
-            FaultKind::Slow => {
-                // Slow, then the real answer; shutting down does not wait for the delay.
-                let mut shutdown = shared.shutdown.clone();
-                tokio::select! {
-                    () = tokio::time::sleep(fault.delay) => {}
-                    _ = shutdown.wait_for(|s| *s) => {}
-                }
-            }
-            FaultKind::CutWatch => {
-                cut = Some(WatchCut {
-                    after: fault.cut_after,
-                    counter: fault.cut,
-                });
-            }
-            _ => return fault_answer(shared, &def, rp.name.as_deref(), query, &fault),
-        }
-    }
+    let cut = match inject_fault(shared, &def, &rp, verb, &counter, query, headers).await {
+        FaultOutcome::Serve(cut) => cut,
+        FaultOutcome::Answer(answer) => return answer,
+    };
     match (method.clone(), rp.name.as_deref()) {
         (Method::GET, None) if watch => {
             let filter = filter_from(&def, ns, query)?;
@@ -814,6 +790,114 @@ fn full_user_agent(headers: &HeaderMap) -> &str {
         .get(header::USER_AGENT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("")
+}
+
+/// What the fault rules make of a request.
+enum FaultOutcome {
+    /// Serve it (after any delay), cutting a watch if told.
+    Serve(Option<WatchCut>),
+    /// Answer this instead.
+    Answer(Result<Response, ApiError>),
+}
+
+async fn inject_fault(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    verb: Verb,
+    counter: &str,
+    query: &Query,
+    headers: &HeaderMap,
+) -> FaultOutcome {
+    let Some(fault) = shared.faults.decide(&FaultRequest {
+        verb,
+        group: &def.group,
+        plural: &def.plural,
+        subresource: rp.sub.as_deref(),
+        user_agent: full_user_agent(headers),
+        counter,
+        resuming_watch: verb == Verb::Watch
+            && query
+                .get("resourceVersion")
+                .is_some_and(|rv| !rv.is_empty() && rv != "0"),
+    }) else {
+        return FaultOutcome::Serve(None);
+    };
+    match fault.kind {
+        FaultKind::Slow => {
+            // Slow, then the real answer; shutting down does not wait for the delay.
+            let mut shutdown = shared.shutdown.clone();
+            tokio::select! {
+                () = tokio::time::sleep(fault.delay) => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+            FaultOutcome::Serve(None)
+        }
+        FaultKind::CutWatch => FaultOutcome::Serve(Some(WatchCut {
+            after: fault.cut_after,
+            counter: fault.cut,
+        })),
+        _ => FaultOutcome::Answer(fault_answer(shared, def, rp.name.as_deref(), query, &fault)),
+    }
+}
+
+/// `{resource}/{name}/scale` of a custom resource that declares the scale subresource: an
+/// `autoscaling/v1` Scale read from and written through to the object.
+async fn scale_request(
+    app: &Arc<App>,
+    method: &Method,
+    def: &Arc<ResourceDef>,
+    rp: &ResourcePath,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let Some(name) = rp.name.as_deref() else {
+        return Err(ApiError::path_not_found());
+    };
+    let verb = match *method {
+        Method::GET => Verb::Get,
+        Method::PUT => Verb::Update,
+        Method::PATCH => Verb::Patch,
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    let counter: Arc<str> = Arc::from(format!("{}/scale", def.counter_name));
+    shared.counters.bump(verb, &counter, request_agent(headers));
+    if let FaultOutcome::Answer(answer) =
+        inject_fault(shared, def, rp, verb, &counter, query, headers).await
+    {
+        return answer;
+    }
+    let ns = rp.ns.as_deref();
+    let scale = match verb {
+        Verb::Get => {
+            ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
+            super::scale::get(shared, def, ns, name)?
+        }
+        Verb::Update => {
+            let params = write_params(query, headers)?;
+            let obj = decode_object(def, headers, body)?;
+            super::scale::update(shared, def, ns, name, &obj, &params)?
+        }
+        _ => {
+            let params = write_params(query, headers)?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let ptype = PatchType::from_content_type(ct)
+                .filter(|p| *p != PatchType::Apply)
+                .ok_or_else(|| {
+                    ApiError::unsupported_media_type(
+                        "the body of the request was in an unknown format - accepted media types include: \
+                         application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                    )
+                })?;
+            super::scale::patch(shared, def, ns, name, ptype, body, &params)?
+        }
+    };
+    Ok(respond_value(StatusCode::OK, &scale, &[]))
 }
 
 /// The answer of an injected error, before anything is read or stored.
