@@ -790,6 +790,103 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
     assert_eq!(status_of(e).code, 422);
 }
 
+/// The 422 Invalid a real server gives for a bad `metadata.name`: one cause per broken rule.
+fn assert_invalid_name(e: kube::Error, name: &str, message: &str) {
+    let s = status_of(e);
+    assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"), "{s:?}");
+    let causes = s
+        .details
+        .as_ref()
+        .map(|d| d.causes.clone())
+        .unwrap_or_default();
+    assert!(
+        causes
+            .iter()
+            .any(|c| c.field == "metadata.name" && c.message.contains(message)),
+        "{name}: expected a metadata.name cause saying {message:?}, got {causes:?}"
+    );
+    assert!(s.message.contains("metadata.name"), "{}", s.message);
+}
+
+#[tokio::test]
+async fn names_are_dns_subdomains_and_namespaces_dns_labels() {
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    // A DNS subdomain has no 63-character limit on the parts between dots; only the whole counts.
+    let long = format!("m{}", "a".repeat(99));
+    let dotted = format!("{}.{}", "b".repeat(70), "c".repeat(70));
+    for name in [&long, &dotted] {
+        let m = create_machine(&client, "default", name).await;
+        assert_eq!(m.metadata.name.as_deref(), Some(name.as_str()));
+    }
+    let configmaps: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+    let cm = ConfigMap {
+        metadata: kube::core::ObjectMeta {
+            name: Some(long.clone()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    configmaps
+        .create(&PostParams::default(), &cm)
+        .await
+        .unwrap();
+    assert_eq!(configmaps.get(&long).await.unwrap().name_any(), long);
+    // A generated name keeps 58 characters of a long prefix, then 5 random ones.
+    let mut generated = cm.clone();
+    generated.metadata.name = None;
+    generated.metadata.generate_name = Some(format!("{long}-"));
+    let g = configmaps
+        .create(&PostParams::default(), &generated)
+        .await
+        .unwrap();
+    assert_eq!(g.name_any().len(), 63, "{}", g.name_any());
+    assert!(g.name_any().starts_with(&long[..58]));
+
+    let too_long = "a".repeat(254);
+    let e = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(machine(&too_long)))
+        .await
+        .unwrap_err();
+    assert_invalid_name(e, &too_long, "must be no more than 253 characters");
+    let mut cm_too_long = cm.clone();
+    cm_too_long.metadata.name = Some(too_long.clone());
+    let e = configmaps
+        .create(&PostParams::default(), &cm_too_long)
+        .await
+        .unwrap_err();
+    assert_invalid_name(e, &too_long, "must be no more than 253 characters");
+    let e = machines(&client, "default")
+        .create(&PostParams::default(), &dynamic(machine("Worker-1")))
+        .await
+        .unwrap_err();
+    assert_invalid_name(e, "Worker-1", "a lowercase RFC 1123 subdomain");
+
+    // Namespaces are DNS labels: 63 characters at most, no dots.
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let ns = |name: &str| Namespace {
+        metadata: kube::core::ObjectMeta {
+            name: Some(name.to_string()),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    namespaces
+        .create(&PostParams::default(), &ns(&"n".repeat(63)))
+        .await
+        .unwrap();
+    let e = namespaces
+        .create(&PostParams::default(), &ns(&"n".repeat(64)))
+        .await
+        .unwrap_err();
+    assert_invalid_name(e, "64 n", "must be no more than 63 characters");
+    let e = namespaces
+        .create(&PostParams::default(), &ns("team.a"))
+        .await
+        .unwrap_err();
+    assert_invalid_name(e, "team.a", "a lowercase RFC 1123 label");
+}
+
 #[tokio::test]
 async fn generation_changes_only_when_spec_changes() {
     let (_emu, client) = start().await;

@@ -303,6 +303,7 @@ fn def(
         conversion,
         builtin: Some(builtin),
         status_subresource: matches!(builtin, Builtin::Namespace | Builtin::Crd),
+        scale: None,
         schema: compiled,
         raw_schema: Some(schema),
         columns,

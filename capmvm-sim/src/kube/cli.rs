@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 use std::path::PathBuf;
 
-use super::{Emulator, EmulatorOptions, Error};
+use super::{DEFAULT_FAULT_SEED, Emulator, EmulatorOptions, Error, FaultRule};
 
 /// Arguments of `capmvm-sim kube`.
 #[derive(Debug, Clone, clap::Args)]
@@ -28,6 +28,19 @@ pub struct KubeArgs {
     /// Events buffered per watch before a slow watcher is closed.
     #[arg(long, default_value_t = 1_000)]
     pub watch_buffer: usize,
+    /// Fail a share of requests, for resilience tests (repeatable; the first matching rule wins).
+    /// `;`-separated `key=value`: `kind` = 500 | 429 | 409 | 504 | slow | cut-watch | 410 (required),
+    /// `share` (0..1, default 1), `verbs` (get,list,watch,create,update,patch,delete,deletecollection),
+    /// `resources` (plural[.group][/subresource], comma-separated), `agent` (User-Agent prefix),
+    /// `retry-after` (429, seconds), `delay` (slow, e.g. 200ms), `after` (cut-watch: events before
+    /// the cut), `times` (at most this many). Example:
+    /// `--fault 'kind=500;verbs=list,watch;resources=secrets;share=0.05'`.
+    /// The counts are printed on exit and served at `/debug/faults`.
+    #[arg(long = "fault", value_name = "RULE")]
+    pub faults: Vec<FaultRule>,
+    /// Seed of the fault rules' random source: the same seed and requests give the same faults.
+    #[arg(long, default_value_t = DEFAULT_FAULT_SEED)]
+    pub fault_seed: u64,
 }
 
 /// Serves until interrupted, printing the URL (with the port chosen for `--port 0`) and the
@@ -42,6 +55,14 @@ pub async fn run(args: KubeArgs) -> Result<(), Error> {
         .watch_buffer(args.watch_buffer);
     options.bind = std::net::SocketAddr::new(args.address, args.port);
     let emulator = Emulator::start(options).await?;
+    let faults = emulator.faults();
+    faults.seed(args.fault_seed);
+    faults
+        .set_rules(args.faults.iter().cloned())
+        .map_err(|e| Error::Options(e.to_string()))?;
+    for rule in &args.faults {
+        println!("fault rule: {rule} (seed {})", args.fault_seed);
+    }
     emulator.write_kubeconfig(&args.kubeconfig)?;
     println!("Kubernetes API emulator at {}", emulator.base_url());
     println!("kubeconfig written to {}", args.kubeconfig.display());
@@ -54,6 +75,9 @@ pub async fn run(args: KubeArgs) -> Result<(), Error> {
         requests = emulator.counters().total(),
         "stopping the Kubernetes API emulator"
     );
+    if !args.faults.is_empty() {
+        println!("faults injected:\n{}", faults.counts());
+    }
     emulator.shutdown().await;
     Ok(())
 }
@@ -95,6 +119,34 @@ async fn wait_for_signal() -> Result<(), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        kube: KubeArgs,
+    }
+
+    #[test]
+    fn fault_flags_parse_and_a_bad_rule_names_its_part() {
+        let cli = Cli::try_parse_from([
+            "kube",
+            "--fault",
+            "kind=500;verbs=list,watch;resources=secrets;share=0.05",
+            "--fault",
+            "kind=429;retry-after=2;agent=capmvm-operator/",
+            "--fault-seed",
+            "7",
+        ])
+        .unwrap();
+        assert_eq!(cli.kube.faults.len(), 2);
+        assert_eq!(cli.kube.fault_seed, 7);
+        let e = Cli::try_parse_from(["kube", "--fault", "kind=500;share=half"]).unwrap_err();
+        assert!(
+            e.to_string().contains("share=\"half\" is not a number"),
+            "{e}"
+        );
+    }
 
     #[test]
     fn only_loopback_without_the_opt_in() {

@@ -41,9 +41,31 @@ impl Verb {
     }
 }
 
+impl std::str::FromStr for Verb {
+    type Err = String;
+
+    /// The verb as Kubernetes spells it (`get`, `list`, ..., `deletecollection`).
+    fn from_str(s: &str) -> Result<Self, String> {
+        [
+            Self::Get,
+            Self::List,
+            Self::Watch,
+            Self::Create,
+            Self::Update,
+            Self::Patch,
+            Self::Delete,
+            Self::DeleteCollection,
+        ]
+        .into_iter()
+        .find(|v| v.as_str().eq_ignore_ascii_case(s.trim()))
+        .ok_or_else(|| format!("unknown verb {s:?}"))
+    }
+}
+
 impl fmt::Display for Verb {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        // `pad`, so tables can align the column (`{verb:<16}`).
+        f.pad(self.as_str())
     }
 }
 

@@ -120,6 +120,17 @@ pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> 
                 "verbs": ["get", "patch", "update"]
             }));
         }
+        if d.scale.is_some() {
+            resources.push(json!({
+                "name": format!("{}/scale", d.plural),
+                "singularName": "",
+                "namespaced": d.namespaced,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": ["get", "patch", "update"]
+            }));
+        }
     }
     let gv = if group.is_empty() {
         version.to_string()

@@ -347,6 +347,29 @@ impl ApiError {
         )
     }
 
+    /// 429 as API priority and fairness answers a request it sheds: the client is to wait
+    /// `retry_after_secs` (also sent as the `Retry-After` header) and try again.
+    pub(crate) fn too_many_requests(retry_after_secs: u32) -> Self {
+        let mut d = Map::new();
+        d.insert("retryAfterSeconds".into(), json!(retry_after_secs));
+        Self {
+            code: 429,
+            reason: "TooManyRequests",
+            message: "Too many requests, please try again later.".into(),
+            details: Some(d),
+        }
+    }
+
+    /// 504 as the real server's request timeout filter answers a request that ran out of time.
+    pub(crate) fn request_timeout() -> Self {
+        Self {
+            code: 504,
+            reason: "Timeout",
+            message: "Timeout: request did not complete within requested timeout - context deadline exceeded".into(),
+            details: Some(Map::new()),
+        }
+    }
+
     /// 504 Timeout for a resourceVersion the server has not reached (yet), as the real storage layer's
     /// `NewTooLargeResourceVersionError`: the one-second retry hint and the `ResourceVersionTooLarge`
     /// cause that client-go's reflector recognises (it then relists from the newest version).

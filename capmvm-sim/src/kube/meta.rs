@@ -167,22 +167,44 @@ pub(crate) fn generated_suffix() -> String {
         .collect()
 }
 
+/// The part of a `generateName` a generated name keeps: apimachinery's `SimpleNameGenerator` cuts
+/// the prefix to 58 characters so that the name with its 5 random ones fits a DNS label.
+pub(crate) fn generated_name_base(prefix: &str) -> &str {
+    const MAX_PREFIX: usize = 63 - 5;
+    let mut end = prefix.len().min(MAX_PREFIX);
+    while !prefix.is_char_boundary(end) {
+        end -= 1;
+    }
+    &prefix[..end]
+}
+
 const DNS1123_LABEL_MSG: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
 const DNS1123_SUBDOMAIN_MSG: &str = "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character (e.g. 'example.com', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')";
 const QUALIFIED_NAME_MSG: &str = "name part must consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyName',  or 'my.name',  or '123-abc', regex used for validation is '([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]')";
 const LABEL_VALUE_MSG: &str = "a valid label must be an empty string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an alphanumeric character (e.g. 'MyValue',  or 'my_value',  or '12345', regex used for validation is '(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')";
 
-pub(crate) fn is_dns1123_label(s: &str) -> bool {
+/// The shape of one RFC 1123 label, `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, without its length limit.
+fn is_dns1123_label_shaped(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 63
         && s.bytes()
             .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
         && !s.starts_with('-')
         && !s.ends_with('-')
 }
 
+/// A DNS label (Namespace names, CRD plurals): at most 63 characters.
+pub(crate) fn is_dns1123_label(s: &str) -> bool {
+    s.len() <= 63 && is_dns1123_label_shaped(s)
+}
+
+/// A DNS subdomain (most object names, API groups): at most 253 characters in all. As in
+/// apimachinery's `IsDNS1123Subdomain`, the parts between dots have no limit of their own.
+fn is_dns1123_subdomain_shaped(s: &str) -> bool {
+    s.split('.').all(is_dns1123_label_shaped)
+}
+
 pub(crate) fn is_dns1123_subdomain(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 253 && s.split('.').all(is_dns1123_label)
+    s.len() <= 253 && is_dns1123_subdomain_shaped(s)
 }
 
 fn is_qualified_name_part(s: &str) -> bool {
@@ -229,29 +251,30 @@ pub(crate) enum NameRule {
     Dns1123Label,
 }
 
+/// The causes a real server gives for a bad name: one per broken rule (length, then shape), as
+/// apimachinery's `IsDNS1123Label` / `IsDNS1123Subdomain` list them.
 pub(crate) fn name_errors(rule: NameRule, name: &str, field: &str) -> Vec<FieldError> {
-    let ok = match rule {
-        NameRule::Dns1123Label => is_dns1123_label(name),
-        NameRule::Dns1123Subdomain => is_dns1123_subdomain(name),
+    let (max, shaped, shape_msg) = match rule {
+        NameRule::Dns1123Label => (63, is_dns1123_label_shaped(name), DNS1123_LABEL_MSG),
+        NameRule::Dns1123Subdomain => (
+            253,
+            is_dns1123_subdomain_shaped(name),
+            DNS1123_SUBDOMAIN_MSG,
+        ),
     };
-    if ok {
-        return Vec::new();
+    let value = Value::String(name.to_string());
+    let mut errs = Vec::new();
+    if name.len() > max {
+        errs.push(FieldError::invalid(
+            field,
+            &value,
+            &format!("must be no more than {max} characters"),
+        ));
     }
-    let msg = match rule {
-        NameRule::Dns1123Label if name.len() > 63 => {
-            "must be no more than 63 characters".to_string()
-        }
-        NameRule::Dns1123Label => DNS1123_LABEL_MSG.to_string(),
-        NameRule::Dns1123Subdomain if name.len() > 253 => {
-            "must be no more than 253 characters".to_string()
-        }
-        NameRule::Dns1123Subdomain => DNS1123_SUBDOMAIN_MSG.to_string(),
-    };
-    vec![FieldError::invalid(
-        field,
-        &Value::String(name.to_string()),
-        &msg,
-    )]
+    if !shaped {
+        errs.push(FieldError::invalid(field, &value, shape_msg));
+    }
+    errs
 }
 
 /// Decoding checks on `metadata`: a wrongly typed field makes the whole body undecodable (400), as with
@@ -455,6 +478,18 @@ mod tests {
         assert!(!is_dns1123_subdomain("a..b"));
         assert!(is_dns1123_label("default"));
         assert!(!is_dns1123_label("a.b"));
+        assert!(!is_dns1123_label(&"a".repeat(64)));
+        // No per-part limit in a subdomain: only the whole name's 253.
+        assert!(is_dns1123_subdomain(&format!(
+            "{}.{}",
+            "a".repeat(100),
+            "b".repeat(100)
+        )));
+        assert!(is_dns1123_subdomain(&"a".repeat(253)));
+        assert!(!is_dns1123_subdomain(&"a".repeat(254)));
+        assert!(!is_dns1123_subdomain("a."));
+        let both = name_errors(NameRule::Dns1123Label, &"A".repeat(64), "metadata.name");
+        assert_eq!(both.len(), 2, "length and shape are both reported");
         assert!(qualified_name_errors("cluster.x-k8s.io/cluster-name").is_empty());
         assert!(!qualified_name_errors("bad key!").is_empty());
     }

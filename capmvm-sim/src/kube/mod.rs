@@ -23,9 +23,9 @@
 //!
 //! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
-//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only),
+//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only), `scale` (the scale subresource),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
-//! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `cli`
+//! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
 //! (`capmvm-sim kube`).
 
 mod apply;
@@ -34,12 +34,14 @@ mod cli;
 mod counters;
 mod discovery;
 mod error;
+mod faults;
 mod jsonpath;
 mod meta;
 mod ops;
 mod patch;
 mod protobuf;
 mod registry;
+mod scale;
 mod schema;
 mod selector;
 mod server;
@@ -54,6 +56,7 @@ use std::time::Duration;
 pub use cli::{KubeArgs, run};
 pub use counters::{CounterSnapshot, OTHER_AGENTS, Verb};
 pub use error::Error;
+pub use faults::{DEFAULT_FAULT_SEED, FaultCounts, FaultKind, FaultRule, FaultRuleError, Faults};
 
 /// How to start the emulator.
 #[derive(Debug, Clone)]
@@ -245,6 +248,11 @@ impl EmulatorHandle {
     /// clients seen are counted apart; later ones together under [`OTHER_AGENTS`].
     pub fn counters_of_agent(&self, user_agent: &str) -> CounterSnapshot {
         self.shared.counters.snapshot_of_agent(user_agent)
+    }
+
+    /// The fault rules of this emulator (a handle: clone it, set rules at run time, read the counts).
+    pub fn faults(&self) -> Faults {
+        self.shared.faults.clone()
     }
 
     /// Sets every request counter back to zero.

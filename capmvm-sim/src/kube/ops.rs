@@ -25,6 +25,7 @@ use super::store::{
 pub(crate) struct Shared {
     store: Mutex<Store>,
     pub(crate) counters: Counters,
+    pub(crate) faults: super::faults::Faults,
     pub(crate) gc_notify: Notify,
     pub(crate) default_watch_timeout: Duration,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
@@ -39,6 +40,7 @@ impl Shared {
         Self {
             store: Mutex::new(store),
             counters: Counters::default(),
+            faults: super::faults::Faults::default(),
             gc_notify: Notify::new(),
             default_watch_timeout,
             shutdown,
@@ -428,6 +430,8 @@ pub(crate) fn create(
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut obj, None)?;
     }
+    // The generated name keeps at most 58 characters of the prefix, as the real name generator does.
+    let generate = meta::generated_name_base(&generate).to_string();
     let probe_name = if name.is_empty() {
         format!("{generate}xxxxx")
     } else {

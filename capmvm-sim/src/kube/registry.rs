@@ -58,6 +58,27 @@ pub(crate) struct Column {
     pub(crate) source: CellSource,
 }
 
+/// Where a custom resource keeps what its `/scale` subresource shows: JSON paths (`.spec.replicas`)
+/// as the CRD's `subresources.scale` gives them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ScalePaths {
+    pub(crate) spec_replicas: String,
+    pub(crate) status_replicas: String,
+    pub(crate) label_selector: Option<String>,
+}
+
+impl ScalePaths {
+    fn from_crd_version(v: &Value) -> Option<Self> {
+        let scale = v.pointer("/subresources/scale")?;
+        let path = |key: &str| scale.get(key).and_then(Value::as_str).map(str::to_string);
+        Some(Self {
+            spec_replicas: path("specReplicasPath")?,
+            status_replicas: path("statusReplicasPath")?,
+            label_selector: path("labelSelectorPath").filter(|p| !p.is_empty()),
+        })
+    }
+}
+
 /// One served (group, version, resource).
 #[derive(Debug)]
 pub(crate) struct ResourceDef {
@@ -75,6 +96,8 @@ pub(crate) struct ResourceDef {
     pub(crate) conversion: Conversion,
     pub(crate) builtin: Option<Builtin>,
     pub(crate) status_subresource: bool,
+    /// The scale subresource's paths, for CRD versions that declare `subresources.scale`.
+    pub(crate) scale: Option<ScalePaths>,
     pub(crate) schema: Option<Arc<Schema>>,
     /// The schema as written, for the OpenAPI documents.
     pub(crate) raw_schema: Option<Value>,
@@ -645,6 +668,7 @@ pub(crate) fn defs_from_crd(crd: &Value) -> Vec<ResourceDef> {
             conversion,
             builtin: None,
             status_subresource: v.pointer("/subresources/status").is_some(),
+            scale: ScalePaths::from_crd_version(v),
             schema,
             raw_schema,
             columns,

@@ -15,6 +15,7 @@ use tokio::sync::mpsc;
 use super::counters::Verb;
 use super::discovery;
 use super::error::{ApiError, FieldError};
+use super::faults::{CutCounter, FaultKind, FaultRequest, Injected};
 use super::meta;
 use super::ops::{
     self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WatchStart, WriteParams,
@@ -247,6 +248,7 @@ enum Route {
     ResourceList(String, String),
     OpenApiIndex,
     OpenApiDoc(String, String),
+    FaultCounts,
     Resource(ResourcePath),
 }
 
@@ -266,6 +268,7 @@ fn route(path: &str, shared: &Shared) -> Option<Route> {
         ["api", v] => Some(Route::ResourceList(String::new(), (*v).to_string())),
         ["apis", g, v] => Some(Route::ResourceList((*g).to_string(), (*v).to_string())),
         ["openapi", "v3"] => Some(Route::OpenApiIndex),
+        ["debug", "faults"] => Some(Route::FaultCounts),
         ["openapi", "v3", "api", v] => Some(Route::OpenApiDoc(String::new(), (*v).to_string())),
         ["openapi", "v3", "apis", g, v] => {
             Some(Route::OpenApiDoc((*g).to_string(), (*v).to_string()))
@@ -427,6 +430,18 @@ async fn dispatch(
         Route::OpenApiDoc(g, v) => {
             let doc = discovery::openapi_doc(&shared.lock().registry, &g, &v);
             discovery_get("openapi", doc)
+        }
+        Route::FaultCounts => {
+            if method != Method::GET {
+                return Err(ApiError::method_not_allowed());
+            }
+            let table = shared.faults.counts().to_string();
+            Ok(respond(
+                StatusCode::OK,
+                "text/plain; charset=utf-8",
+                Bytes::from(table),
+                &[],
+            ))
         }
         Route::Resource(rp) => resource(app, method, rp, query, headers, body).await,
     }
@@ -624,6 +639,9 @@ async fn resource(
     if !def.namespaced && rp.ns.is_some() {
         return Err(ApiError::path_not_found());
     }
+    if rp.sub.as_deref() == Some("scale") && def.scale.is_some() && !rp.watch {
+        return scale_request(app, method, &def, &rp, query, headers, &body).await;
+    }
     let sub = match rp.sub.as_deref() {
         None => Sub::Main,
         Some("status") if def.status_subresource => Sub::Status,
@@ -647,19 +665,24 @@ async fn resource(
     // `?watch=true` makes a GET of a collection a watch; on a named path the real server ignores it
     // (a plain GET), and only the `/watch/` form watches one object.
     let watch = rp.watch || query.flag("watch")?;
+    let Some(verb) = verb_of(method, rp.name.is_some(), watch, rp.watch, sub) else {
+        return Err(ApiError::method_not_allowed());
+    };
+    shared.counters.bump(verb, &counter, agent);
+    let cut = match inject_fault(shared, &def, &rp, verb, &counter, query, headers).await {
+        FaultOutcome::Serve(cut) => cut,
+        FaultOutcome::Answer(answer) => return answer,
+    };
     match (method.clone(), rp.name.as_deref()) {
         (Method::GET, None) if watch => {
-            shared.counters.bump(Verb::Watch, &counter, agent);
             let filter = filter_from(&def, ns, query)?;
-            start_watch(app, &def, filter, query, negotiate(headers)?).await
+            start_watch(app, &def, filter, query, negotiate(headers)?, cut).await
         }
         (Method::GET, Some(name)) if rp.watch => {
-            shared.counters.bump(Verb::Watch, &counter, agent);
             let filter = named_filter(&def, ns, name, query)?;
-            start_watch(app, &def, filter, query, negotiate(headers)?).await
+            start_watch(app, &def, filter, query, negotiate(headers)?, cut).await
         }
         (Method::GET, None) => {
-            shared.counters.bump(Verb::List, &counter, agent);
             let format = negotiate(headers)?;
             let opts = list_opts(query)?;
             ops::wait_for_read(
@@ -671,7 +694,6 @@ async fn resource(
             list(shared, &def, ns, query, &opts, format)
         }
         (Method::GET, Some(name)) => {
-            shared.counters.bump(Verb::Get, &counter, agent);
             let format = negotiate(headers)?;
             // A GET "not older than" a resourceVersion waits for it as a LIST does.
             ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
@@ -679,14 +701,12 @@ async fn resource(
             object_response(&def, &stored, format, query, StatusCode::OK, &[])
         }
         (Method::POST, None) if sub == Sub::Main => {
-            shared.counters.bump(Verb::Create, &counter, agent);
             let params = write_params(query, headers)?;
             let obj = decode_object(&def, headers, &body)?;
             let res = ops::create(shared, &def, ns, obj, &params)?;
             Ok(written_response(&def, &res.written, true, &res.warnings))
         }
         (Method::PUT, Some(name)) => {
-            shared.counters.bump(Verb::Update, &counter, agent);
             let params = write_params(query, headers)?;
             let obj = decode_object(&def, headers, &body)?;
             let res = ops::update(shared, &def, ns, name, sub, obj, &params)?;
@@ -698,7 +718,6 @@ async fn resource(
             ))
         }
         (Method::PATCH, Some(name)) => {
-            shared.counters.bump(Verb::Patch, &counter, agent);
             let params = write_params(query, headers)?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
@@ -736,20 +755,186 @@ async fn resource(
             ))
         }
         (Method::DELETE, Some(name)) if sub == Sub::Main => {
-            shared.counters.bump(Verb::Delete, &counter, agent);
             let opts = delete_opts(query, &body)?;
             let written = ops::delete(shared, &def, ns, name, &opts)?;
             Ok(delete_response(&def, name, &written))
         }
         (Method::DELETE, None) if sub == Sub::Main => {
-            shared
-                .counters
-                .bump(Verb::DeleteCollection, &counter, agent);
             let opts = delete_opts(query, &body)?;
             delete_collection(shared, &def, ns, query, &opts)
         }
         _ => Err(ApiError::method_not_allowed()),
     }
+}
+
+/// The verb of a request on a resource path, as the request counters and fault rules name it; `None`
+/// for a method the path does not take.
+fn verb_of(method: &Method, named: bool, watch: bool, watch_path: bool, sub: Sub) -> Option<Verb> {
+    match (method.clone(), named) {
+        (Method::GET, false) if watch => Some(Verb::Watch),
+        (Method::GET, true) if watch_path => Some(Verb::Watch),
+        (Method::GET, false) => Some(Verb::List),
+        (Method::GET, true) => Some(Verb::Get),
+        (Method::POST, false) if sub == Sub::Main => Some(Verb::Create),
+        (Method::PUT, true) => Some(Verb::Update),
+        (Method::PATCH, true) => Some(Verb::Patch),
+        (Method::DELETE, true) if sub == Sub::Main => Some(Verb::Delete),
+        (Method::DELETE, false) if sub == Sub::Main => Some(Verb::DeleteCollection),
+        _ => None,
+    }
+}
+
+/// The whole User-Agent header ("" when there is none), which fault rules match by prefix.
+fn full_user_agent(headers: &HeaderMap) -> &str {
+    headers
+        .get(header::USER_AGENT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+}
+
+/// What the fault rules make of a request.
+enum FaultOutcome {
+    /// Serve it (after any delay), cutting a watch if told.
+    Serve(Option<WatchCut>),
+    /// Answer this instead.
+    Answer(Result<Response, ApiError>),
+}
+
+async fn inject_fault(
+    shared: &Shared,
+    def: &ResourceDef,
+    rp: &ResourcePath,
+    verb: Verb,
+    counter: &str,
+    query: &Query,
+    headers: &HeaderMap,
+) -> FaultOutcome {
+    let Some(fault) = shared.faults.decide(&FaultRequest {
+        verb,
+        group: &def.group,
+        plural: &def.plural,
+        subresource: rp.sub.as_deref(),
+        user_agent: full_user_agent(headers),
+        counter,
+        resuming_watch: verb == Verb::Watch
+            && query
+                .get("resourceVersion")
+                .is_some_and(|rv| !rv.is_empty() && rv != "0"),
+    }) else {
+        return FaultOutcome::Serve(None);
+    };
+    match fault.kind {
+        FaultKind::Slow => {
+            // Slow, then the real answer; shutting down does not wait for the delay.
+            let mut shutdown = shared.shutdown.clone();
+            tokio::select! {
+                () = tokio::time::sleep(fault.delay) => {}
+                _ = shutdown.wait_for(|s| *s) => {}
+            }
+            FaultOutcome::Serve(None)
+        }
+        FaultKind::CutWatch => FaultOutcome::Serve(Some(WatchCut {
+            after: fault.cut_after,
+            counter: fault.cut,
+        })),
+        _ => FaultOutcome::Answer(fault_answer(shared, def, rp.name.as_deref(), query, &fault)),
+    }
+}
+
+/// `{resource}/{name}/scale` of a custom resource that declares the scale subresource: an
+/// `autoscaling/v1` Scale read from and written through to the object.
+async fn scale_request(
+    app: &Arc<App>,
+    method: &Method,
+    def: &Arc<ResourceDef>,
+    rp: &ResourcePath,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let shared = &app.shared;
+    let Some(name) = rp.name.as_deref() else {
+        return Err(ApiError::path_not_found());
+    };
+    let verb = match *method {
+        Method::GET => Verb::Get,
+        Method::PUT => Verb::Update,
+        Method::PATCH => Verb::Patch,
+        _ => return Err(ApiError::method_not_allowed()),
+    };
+    let counter: Arc<str> = Arc::from(format!("{}/scale", def.counter_name));
+    shared.counters.bump(verb, &counter, request_agent(headers));
+    if let FaultOutcome::Answer(answer) =
+        inject_fault(shared, def, rp, verb, &counter, query, headers).await
+    {
+        return answer;
+    }
+    let ns = rp.ns.as_deref();
+    let scale = match verb {
+        Verb::Get => {
+            ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
+            super::scale::get(shared, def, ns, name)?
+        }
+        Verb::Update => {
+            let params = write_params(query, headers)?;
+            let obj = decode_object(def, headers, body)?;
+            super::scale::update(shared, def, ns, name, &obj, &params)?
+        }
+        _ => {
+            let params = write_params(query, headers)?;
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let ptype = PatchType::from_content_type(ct)
+                .filter(|p| *p != PatchType::Apply)
+                .ok_or_else(|| {
+                    ApiError::unsupported_media_type(
+                        "the body of the request was in an unknown format - accepted media types include: \
+                         application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+                    )
+                })?;
+            super::scale::patch(shared, def, ns, name, ptype, body, &params)?
+        }
+    };
+    Ok(respond_value(StatusCode::OK, &scale, &[]))
+}
+
+/// The answer of an injected error, before anything is read or stored.
+fn fault_answer(
+    shared: &Shared,
+    def: &ResourceDef,
+    name: Option<&str>,
+    query: &Query,
+    fault: &Injected,
+) -> Result<Response, ApiError> {
+    Err(match fault.kind {
+        FaultKind::InternalError => {
+            ApiError::internal("fault injected by the API emulator's fault rules")
+        }
+        FaultKind::TooManyRequests => ApiError::too_many_requests(fault.retry_after_secs),
+        FaultKind::Conflict => {
+            ApiError::modified_conflict(&def.plural, &def.group, name.unwrap_or(""))
+        }
+        FaultKind::Timeout => ApiError::request_timeout(),
+        FaultKind::Gone => {
+            // As a watch from a compacted resourceVersion: an ERROR event in a 200 stream.
+            let from = query.get("resourceVersion").unwrap_or("");
+            let current = shared.lock().rev;
+            let e = ApiError::gone(format!("too old resource version: {from} ({current})"));
+            let line = store::event_line("ERROR", &store::encode(&e.to_status()));
+            return Ok(respond(StatusCode::OK, "application/json", line, &[]));
+        }
+        FaultKind::Slow | FaultKind::CutWatch => {
+            return Err(ApiError::internal("a delay or a cut is not an answer"));
+        }
+    })
+}
+
+/// A watch to be cut: its connection ends abruptly after `after` events.
+struct WatchCut {
+    after: usize,
+    counter: Option<CutCounter>,
 }
 
 fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response {
@@ -992,6 +1177,7 @@ async fn start_watch(
     filter: Filter,
     query: &Query,
     format: Format,
+    cut: Option<WatchCut>,
 ) -> Result<Response, ApiError> {
     let shared = &app.shared;
     let opts = WatchOpts {
@@ -1025,11 +1211,12 @@ async fn start_watch(
                 format,
                 include,
                 first: true,
+                cut,
+                sent: 0,
+                ended: false,
             };
             let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
-                s.next()
-                    .await
-                    .map(|b| (Ok::<Bytes, std::convert::Infallible>(b), s))
+                s.next().await.map(|b| (b, s))
             }));
             let mut resp = Response::new(body);
             resp.headers_mut()
@@ -1054,10 +1241,39 @@ struct WatchStream {
     format: Format,
     include: IncludeObject,
     first: bool,
+    /// An injected cut, and the events sent so far.
+    cut: Option<WatchCut>,
+    sent: usize,
+    ended: bool,
 }
 
 impl WatchStream {
-    async fn next(&mut self) -> Option<Bytes> {
+    /// The next line, or an error that makes the server drop the connection (an injected cut).
+    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
+        if self.ended {
+            return None;
+        }
+        if let Some(cut) = &self.cut
+            && self.sent >= cut.after
+        {
+            self.ended = true;
+            // hyper writes what it has been given only once the body stops being ready: pause, so
+            // the events before the cut reach the client before the connection is dropped.
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            if let Some(c) = &cut.counter {
+                c.record();
+            }
+            return Some(Err(std::io::Error::new(
+                std::io::ErrorKind::ConnectionAborted,
+                "watch cut by the API emulator's fault rules",
+            )));
+        }
+        let line = self.next_line().await?;
+        self.sent += 1;
+        Some(Ok(line))
+    }
+
+    async fn next_line(&mut self) -> Option<Bytes> {
         let msg = match self.backlog.pop_front() {
             Some(m) => m,
             None => {
