@@ -11,4 +11,5 @@ pub mod demo;
 pub mod hosts;
 pub mod kube;
 pub mod manifest;
+pub mod soak;
 pub mod world;

@@ -20,6 +20,9 @@ enum Command {
     Demo(capmvm_sim::demo::DemoArgs),
     /// Measure a large cluster: time to ready, API and flintlock calls per machine, operator CPU and memory.
     Bench(capmvm_sim::bench::BenchArgs),
+    /// The whole system under API faults, host partitions and operator kills: exits non-zero if a
+    /// microVM is duplicated or leaked, a finalizer goes early, or a step does not converge.
+    Soak(capmvm_sim::soak::SoakArgs),
     /// Run the capmvm operator (the same code as the capmvm-operator binary).
     Operator(Box<capmvm_operator::config::Flags>),
 }
@@ -34,6 +37,7 @@ fn main() -> anyhow::Result<()> {
             .block_on(capmvm_sim::kube::run(args))?,
         Command::Demo(args) => capmvm_sim::demo::main(args)?,
         Command::Bench(args) => capmvm_sim::bench::main(args)?,
+        Command::Soak(args) => capmvm_sim::soak::main(args)?,
         Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?
