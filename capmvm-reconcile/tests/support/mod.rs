@@ -80,7 +80,6 @@ pub fn owner() -> Machine {
         MachineSpec {
             cluster_name: "demo".into(),
             bootstrap: Bootstrap {
-                config_ref: None,
                 data_secret_name: Some("m1-bootstrap".into()),
             },
             infrastructure_ref: ContractVersionedObjectReference {
@@ -120,9 +119,7 @@ pub fn cluster() -> Cluster {
     c.status = Some(ClusterStatus {
         initialization: Some(ClusterInitialization {
             infrastructure_provisioned: Some(true),
-            control_plane_initialized: None,
         }),
-        ..Default::default()
     });
     c
 }
