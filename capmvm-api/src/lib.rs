@@ -11,6 +11,8 @@
 //! read-only views of CAPI's own Cluster and Machine ([`capi`]).
 
 pub mod capi;
+#[cfg(feature = "test-support")]
+pub mod capi_fixtures;
 pub mod cluster;
 pub mod conditions;
 pub mod endpoint;

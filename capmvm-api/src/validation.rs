@@ -4,6 +4,9 @@
 //! any host is called) and what this provider needs to work. The CRD schema repeats the limits it can
 //! express (ranges, patterns, lengths); the cross-field rules live only here.
 
+mod authorized_key;
+mod image_uri;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::net::IpAddr;
@@ -586,11 +589,14 @@ fn ssh_keys(keys: &[SshPublicKey], path: &str, errs: &mut Errors) {
             );
         }
         for (j, k) in key.authorized_keys.iter().enumerate() {
+            let path = format!("{kpath}.authorizedKeys[{j}]");
             if k.trim().is_empty() || k.contains('\n') || k.contains('\r') {
                 errs.add(
-                    format!("{kpath}.authorizedKeys[{j}]"),
+                    path,
                     "must be one public key on one line, for example \"ssh-ed25519 AAAA... user@host\"",
                 );
+            } else if let Err(why) = authorized_key::check(k) {
+                errs.add(path, why);
             }
         }
     }
@@ -623,6 +629,16 @@ fn image_ref(image: &str, path: &str, errs: &mut Errors) {
         errs.add(
             path,
             format!("{image:?} is not a container image reference; write [registry/]repository[:tag][@digest] with a lowercase repository, for example ghcr.io/org/image:tag"),
+        );
+    } else if let Err(why) = image_uri::check(image) {
+        let example = if image.contains('/') {
+            "ghcr.io/org/image:tag".to_string()
+        } else {
+            format!("docker.io/library/{image}")
+        };
+        errs.add(
+            path,
+            format!("{image:?} is refused by flintlock's image check ({why}); start with the registry host, for example {example} (flintlock does not assume docker.io)"),
         );
     }
 }

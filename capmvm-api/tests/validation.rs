@@ -503,3 +503,105 @@ fn two_hosts_cannot_be_the_same_own_failure_domain() {
         "which hosts[0] is too",
     );
 }
+
+/// Public keys as `ssh-keygen` writes them (the ed25519 one is the examples').
+const ED25519_KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHmW0bV5Ckb2wA1X8nN2xY2q8C0Qe4yN6q3yF0z1xk7P ops@example.com";
+const RSA_KEY: &str = "ssh-rsa AAAAB3NzaC1yc2EAAAADAQABAAABAQCotaImMVQOUnwkGWq2yKP9qR8PqiQgde/lKgs/LACY/i06olqQLdgVhwr6kIkk9EEj14S5ftQqI/VVPFLrgcQ+gBJW3bc0c9lqlgfzYUeZz/f9OyXUFYZad9I6S3+pgu/KkkT0lrCMLLTGsde99gwGx2rucfsuQE5fbfAdULtXlvuLi6UNLd8F4RDweiY10uOUdS+mmVwpO3VZy7WLoiI30RnwWNMyIrM5rlVVo90ui645aPfwLtLZvcG+pOBzjSardVQxwroCYeypX6mbVWgwi83Elb0Hs4WT/QQq7Md4G27zN8VtNcbldRFpu94jqSk8fiEqODjgynv0MC2GkOPD ops@example.com";
+const ECDSA_KEY: &str = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBPbdwD0qJ6T1t152Lgi7+Q9hNk1IcFi7hIqr5DPXUxuxgtPo47r32+GRPNfMSLCH6SfvqZKwvl5bNbB5AsTG0K4=";
+
+/// flintlock parses images with containerd's `reference.Parse`: a reference without a registry host
+/// (`ubuntu:22.04`) is refused by the host, so it is refused here, on every image field.
+#[test]
+fn image_references_flintlock_refuses_are_refused_before_any_host_call() {
+    let hint = "docker.io/library/ubuntu:22.04";
+    machine_error(
+        |s| s.kernel.image = "ubuntu:22.04".into(),
+        "spec.kernel.image",
+        hint,
+    );
+    machine_error(
+        |s| {
+            s.initrd = Some(Initrd {
+                image: "ubuntu:22.04".into(),
+                filename: Some("initrd".into()),
+            })
+        },
+        "spec.initrd.image",
+        hint,
+    );
+    machine_error(
+        |s| s.root_volume.image = Some("ubuntu:22.04".into()),
+        "spec.rootVolume.image",
+        "refused by flintlock",
+    );
+    machine_error(
+        |s| {
+            s.volumes.push(Volume {
+                id: "data".into(),
+                image: Some("ubuntu:latest".into()),
+                ..Default::default()
+            })
+        },
+        "spec.volumes[0].image",
+        "docker.io/library/ubuntu:latest",
+    );
+    machine_error(
+        |s| s.kernel.image = "img@sha256:0123456789abcdef0123456789abcdef".into(),
+        "spec.kernel.image",
+        "registry host",
+    );
+    // What the Go provider's templates and our examples name stays valid.
+    for image in [
+        "ghcr.io/weaveworks-liquidmetal/flintlock-kernel:5.10.77",
+        "ghcr.io/weaveworks-liquidmetal/capmvm-k8s-os:1.23.5",
+        "ghcr.io/liquidmetal-dev/kernel-bin:5.10.77",
+        "docker.io/library/ubuntu:22.04",
+        "localhost:5000/kernel:1",
+        "registry/kernel",
+    ] {
+        let mut spec = valid_machine();
+        spec.kernel.image = image.into();
+        spec.root_volume.image = Some(image.into());
+        assert_eq!(validate_machine_spec(&spec), Ok(()), "{image}");
+    }
+}
+
+#[test]
+fn authorized_keys_must_be_openssh_public_keys() {
+    let keys = |list: &[&str]| {
+        vec![SshPublicKey {
+            user: "ops".into(),
+            authorized_keys: list.iter().map(|k| k.to_string()).collect(),
+        }]
+    };
+    for (bad, needle) in [
+        ("not-a-key", "<type> <base64> [comment]"),
+        ("ssh-foo AAAAC3NzaC1lZDI1NTE5 ops", "key type \"ssh-foo\""),
+        ("ssh-ed25519 not*base64 ops", "not base64"),
+        // A real ecdsa blob labelled ed25519.
+        (
+            &ECDSA_KEY.replacen("ecdsa-sha2-nistp256", "ssh-ed25519", 1),
+            "not a ssh-ed25519 key",
+        ),
+        ("ssh-ed25519 AAAA ops", "not a ssh-ed25519 key"),
+    ] {
+        machine_error(
+            |s| s.ssh_public_keys = keys(&[ED25519_KEY, bad]),
+            "spec.sshPublicKeys[0].authorizedKeys[1]",
+            needle,
+        );
+        cluster_error(
+            |s| s.ssh_public_keys = keys(&[ED25519_KEY, bad]),
+            "spec.sshPublicKeys[0].authorizedKeys[1]",
+            needle,
+        );
+    }
+    let mut spec = valid_machine();
+    spec.ssh_public_keys = keys(&[
+        ED25519_KEY,
+        RSA_KEY,
+        ECDSA_KEY,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHmW0bV5Ckb2wA1X8nN2xY2q8C0Qe4yN6q3yF0z1xk7P",
+    ]);
+    assert_eq!(validate_machine_spec(&spec), Ok(()));
+}

@@ -14,6 +14,7 @@ pub mod hosts;
 pub mod leader;
 pub mod metrics;
 pub mod patch;
+pub mod preflight;
 pub mod rbac;
 pub mod server;
 pub mod watch;
@@ -38,6 +39,9 @@ use crate::hosts::Hosts;
 use crate::metrics::Metrics;
 use crate::server::Readiness;
 use crate::watch::{HostWake, Scope, Triggers};
+
+/// How often a start-up that waits for watch caches says which ones and why.
+pub const UNSYNCED_REPORT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// User agent of the operator's Kubernetes requests (lets an API server tell them apart).
 pub const USER_AGENT: &str = concat!("capmvm-operator/", env!("CARGO_PKG_VERSION"));
@@ -139,6 +143,10 @@ pub async fn run(
         }));
     }
 
+    // Before anything waits on them: without these APIs no cache would ever sync.
+    preflight::check_required_apis(&client).await?;
+    info!("Cluster API v1beta2 and the provider's CRDs are served");
+
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let leadership = if flags.leader_elect {
         let namespace = [&flags.leader_election_namespace, &flags.namespace]
@@ -155,12 +163,14 @@ pub async fn run(
             renew_deadline: flags.leader_elect_renew_deadline,
             retry_period: flags.leader_elect_retry_period,
         };
-        // A standby is a healthy candidate.
-        readiness.set_ready();
-        tokio::select! {
-            leadership = election.acquire(client.clone()) => Some(leadership),
+        // A standby is a healthy candidate; a leader is ready only once its caches sync.
+        readiness.set_standby();
+        let leadership = tokio::select! {
+            leadership = election.acquire(client.clone()) => leadership,
             () = shutdown.clone() => return Ok(()),
-        }
+        };
+        readiness.set_leading();
+        Some(leadership)
     } else {
         None
     };
@@ -168,6 +178,7 @@ pub async fn run(
     let scope = Scope {
         namespace: flags.namespace.clone(),
         watch_filter: flags.watch_filter.clone(),
+        readiness: readiness.clone(),
     };
     let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
     let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -213,9 +224,19 @@ pub async fn run(
     });
 
     info!("waiting for watch caches");
-    tokio::select! {
-        ready = stores.wait_until_ready() => ready.context("watch caches stopped before their first list")?,
-        () = shutdown.clone() => return Ok(()),
+    let reporter = tokio::spawn(report_unsynced(readiness.clone(), UNSYNCED_REPORT_INTERVAL));
+    let synced = tokio::select! {
+        ready = stores.wait_until_ready() => Some(ready),
+        () = shutdown.clone() => None,
+    };
+    if !matches!(synced, Some(Ok(()))) {
+        for task in watch_tasks.iter().chain(servers.iter()).chain([&reporter]) {
+            task.abort();
+        }
+    }
+    match synced {
+        Some(ready) => ready.context("watch caches stopped before their first list")?,
+        None => return Ok(()),
     }
     readiness.set_ready();
     info!(namespace = %scope.namespace, watch_filter = %scope.watch_filter, "caches synced; starting controllers");
@@ -277,7 +298,7 @@ pub async fn run(
         () = reaper => Ok(()),
         () = lost => Err(anyhow::anyhow!("leadership lost")),
     };
-    for task in watch_tasks.iter().chain(servers.iter()) {
+    for task in watch_tasks.iter().chain(servers.iter()).chain([&reporter]) {
         task.abort();
     }
     if let Some(l) = leadership
@@ -287,6 +308,26 @@ pub async fn run(
     }
     info!("operator stopped");
     outcome
+}
+
+/// Says, once per `every`, which watch caches have no first list yet and why; ends when all have.
+async fn report_unsynced(readiness: Readiness, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await; // the first tick is immediate; the watches' first errors are logged already
+    loop {
+        tick.tick().await;
+        let unsynced = readiness.unsynced();
+        if unsynced.is_empty() {
+            return;
+        }
+        for (kind, cache) in unsynced {
+            warn!(
+                %kind,
+                last_error = cache.last_error.as_deref().unwrap_or("none (the first list is still running)"),
+                "watch cache not synced; controllers wait for it and /readyz fails"
+            );
+        }
+    }
 }
 
 fn watcher_config(scope: &Scope) -> kube::runtime::watcher::Config {

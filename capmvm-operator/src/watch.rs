@@ -29,7 +29,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
-use tracing::warn;
+use tracing::{debug, warn};
 
 use crate::context::OwnWrites;
 use crate::hosts::Wake;
@@ -108,6 +108,8 @@ pub struct Scope {
     pub namespace: String,
     /// Value of `cluster.x-k8s.io/watch-filter`, or empty for no filter.
     pub watch_filter: String,
+    /// Where each watch reports its first list and its errors (for `/readyz`).
+    pub readiness: crate::server::Readiness,
 }
 
 impl Scope {
@@ -391,17 +393,33 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    let kind = K::kind(&Default::default()).to_string();
+    let readiness = scope.readiness.clone();
+    readiness.cache_started(&kind);
     let stream = watcher(api, scope.watcher_config())
         .default_backoff()
-        .reflect(writer)
-        .touched_objects();
+        .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             match item {
-                Ok(obj) => on_change(&obj),
-                // The watcher retries with backoff; the error is worth a line, not a stop.
-                Err(e) => warn!(kind = %K::kind(&Default::default()), error = %e, "watch error"),
+                Ok(
+                    watcher::Event::Apply(obj)
+                    | watcher::Event::InitApply(obj)
+                    | watcher::Event::Delete(obj),
+                ) => on_change(&obj),
+                Ok(watcher::Event::InitDone) => readiness.cache_synced(&kind),
+                Ok(watcher::Event::Init) => {}
+                // The watcher retries with backoff. Before the first list, the first error is worth a
+                // line and the start-up reporter repeats why once per interval; after it, each one is.
+                Err(e) => {
+                    let before = readiness.cache_error(&kind, e.to_string());
+                    if before.synced || before.last_error.is_none() {
+                        warn!(%kind, error = %e, "watch error");
+                    } else {
+                        debug!(%kind, error = %e, "watch error");
+                    }
+                }
             }
         }
     })

@@ -83,6 +83,8 @@ pub struct OperatorProcess {
     child: tokio::process::Child,
     /// Its Prometheus metrics address.
     pub metrics: SocketAddr,
+    /// Its `/healthz` and `/readyz` address.
+    pub health: SocketAddr,
 }
 
 impl OperatorProcess {
@@ -122,15 +124,28 @@ impl OperatorProcess {
 
     /// Its Prometheus metrics, as text.
     pub async fn scrape_metrics(&self) -> anyhow::Result<String> {
-        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let mut stream = tokio::net::TcpStream::connect(self.metrics).await?;
-        stream
-            .write_all(b"GET /metrics HTTP/1.1\r\nHost: metrics\r\nConnection: close\r\n\r\n")
-            .await?;
-        let mut body = String::new();
-        stream.read_to_string(&mut body).await?;
-        Ok(body)
+        http_get(self.metrics, "/metrics").await
     }
+
+    /// Its `/readyz` answer: the whole HTTP response (status line, headers, body).
+    pub async fn readyz(&self) -> anyhow::Result<String> {
+        http_get(self.health, "/readyz").await
+    }
+}
+
+/// `GET path` on `addr` over plain HTTP/1.1; the whole response as text.
+pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: operator\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    Ok(response)
 }
 
 /// A running world.
@@ -278,7 +293,11 @@ impl World {
         let child = command
             .spawn()
             .with_context(|| format!("starting the operator ({})", program.display()))?;
-        Ok(OperatorProcess { child, metrics })
+        Ok(OperatorProcess {
+            child,
+            metrics,
+            health,
+        })
     }
 
     /// The operator's process id, while it runs.
@@ -543,7 +562,8 @@ fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Se
     }
 }
 
-fn free_port() -> anyhow::Result<SocketAddr> {
+/// A loopback address with a port free at the time of asking.
+pub fn free_port() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
     Ok(listener.local_addr()?)
 }

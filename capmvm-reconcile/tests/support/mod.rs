@@ -80,7 +80,6 @@ pub fn owner() -> Machine {
         MachineSpec {
             cluster_name: "demo".into(),
             bootstrap: Bootstrap {
-                config_ref: None,
                 data_secret_name: Some("m1-bootstrap".into()),
             },
             infrastructure_ref: ContractVersionedObjectReference {
@@ -120,9 +119,7 @@ pub fn cluster() -> Cluster {
     c.status = Some(ClusterStatus {
         initialization: Some(ClusterInitialization {
             infrastructure_provisioned: Some(true),
-            control_plane_initialized: None,
         }),
-        ..Default::default()
     });
     c
 }
@@ -137,7 +134,7 @@ pub fn microvm_cluster() -> MicrovmCluster {
             }),
             ssh_public_keys: vec![SshPublicKey {
                 user: "ubuntu".into(),
-                authorized_keys: vec!["ssh-ed25519 AAAA ops".into()],
+                authorized_keys: vec!["ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHmW0bV5Ckb2wA1X8nN2xY2q8C0Qe4yN6q3yF0z1xk7P ops".into()],
             }],
             placement: Placement {
                 static_pool: Some(StaticPoolPlacement {

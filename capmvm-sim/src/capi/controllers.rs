@@ -1,13 +1,11 @@
 //! The stand-in's three controllers. Writes are merge patches sent only when something changes.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use capmvm_api::capi::{
-    Bootstrap, Cluster, ContractVersionedObjectReference, Machine, MachineSpec,
-};
+use capmvm_api::capi::{Cluster, ContractVersionedObjectReference, Machine};
 use capmvm_api::keys::{
     BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, CLONED_FROM_GROUPKIND_ANNOTATION,
     CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
@@ -17,7 +15,9 @@ use futures::StreamExt;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
+};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -43,6 +43,32 @@ pub(crate) enum Error {
 
 struct Ctx {
     client: kube::Client,
+    /// The status fields this stand-in last wrote, per object uid. The operator's views of Cluster
+    /// and Machine model only what the provider reads, so the stand-in compares with its own writes.
+    written: Mutex<HashMap<String, Value>>,
+}
+
+impl Ctx {
+    /// Merges `want` into `obj`'s status unless this stand-in already wrote exactly those fields.
+    async fn write_status<K>(&self, api: &Api<K>, obj: &K, want: Value) -> Result<(), kube::Error>
+    where
+        K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let key = obj.uid().unwrap_or_else(|| obj.name_any());
+        let current = self
+            .written
+            .lock()
+            .map(|w| w.get(&key).cloned().unwrap_or(Value::Null))
+            .unwrap_or(Value::Null);
+        patch_status_if_changed(api, obj, &current, want.clone()).await?;
+        if let (Ok(mut written), Value::Object(fields)) = (self.written.lock(), want) {
+            let entry = written.entry(key).or_insert_with(|| json!({}));
+            if let Value::Object(map) = entry {
+                map.extend(fields);
+            }
+        }
+        Ok(())
+    }
 }
 
 /// The running stand-in.
@@ -69,6 +95,7 @@ impl Drop for StandIn {
 pub fn run(client: kube::Client) -> StandIn {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
+        written: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -281,7 +308,6 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             json!({"metadata": {"ownerReferences": owners, "labels": {CLUSTER_NAME_LABEL: name}}});
         mcs.patch(&infra, &params(), &Patch::Merge(&body)).await?;
     }
-    let status = serde_json::to_value(&cluster.status).unwrap_or(Value::Null);
     let provisioned = mc
         .status
         .as_ref()
@@ -324,15 +350,10 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             "failureDomains": fds,
             "phase": "Provisioned",
         });
-        patch_status_if_changed(&api, cluster.as_ref(), &status, want).await?;
+        ctx.write_status(&api, cluster.as_ref(), want).await?;
     } else {
-        patch_status_if_changed(
-            &api,
-            cluster.as_ref(),
-            &status,
-            json!({"phase": "Provisioning"}),
-        )
-        .await?;
+        ctx.write_status(&api, cluster.as_ref(), json!({"phase": "Provisioning"}))
+            .await?;
     }
     Ok(Action::requeue(Duration::from_secs(60)))
 }
@@ -466,28 +487,21 @@ async fn create_machine(ctx: &Ctx, md: &MachineDeployment, ns: &str) -> Result<(
         .create(&PostParams::default(), &infra)
         .await?;
 
-    let mut machine = Machine::new(
-        &name,
-        MachineSpec {
-            cluster_name: md.spec.cluster_name.clone(),
-            bootstrap: Bootstrap::default(),
-            infrastructure_ref: ContractVersionedObjectReference {
-                api_group: GROUP.to_string(),
-                kind: "MicrovmMachine".to_string(),
-                name: name.clone(),
-            },
-            version: template_spec
-                .get("version")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            failure_domain: template_spec
-                .get("failureDomain")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            provider_id: None,
-            deletion: None,
+    // Created from JSON: the operator's Machine view does not model `version`.
+    let mut spec = json!({
+        "clusterName": md.spec.cluster_name,
+        "bootstrap": {},
+        "infrastructureRef": ContractVersionedObjectReference {
+            api_group: GROUP.to_string(),
+            kind: "MicrovmMachine".to_string(),
+            name: name.clone(),
         },
-    );
+    });
+    for field in ["version", "failureDomain"] {
+        if let Some(value) = template_spec.get(field).filter(|v| v.is_string()) {
+            spec[field] = value.clone();
+        }
+    }
     let machine_labels: BTreeMap<String, String> = md
         .spec
         .template
@@ -500,6 +514,8 @@ async fn create_machine(ctx: &Ctx, md: &MachineDeployment, ns: &str) -> Result<(
             (DEPLOYMENT_NAME_LABEL.to_string(), md.name_any()),
         ])
         .collect();
+    let resource = ApiResource::erase::<Machine>(&());
+    let mut machine = DynamicObject::new(&name, &resource).data(json!({ "spec": spec }));
     machine.metadata = ObjectMeta {
         name: Some(name.clone()),
         namespace: Some(ns.to_string()),
@@ -508,7 +524,7 @@ async fn create_machine(ctx: &Ctx, md: &MachineDeployment, ns: &str) -> Result<(
         finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
         ..Default::default()
     };
-    Api::<Machine>::namespaced(ctx.client.clone(), ns)
+    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
         .create(&PostParams::default(), &machine)
         .await?;
     Ok(())
@@ -578,9 +594,8 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         api.patch(&name, &params(), &Patch::Merge(&body)).await?;
     }
 
-    let status = serde_json::to_value(&machine.status).unwrap_or(Value::Null);
     let Some(infra) = infras.get_opt(&infra_name).await? else {
-        patch_status_if_changed(&api, machine.as_ref(), &status, json!({"phase": "Pending"}))
+        ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
             .await?;
         return Ok(Action::requeue(Duration::from_secs(5)));
     };
@@ -620,16 +635,11 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
                 "addresses": infra_status.addresses,
                 "failureDomain": infra_status.failure_domain,
             });
-            patch_status_if_changed(&api, machine.as_ref(), &status, want).await?;
+            ctx.write_status(&api, machine.as_ref(), want).await?;
         }
         _ => {
-            patch_status_if_changed(
-                &api,
-                machine.as_ref(),
-                &status,
-                json!({"phase": "Provisioning"}),
-            )
-            .await?;
+            ctx.write_status(&api, machine.as_ref(), json!({"phase": "Provisioning"}))
+                .await?;
         }
     }
     Ok(Action::requeue(Duration::from_secs(60)))

@@ -1,0 +1,326 @@
+//! Start-up of the operator against what a management cluster may hold: a CAPI Machine of a shape the
+//! operator does not model, a watch whose list the API server refuses, and no CAPI v1beta2 at all.
+//! Every assertion reads what a user would see: machines getting ready, `/readyz`, the exit error.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use capmvm_operator::config::Flags;
+use capmvm_sim::kube::{Emulator, EmulatorOptions};
+use capmvm_sim::world::{World, WorldOptions, free_port, http_get, wait_for};
+use clap::Parser;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::Api;
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams, PostParams};
+use serde_json::json;
+
+const NS: &str = "default";
+const WAIT: Duration = Duration::from_secs(90);
+const POLL: Duration = Duration::from_millis(200);
+
+fn options() -> WorldOptions {
+    let mut o = WorldOptions::new(
+        1,
+        Duration::from_millis(300),
+        PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
+    );
+    o.operator_flags = vec![
+        "--host-poll-interval=2s".into(),
+        "--host-poll-interval-busy=200ms".into(),
+    ];
+    o
+}
+
+/// Flags of an in-process operator serving `/readyz` on `health`.
+fn flags(health: std::net::SocketAddr) -> Flags {
+    flags_with(health, &[])
+}
+
+fn flags_with(health: std::net::SocketAddr, extra: &[&str]) -> Flags {
+    let mut args = vec![
+        "capmvm-operator".to_string(),
+        format!("--health-addr={health}"),
+        "--diagnostics-address=".to_string(),
+    ];
+    args.extend(extra.iter().map(|a| a.to_string()));
+    Flags::parse_from(args)
+}
+
+const LEADER_ELECT: [&str; 4] = [
+    "--leader-elect",
+    "--leader-elect-lease-duration=15s",
+    "--leader-elect-renew-deadline=10s",
+    "--leader-elect-retry-period=1s",
+];
+
+/// Creates a CAPI Machine whose `status.nodeInfo` is what a Kubernetes 1.33 kubelet reports.
+async fn machine_with_node_swap(client: &kube::Client, name: &str) {
+    let resource = ApiResource::erase::<capmvm_api::capi::Machine>(&());
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), NS, &resource);
+    let machine = DynamicObject::new(name, &resource).data(json!({"spec": {
+        "clusterName": "elsewhere",
+        "bootstrap": {"dataSecretName": format!("{name}-bootstrap")},
+        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerMachine", "name": name},
+    }}));
+    api.create(&PostParams::default(), &machine).await.unwrap();
+    api.patch_status(
+        name,
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"nodeInfo": {
+            "architecture": "amd64",
+            "kubeletVersion": "v1.33.1",
+            "operatingSystem": "linux",
+            "swap": {"capacity": 2_147_483_648_i64},
+        }}})),
+    )
+    .await
+    .unwrap();
+}
+
+fn status_line(response: &str) -> &str {
+    response.lines().next().unwrap_or_default()
+}
+
+/// Seen on the demo: once one Machine carried `nodeInfo.swap`, the Machine watch could not list and
+/// an operator started then never ran a controller.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_started_beside_a_machine_with_node_swap_is_ready_and_reconciles() {
+    let mut w = World::start(options()).await.unwrap();
+    machine_with_node_swap(&w.client, "kubelet-1-33").await;
+    let stored = Api::<DynamicObject>::namespaced_with(
+        w.client.clone(),
+        NS,
+        &ApiResource::erase::<capmvm_api::capi::Machine>(&()),
+    )
+    .get("kubelet-1-33")
+    .await
+    .unwrap();
+    assert_eq!(
+        stored.data["status"]["nodeInfo"]["swap"]["capacity"], 2_147_483_648_i64,
+        "the API keeps the field, as CAPI's CRD does"
+    );
+
+    w.start_operator(&[]).unwrap();
+    let log = w.operator_log();
+    let ready = wait_for(
+        &format!("/readyz 200 (operator log: {})", log.display()),
+        WAIT,
+        POLL,
+        || async {
+            let response = match w.operator().unwrap().readyz().await {
+                Ok(r) => r,
+                Err(_) => return Ok(None), // not listening yet
+            };
+            Ok(status_line(&response).contains("200").then_some(response))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(ready.ends_with("ok"), "{ready}");
+
+    w.apply_demo_cluster(
+        &[
+            ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
+            ("WORKER_MACHINE_COUNT", "0".to_string()),
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    wait_for(
+        &format!("a ready MicrovmMachine (operator log: {})", log.display()),
+        WAIT,
+        POLL,
+        || async {
+            let machines = w.microvm_machines(NS).await?;
+            let ready = machines.len() == 1
+                && machines.iter().all(|m| {
+                    m.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.type_ == "Ready" && c.status == "True")
+                    })
+                });
+            Ok(ready.then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    let text = std::fs::read_to_string(&log).unwrap();
+    assert!(!text.contains("watch error"), "{text}");
+    w.stop_operator().await;
+    w.shutdown().await;
+}
+
+/// A client of the emulator whose Machine list and watch are refused with 403 while `refuse` is set,
+/// as an API server answers a ServiceAccount whose ClusterRole lacks Machines.
+fn refusing_machines(inner: kube::Client, refuse: Arc<AtomicBool>) -> kube::Client {
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let inner = inner.clone();
+        let refuse = refuse.load(Ordering::SeqCst);
+        async move {
+            if refuse && request.uri().path() == "/apis/cluster.x-k8s.io/v1beta2/machines" {
+                let body = json!({
+                    "kind": "Status", "apiVersion": "v1", "status": "Failure", "reason": "Forbidden", "code": 403,
+                    "message": "machines.cluster.x-k8s.io is forbidden: User \"system:serviceaccount:capmvm-system:capmvm-manager\" cannot list resource \"machines\" in API group \"cluster.x-k8s.io\" at the cluster scope",
+                });
+                let response = http::Response::builder()
+                    .status(403)
+                    .header("content-type", "application/json")
+                    .body(kube::client::Body::from(body.to_string().into_bytes()))
+                    .unwrap();
+                return Ok::<_, kube::Error>(response);
+            }
+            inner.send(request).await
+        }
+    });
+    kube::Client::new(service, NS)
+}
+
+/// The leader (the only candidate) cannot list Machines: it is not ready and says why; a standby
+/// beside it stays ready; once the list is allowed the leader becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_fails_naming_the_cache_while_its_list_is_refused() {
+    let w = World::start(options()).await.unwrap();
+    let refuse = Arc::new(AtomicBool::new(true));
+    let client = refusing_machines(w.client.clone(), refuse.clone());
+    let health = free_port().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(capmvm_operator::run(
+        flags_with(health, &LEADER_ELECT),
+        client,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+
+    let refused = wait_for("/readyz naming the Machine cache", WAIT, POLL, || async {
+        let Ok(response) = http_get(health, "/readyz").await else {
+            return Ok(None);
+        };
+        Ok(response.contains("Machine (last error").then_some(response))
+    })
+    .await
+    .unwrap();
+    assert!(status_line(&refused).contains("503"), "{refused}");
+    assert!(refused.contains("watch caches not synced"), "{refused}");
+    assert!(refused.contains("forbidden"), "{refused}");
+
+    let standby_health = free_port().unwrap();
+    let (stop_standby, standby_stopped) = tokio::sync::oneshot::channel::<()>();
+    let standby = tokio::spawn(capmvm_operator::run(
+        flags_with(standby_health, &LEADER_ELECT),
+        w.client.clone(),
+        async {
+            let _ = standby_stopped.await;
+        },
+    ));
+    let standing_by = wait_for("the standby's /readyz", WAIT, POLL, || async {
+        Ok(http_get(standby_health, "/readyz").await.ok())
+    })
+    .await
+    .unwrap();
+    assert!(status_line(&standing_by).contains("200"), "{standing_by}");
+    assert!(standing_by.contains("standing by"), "{standing_by}");
+    let _ = stop_standby.send(());
+    tokio::time::timeout(Duration::from_secs(30), standby)
+        .await
+        .expect("the standby stops")
+        .unwrap()
+        .unwrap();
+
+    // Once the list is allowed, the watcher's retry syncs the cache and the operator becomes ready.
+    refuse.store(false, Ordering::SeqCst);
+    let ready = wait_for(
+        "/readyz 200 once the list is allowed",
+        WAIT,
+        POLL,
+        || async {
+            let response = http_get(health, "/readyz").await?;
+            Ok(status_line(&response).contains("200").then_some(response))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(ready.ends_with("ok"), "{ready}");
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), operator)
+        .await
+        .expect("the operator stops")
+        .unwrap()
+        .unwrap();
+    w.shutdown().await;
+}
+
+/// The operator run in-process against an emulator holding `crds`; its error, within `limit`.
+async fn start_up_error(crds: Vec<CustomResourceDefinition>, limit: Duration) -> String {
+    let emulator = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let client = emulator.client().unwrap();
+    let api: Api<CustomResourceDefinition> = Api::all(client.clone());
+    for crd in crds {
+        api.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let started = Instant::now();
+    let outcome = tokio::time::timeout(
+        limit,
+        capmvm_operator::run(flags(free_port().unwrap()), client, std::future::pending()),
+    )
+    .await
+    .expect("the operator stops by itself, quickly");
+    assert!(started.elapsed() < limit);
+    emulator.shutdown().await;
+    format!("{:#}", outcome.expect_err("the operator refuses to start"))
+}
+
+/// CAPI's CRDs as CAPI v1.10 served them: `v1beta1` only.
+fn capi_v1beta1_only() -> Vec<CustomResourceDefinition> {
+    capmvm_sim::capi::crds()
+        .into_iter()
+        .map(|mut crd| {
+            for v in &mut crd.spec.versions {
+                v.name = "v1beta1".to_string();
+            }
+            crd
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_capi_v1beta2_the_operator_exits_naming_the_capi_version() {
+    let quick = Duration::from_secs(10);
+
+    let error = start_up_error(capmvm_api::crds(), quick).await;
+    assert!(
+        error.contains("Cluster API v1.11 or later is required")
+            && error.contains("cluster.x-k8s.io/v1beta2")
+            && error.contains("found: cluster.x-k8s.io not installed")
+            && error.contains("clusterctl"),
+        "{error}"
+    );
+
+    let mut crds = capmvm_api::crds();
+    crds.extend(capi_v1beta1_only());
+    let error = start_up_error(crds, quick).await;
+    assert!(
+        error.contains("Cluster API v1.11 or later is required")
+            && error.contains("found: cluster.x-k8s.io v1beta1 only")
+            && error.contains("clusterctl upgrade"),
+        "{error}"
+    );
+
+    // CAPI v1beta2 present, the provider's own CRDs not.
+    let error = start_up_error(capmvm_sim::capi::crds(), quick).await;
+    assert!(
+        error.contains("the provider's CRDs are not served")
+            && error.contains(
+                "infrastructure.cluster.x-k8s.io/v1alpha2 microvmmachines, microvmclusters, microvmmachinetemplates"
+            )
+            && error.contains("config/crd/bases"),
+        "{error}"
+    );
+}
