@@ -166,6 +166,7 @@ pub fn start(
         let seen = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<MicrovmMachine>(client),
+            scope.watcher_config(),
             scope,
             machines_w,
             move |m: &MicrovmMachine| {
@@ -194,6 +195,7 @@ pub fn start(
         let seen = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<Machine>(client),
+            scope.watcher_config(),
             scope,
             capi_machines_w,
             move |m: &Machine| {
@@ -217,6 +219,7 @@ pub fn start(
         let transitions = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<Cluster>(client),
+            scope.watcher_config(),
             scope,
             clusters_w,
             move |c: &Cluster| {
@@ -249,6 +252,7 @@ pub fn start(
         let specs = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<MicrovmCluster>(client),
+            scope.watcher_config(),
             scope,
             microvm_clusters_w,
             move |mc: &MicrovmCluster| {
@@ -265,41 +269,32 @@ pub fn start(
             },
         ));
     }
-    // Secret metadata → the MicrovmClusters naming it, and their MicrovmMachines.
+    // Secret metadata → the MicrovmClusters naming it, and their MicrovmMachines. Secrets are not
+    // labelled for the watch filter: all of them in scope, metadata only.
     {
         let t = triggers.clone();
         let s = stores.clone();
         let seen = Fingerprints::default();
-        let stream = watcher(
+        tasks.push(spawn_watch(
             scope.api::<PartialObjectMeta<Secret>>(client),
             watcher::Config::default().any_semantic(),
-        )
-        .default_backoff()
-        .reflect(secrets_w)
-        .touched_objects();
-        tasks.push(tokio::spawn(async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(secret) => {
-                        let version = hash_of(&secret.resource_version());
-                        if !seen.changed(&secret, version) {
-                            continue;
-                        }
-                        let ns = secret.namespace().unwrap_or_default();
-                        for mc in s.clusters_naming_secret(&ns, &secret.name_any()) {
-                            t.cluster(ObjectRef::from_obj(mc.as_ref()));
-                            if let Some(cluster) = owner_cluster_name(&mc) {
-                                for m in s.machines_of(&ns, &cluster) {
-                                    t.machine(m);
-                                }
-                            }
+            scope,
+            secrets_w,
+            move |secret: &PartialObjectMeta<Secret>| {
+                if !seen.changed(secret, hash_of(&secret.resource_version())) {
+                    return;
+                }
+                let ns = secret.namespace().unwrap_or_default();
+                for mc in s.clusters_naming_secret(&ns, &secret.name_any()) {
+                    t.cluster(ObjectRef::from_obj(mc.as_ref()));
+                    if let Some(cluster) = owner_cluster_name(&mc) {
+                        for m in s.machines_of(&ns, &cluster) {
+                            t.machine(m);
                         }
                     }
-                    Err(e) => warn!(kind = "Secret", error = %e, "watch error"),
                 }
-            }
-        }));
+            },
+        ));
     }
     (stores, tasks)
 }
@@ -385,6 +380,7 @@ pub fn api_group(api_version: &str) -> &str {
 
 fn spawn_watch<K>(
     api: Api<K>,
+    config: watcher::Config,
     scope: &Scope,
     writer: reflector::store::Writer<K>,
     on_change: impl Fn(&K) + Send + 'static,
@@ -396,9 +392,7 @@ where
     let kind = K::kind(&Default::default()).to_string();
     let readiness = scope.readiness.clone();
     readiness.cache_started(&kind);
-    let stream = watcher(api, scope.watcher_config())
-        .default_backoff()
-        .reflect(writer);
+    let stream = watcher(api, config).default_backoff().reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
