@@ -50,6 +50,16 @@ pub const HOST_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.i
 /// deletes) the microVM it created. Without it, identity falls back to the object's uid.
 pub const ORIGIN_UID_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/origin-uid";
 
+/// Annotation on a MicrovmMachine counting its placement attempts: written with [`HOST_ANNOTATION`]
+/// and [`ORIGIN_UID_ANNOTATION`] before every create, one more than the value the decision read.
+///
+/// The write is conditional on the resourceVersion the decision read, and because the count always
+/// changes it always produces a new version: two operators (or replicas without leader election)
+/// deciding from the same version cannot both pass it, so only one of them creates. Without it, a
+/// re-record of an already recorded host would change nothing and could pass twice.
+pub const PLACEMENT_ATTEMPT_ANNOTATION: &str =
+    "microvmmachine.infrastructure.cluster.x-k8s.io/placement-attempt";
+
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
 

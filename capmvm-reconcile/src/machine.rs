@@ -8,10 +8,13 @@
 //! exactly once:
 //!
 //! 1. choose a host and record it, with the machine's origin uid, in annotations (written before any
-//!    create, and re-asserted by a write conditional on the resourceVersion before every create);
+//!    create, and re-asserted before every create by a compare-and-swap: a write conditional on the
+//!    resourceVersion that also counts the placement attempt, so it always changes the object);
 //! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry the machine's
 //!    origin uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
-//! 3. only if there is none, create one, then adopt it (step 2) to set the providerID.
+//!    a same-name microVM that is not ours (unreadable or another uid) blocks creation instead;
+//! 3. only if there is none, create one, then adopt it (step 2) to set the providerID. A create the
+//!    host refuses as invalid is not sent again until the spec's generation changes.
 //!
 //! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM; so does a
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
@@ -21,7 +24,7 @@ use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
-    ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION,
+    ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
 };
 use capmvm_api::{
     HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
@@ -33,6 +36,10 @@ use std::time::Duration;
 
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
+use crate::host_call::deletion_blocked;
+pub use crate::host_call::{
+    HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
+};
 use crate::microvm;
 use crate::observe::{
     BootstrapData, HostLookup, ObservedMachine, ObservedVm, RunningSpec, VmState,
@@ -82,6 +89,16 @@ pub fn origin_uid(machine: &MicrovmMachine) -> Option<&str> {
         .or(machine.metadata.uid.as_deref())
 }
 
+/// How many placement attempts (record-host writes before a create) the machine has made: the
+/// placement-attempt annotation, 0 when unset or unreadable (the next write replaces it either way).
+pub fn placement_attempts(machine: &MicrovmMachine) -> u64 {
+    machine
+        .annotations()
+        .get(PLACEMENT_ATTEMPT_ANNOTATION)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(0)
+}
+
 /// The parsed providerID, if set and valid.
 pub fn provider_id(machine: &MicrovmMachine) -> Option<ProviderId> {
     machine
@@ -114,41 +131,6 @@ pub fn decide(obs: &ObservedMachine, now: Timestamp) -> Plan<MicrovmMachineStatu
     let mut d = Decision::new(obs, now);
     let requeue = d.run();
     d.finish(requeue)
-}
-
-/// Marks the `Ready` condition of `machine` after a host call of a plan failed, so users see why it is
-/// stuck while the operator retries with backoff. `message` must be safe to show. A machine being
-/// deleted gets the same advice as when its host is seen unreachable.
-pub fn record_host_call_failure(
-    machine: &MicrovmMachine,
-    status: &mut MicrovmMachineStatus,
-    unreachable: bool,
-    message: &str,
-    now: Timestamp,
-) {
-    let deleting = machine.metadata.deletion_timestamp.is_some();
-    let (reason, message) = match (unreachable, deleting) {
-        (true, true) => (reasons::HOST_UNREACHABLE, deletion_blocked(message)),
-        (true, false) => (reasons::HOST_UNREACHABLE, message.to_string()),
-        (false, true) => (reasons::DELETING, message.to_string()),
-        (false, false) => (reasons::MICROVM_CREATE_FAILED, message.to_string()),
-    };
-    conditions::set(
-        &mut status.conditions,
-        types::READY,
-        Status::False,
-        reason,
-        message,
-        machine.metadata.generation,
-        now,
-    );
-}
-
-/// What a machine whose host does not answer says while it is deleted.
-fn deletion_blocked(why: &str) -> String {
-    format!(
-        "cannot delete the microVM: {why}; the finalizer stays until the host answers. If the host is gone for good, annotate {ABANDON_MICROVM_ANNOTATION}=true to release it"
-    )
 }
 
 struct Decision<'a> {
@@ -343,6 +325,11 @@ impl<'a> Decision<'a> {
                         );
                         return Requeue::After(PENDING_RECHECK);
                     }
+                    if let Some(message) = self.unknown_microvms(host, vms) {
+                        self.not_ready(reasons::UNKNOWN_MICROVM_ON_HOST, message);
+                        // Foreign microVMs wake nobody when they go: look again now and then.
+                        return Requeue::After(PENDING_RECHECK);
+                    }
                 }
             }
         }
@@ -351,6 +338,11 @@ impl<'a> Decision<'a> {
         // the spec says now (an edit after create is reported on MicrovmUpToDate).
         if let Err(errors) = validation::validate_machine(self.machine) {
             self.not_ready(reasons::INVALID_SPEC, errors.to_string());
+            return Requeue::Await;
+        }
+        // The host refused this spec: sending it again cannot succeed. The condition (and its event,
+        // published once) stays until the spec's generation changes.
+        if spec_rejected_at_this_generation(self.machine) {
             return Requeue::Await;
         }
 
@@ -437,10 +429,12 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid in one write
-    /// conditional on the resourceVersion this decision read, also when they are recorded already:
-    /// every create is then preceded by a write that fails on a stale read (one that misses a
-    /// providerID, say), so no decision made from a stale read reaches a host.
+    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid, and counts
+    /// one more placement attempt, in one write conditional on the resourceVersion this decision
+    /// read, also when host and uid are recorded already: every create is then preceded by a write
+    /// that always changes the object and fails on a stale read (one that misses a providerID, or
+    /// another writer's attempt), so no decision made from a stale read reaches a host and two
+    /// writers deciding from the same version cannot both create.
     fn create(
         &mut self,
         host: &HostEndpoint,
@@ -452,9 +446,13 @@ impl<'a> Decision<'a> {
         if self.missing_credentials(host) {
             return Requeue::After(CREDENTIALS_RECHECK);
         }
+        // Never the value read, so the write always makes a new resourceVersion (wrapping is
+        // academic, but must not land on the same value either).
+        let attempt = placement_attempts(self.machine).wrapping_add(1).max(1);
         self.effects.push(Effect::RecordHost {
             host: host.clone(),
             origin_uid: machine_uid.to_string(),
+            attempt,
         });
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
             &infra.spec.ssh_public_keys
@@ -759,6 +757,46 @@ impl<'a> Decision<'a> {
             && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
     }
 
+    /// Why creating on `host` must wait, if `vms` (its fresh answer) holds microVMs with this
+    /// machine's namespace/name that are not ours and not being deleted: their meta-data carries no
+    /// readable origin uid, or another one. Creating next to them could make a second microVM of
+    /// this machine (ours, unreadable) or two microVMs of one name; neither is undone by itself.
+    fn unknown_microvms(&self, host: &HostEndpoint, vms: &[ObservedVm]) -> Option<String> {
+        let name = self.machine.name_any();
+        let namespace = self.machine.namespace().unwrap_or_default();
+        let mut unknown: Vec<&ObservedVm> = vms
+            .iter()
+            .filter(|v| {
+                v.name == name
+                    && v.namespace == namespace
+                    && v.state != VmState::Deleting
+                    && !self.is_ours(v)
+            })
+            .collect();
+        if unknown.is_empty() {
+            return None;
+        }
+        unknown.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let ours = origin_uid(self.machine).unwrap_or_default();
+        let each: Vec<String> = unknown
+            .iter()
+            .map(|v| match &v.machine_uid {
+                Some(uid) => format!(
+                    "microVM {} carries MicrovmMachine uid {uid} in its meta-data, not this machine's {ours}",
+                    v.uid
+                ),
+                None => format!(
+                    "microVM {} has no readable MicrovmMachine uid in its meta-data",
+                    v.uid
+                ),
+            })
+            .collect();
+        Some(format!(
+            "host {host} has a microVM named {namespace}/{name} that is not this machine's ({}); no microVM is created while it exists. Check whether it belongs to another management cluster or to an earlier MicrovmMachine of this name, then delete it from the host, or delete this Machine",
+            each.join("; ")
+        ))
+    }
+
     /// Deletes microVMs that carry this machine's origin uid but are not the one it keeps.
     fn delete_duplicates(&mut self, host: &HostEndpoint, vms: &[ObservedVm], keep: Option<&str>) {
         let mut extras: Vec<&ObservedVm> = self
@@ -898,6 +936,9 @@ impl<'a> Decision<'a> {
             reasons::MICROVM_NOT_FOUND => (EventKind::Warning, events::MICROVM_NOT_FOUND),
             reasons::INVALID_SPEC => (EventKind::Warning, events::INVALID_SPEC),
             reasons::HOST_UNREACHABLE => (EventKind::Warning, events::HOST_UNREACHABLE),
+            reasons::UNKNOWN_MICROVM_ON_HOST => {
+                (EventKind::Warning, events::UNKNOWN_MICROVM_ON_HOST)
+            }
             _ => return,
         };
         let note = if after.message.is_empty() {
@@ -917,6 +958,8 @@ fn recovers_from(reason: &str) -> bool {
             | reasons::MISSING_CREDENTIALS
             | reasons::MICROVM_CREATE_FAILED
             | reasons::MICROVM_NOT_FOUND
+            | reasons::MICROVM_SPEC_REJECTED
+            | reasons::UNKNOWN_MICROVM_ON_HOST
     )
 }
 
