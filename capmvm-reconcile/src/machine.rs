@@ -25,6 +25,7 @@ use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
     ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
+    PLACEMENT_CLAIM_ANNOTATION,
 };
 use capmvm_api::{
     HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
@@ -57,6 +58,11 @@ pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
 
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
 pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
+
+/// How long after another operator process claimed a placement a create of its may still reach the
+/// host: the flintlock client's connect timeout (5 s) and call deadline (10 s), with a margin. Until
+/// then a process that finds no microVM waits instead of creating a second one.
+pub const CREATE_CLAIM_TTL: Duration = Duration::from_secs(20);
 
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
@@ -97,6 +103,20 @@ pub fn placement_attempts(machine: &MicrovmMachine) -> u64 {
         .get(PLACEMENT_ATTEMPT_ANNOTATION)
         .and_then(|a| a.parse().ok())
         .unwrap_or(0)
+}
+
+/// The last placement claim: when, and by which operator process. `None` if unset or unreadable.
+pub fn placement_claim(machine: &MicrovmMachine) -> Option<(Timestamp, &str)> {
+    let (at, by) = machine
+        .annotations()
+        .get(PLACEMENT_CLAIM_ANNOTATION)?
+        .split_once(' ')?;
+    Some((at.parse().ok()?, by))
+}
+
+/// The placement-claim annotation's value for `operator` at `now`.
+fn claim_value(operator: &str, now: Timestamp) -> String {
+    format!("{now} {operator}")
 }
 
 /// The parsed providerID, if set and valid.
@@ -388,7 +408,14 @@ impl<'a> Decision<'a> {
         };
 
         if let Some(host) = recorded {
-            // The fresh answer above showed no microVM of ours there.
+            // The fresh answer above showed no microVM of ours there; but another process's create
+            // may still be on its way.
+            if let Some(left) = self.claimed_elsewhere() {
+                // Short and transient: not worth a status write (that would also make the other
+                // process's providerID write conflict).
+                self.quiet = true;
+                return Requeue::After(left);
+            }
             return self.create(&host, machine_uid, user_data, cluster_name, infra);
         }
         // Nothing was recorded, so nothing was created: choose a host and create right away (the
@@ -453,6 +480,7 @@ impl<'a> Decision<'a> {
             host: host.clone(),
             origin_uid: machine_uid.to_string(),
             attempt,
+            claim: claim_value(&self.obs.operator, self.now),
         });
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
             &infra.spec.ssh_public_keys
@@ -755,6 +783,18 @@ impl<'a> Decision<'a> {
             && vm.machine_uid.as_deref() == uid
             && vm.name == self.machine.name_any()
             && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
+    }
+
+    /// How long to wait, if another operator process claimed the placement less than
+    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it.
+    fn claimed_elsewhere(&self) -> Option<Duration> {
+        let (at, by) = placement_claim(self.machine)?;
+        if by == self.obs.operator {
+            // Our own claim: reconciles of one object do not overlap, so our create is over.
+            return None;
+        }
+        let age = Duration::try_from(self.now.duration_since(at)).unwrap_or(Duration::ZERO);
+        CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())
     }
 
     /// Why creating on `host` must wait, if `vms` (its fresh answer) holds microVMs with this

@@ -68,6 +68,8 @@ pub enum Effect {
         origin_uid: String,
         /// The placement attempt this create is (1 for the first).
         attempt: u64,
+        /// Who makes this attempt and when: the placement-claim annotation's value.
+        claim: String,
     },
     /// Set `spec.providerID`.
     SetProviderId(String),

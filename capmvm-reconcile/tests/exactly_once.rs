@@ -6,7 +6,8 @@
 mod support;
 
 use capmvm_api::conditions::reasons;
-use capmvm_api::keys::PLACEMENT_ATTEMPT_ANNOTATION;
+use capmvm_api::keys::{PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION};
+use capmvm_reconcile::machine::CREATE_CLAIM_TTL;
 use capmvm_reconcile::machine::{HostCallFailure, record_host_call_failure};
 use capmvm_reconcile::*;
 use support::*;
@@ -52,6 +53,73 @@ fn every_create_counts_one_more_placement_attempt() {
         Some(1),
         "never the value read"
     );
+}
+
+fn claimed(obs: &mut ObservedMachine, by: &str, seconds_ago: i64) {
+    let at = now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(PLACEMENT_CLAIM_ANNOTATION.to_string(), format!("{at} {by}"));
+}
+
+#[test]
+fn the_record_names_who_claims_the_placement_and_when() {
+    let plan = decide(&observed(), now());
+    let claim = plan
+        .effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::RecordHost { claim, .. } => Some(claim.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(claim, format!("{} {OPERATOR}", now()));
+}
+
+#[test]
+fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
+    // Another operator process recorded the host and is creating: its create may not have reached
+    // the host when this process listed it. Creating now would make a second microVM.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    claimed(&mut obs, "capmvm-1_99_5", 3);
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty(), "{:?}", plan.effects);
+    assert!(
+        plan.effects.is_empty(),
+        "not even the record: {:?}",
+        plan.effects
+    );
+    assert_eq!(plan.status, None, "a short wait writes nothing");
+    assert_eq!(
+        plan.requeue,
+        Requeue::After(CREATE_CLAIM_TTL - std::time::Duration::from_secs(3))
+    );
+    // A claim from the future (clocks apart) waits no longer than the whole window.
+    claimed(&mut obs, "capmvm-1_99_5", -3600);
+    assert_eq!(
+        decide(&obs, now()).requeue,
+        Requeue::After(CREATE_CLAIM_TTL)
+    );
+    // Once a create could no longer be under way, this process creates (a crashed one's claim).
+    claimed(&mut obs, "capmvm-1_99_5", 21);
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+    // Its own claim does not hold it back: its own create is over when it decides again.
+    claimed(&mut obs, OPERATOR, 1);
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+    // The microVM showed up: adopted, whoever claimed.
+    claimed(&mut obs, "capmvm-1_99_5", 1);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Pending, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
 }
 
 fn foreign(uid: &str, state: VmState, machine_uid: Option<&str>) -> ObservedVm {

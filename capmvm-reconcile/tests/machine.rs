@@ -231,6 +231,7 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
             host: host.clone(),
             origin_uid: MACHINE_UID.into(),
             attempt: 1,
+            claim: format!("{} {OPERATOR}", now()),
         }),
         "the host is recorded with the create"
     );
@@ -325,6 +326,7 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
                 host: HOSTS[2].parse().unwrap(),
                 origin_uid: MACHINE_UID.into(),
                 attempt: 1,
+                claim: format!("{} {OPERATOR}", now()),
             }
         })
         .expect("the host is re-recorded");
@@ -587,6 +589,7 @@ fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
             host: HOSTS[1].parse().unwrap(),
             origin_uid: MACHINE_UID.into(),
             attempt: 1,
+            claim: format!("{} {OPERATOR}", now()),
         }],
         "the recorded host and origin uid are kept (re-asserted, not changed)"
     );

@@ -6,6 +6,7 @@
 //! - no plan creates when a providerID exists, a microVM carrying the machine's uid is there, or a
 //!   same-name microVM that is not the machine's is there; every create comes after the conditional
 //!   write that records its host, and that write always changes the object (a compare-and-swap);
+//! - no plan creates while another operator process's recent placement claim may still be creating;
 //! - deciding is deterministic.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -103,7 +104,13 @@ fn execute(
             host,
             origin_uid,
             attempt,
-        } => Some((host.to_string(), origin_uid.clone(), *attempt)),
+            claim,
+        } => Some((
+            host.to_string(),
+            origin_uid.clone(),
+            *attempt,
+            claim.clone(),
+        )),
         _ => None,
     });
     if adds_finalizer || recorded.is_some() {
@@ -117,7 +124,7 @@ fn execute(
                 .get_or_insert_with(Vec::new)
                 .push(MACHINE_FINALIZER.into());
         }
-        if let Some((host, origin_uid, attempt)) = recorded {
+        if let Some((host, origin_uid, attempt, claim)) = recorded {
             let annotations = obs
                 .machine
                 .metadata
@@ -131,6 +138,10 @@ fn execute(
             annotations.insert(
                 capmvm_api::keys::PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
                 attempt.to_string(),
+            );
+            annotations.insert(
+                capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+                claim,
             );
         }
     }
@@ -363,6 +374,24 @@ proptest! {
                 &obs.machine.metadata.annotations,
                 "the record before a create changed nothing: {:?}", plan
             );
+        }
+    }
+
+    #[test]
+    fn no_create_while_another_process_may_be_creating(
+        obs in arb_observation(),
+        seconds_ago in 0..20i64,
+    ) {
+        // Another process claimed the placement within the window a create can take: whatever else
+        // is observed, this process does not create (the other's microVM may not be listed yet).
+        let mut obs = obs;
+        let at = now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
+        obs.machine.metadata.annotations.get_or_insert_with(Default::default).insert(
+            capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+            format!("{at} another-process"),
+        );
+        if recorded_host(&obs.machine).is_some() {
+            prop_assert!(creates(&decide(&obs, now())).is_empty());
         }
     }
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use capmvm_api::capi::{CAPI_GROUP, Cluster};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION,
-    PLACEMENT_ATTEMPT_ANNOTATION,
+    PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION,
 };
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus};
 use capmvm_flintlock::{ErrorKind, HostConfig};
@@ -248,7 +248,15 @@ async fn gather(
         bootstrap,
         hosts,
         recorded_host,
+        operator: operator_identity().to_string(),
     })
+}
+
+/// This process's identity in placement claims: fixed for its lifetime, different after a restart
+/// (a restarted process cannot know whether its predecessor's create reached the host).
+fn operator_identity() -> &'static str {
+    static IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IDENTITY.get_or_init(crate::leader::identity)
 }
 
 /// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is gone, as
@@ -375,16 +383,23 @@ async fn execute(
             host,
             origin_uid,
             attempt,
-        } => Some((host.to_string(), origin_uid.as_str(), attempt.to_string())),
+            claim,
+        } => Some((
+            host.to_string(),
+            origin_uid.as_str(),
+            attempt.to_string(),
+            claim.as_str(),
+        )),
         _ => None,
     });
     let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
     if add_finalizer || recorded.is_some() {
         let annotations = match &recorded {
-            Some((host, origin_uid, attempt)) => vec![
+            Some((host, origin_uid, attempt, claim)) => vec![
                 (HOST_ANNOTATION, host.as_str()),
                 (ORIGIN_UID_ANNOTATION, *origin_uid),
                 (PLACEMENT_ATTEMPT_ANNOTATION, attempt.as_str()),
+                (PLACEMENT_CLAIM_ANNOTATION, *claim),
             ],
             None => Vec::new(),
         };
@@ -399,7 +414,7 @@ async fn execute(
             Ok(m) => m,
             Err(e) => {
                 // Not placed after all: the host's reservation from the decision goes.
-                if let Some((host, origin_uid, _)) = &recorded {
+                if let Some((host, origin_uid, _, _)) = &recorded {
                     ctx.hosts.release(host, origin_uid);
                 }
                 return Err(e.into());
@@ -481,7 +496,7 @@ async fn execute(
             // Returns only when the failure is final (the host refused the spec).
             host_call_failed(ctx, &api, machine, effect, host, &e).await?;
             if let Effect::CreateMicrovm { .. } = effect
-                && let Some((_, origin_uid, _)) = &recorded
+                && let Some((_, origin_uid, _, _)) = &recorded
             {
                 // Nothing will be created there until the spec changes: free the capacity.
                 ctx.hosts.release(&host.to_string(), origin_uid);
