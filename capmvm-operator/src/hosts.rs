@@ -513,3 +513,89 @@ fn state_label(state: VmState) -> &'static str {
         VmState::Unknown(_) => "unknown",
     }
 }
+
+#[cfg(test)]
+mod reservation_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use capmvm_flintlock::PoolOptions;
+
+    struct NoWake;
+
+    impl Wake for NoWake {
+        fn microvm_changed(&self, _: &str, _: &str) {}
+        fn host_changed(&self, _: &str) {}
+    }
+
+    const ENDPOINTS: [&str; 3] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
+
+    fn hosts() -> Arc<Hosts> {
+        let hour = Duration::from_secs(3600);
+        let hosts = Hosts::new(
+            ClientPool::new(PoolOptions::default()),
+            Metrics::new(),
+            Arc::new(NoWake),
+            hour,
+            hour,
+        );
+        for endpoint in ENDPOINTS {
+            hosts.ensure(&HostConfig::new(endpoint));
+        }
+        hosts
+    }
+
+    /// One placement as the machine controller makes it: read the allocation, take the least
+    /// allocated host, claim it.
+    fn place_one(hosts: &Hosts, machine: usize) -> String {
+        hosts.place(|| {
+            let chosen = ENDPOINTS
+                .iter()
+                .min_by_key(|e| (hosts.facts(e).allocated_vcpu, **e))
+                .unwrap()
+                .to_string();
+            let claim = Claim {
+                endpoint: chosen.clone(),
+                machine_uid: format!("uid-{machine}"),
+                vcpu: 2,
+                memory_mb: 2048,
+            };
+            (chosen, Some(claim))
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn placements_at_the_same_instant_see_each_other() {
+        let hosts = hosts();
+        let per_host = std::thread::scope(|s| {
+            let placed: Vec<_> = (0..30)
+                .map(|i| {
+                    let hosts = &hosts;
+                    s.spawn(move || place_one(hosts, i))
+                })
+                .collect();
+            let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+            for p in placed {
+                *per_host.entry(p.join().unwrap()).or_default() += 1;
+            }
+            per_host
+        });
+        assert_eq!(per_host.values().copied().collect::<Vec<_>>(), [10, 10, 10]);
+        for endpoint in ENDPOINTS {
+            assert_eq!(hosts.facts(endpoint).allocated_vcpu, 20);
+            assert_eq!(hosts.facts(endpoint).allocated_memory_mb, 10 * 2048);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_released_placement_no_longer_counts() {
+        let hosts = hosts();
+        let chosen = place_one(&hosts, 1);
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
+        // Placing the same machine again replaces its reservation rather than adding one.
+        hosts.reserve(&chosen, "uid-1", 2, 2048);
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
+        hosts.release(&chosen, "uid-1");
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 0);
+    }
+}
