@@ -162,3 +162,84 @@ async fn a_spec_the_host_refuses_is_not_sent_again_until_it_changes() {
     assert_eq!(live_vms(&w).len(), 1);
     w.shutdown().await;
 }
+
+/// A microVM someone else made on `endpoint` under `namespace/name`, with no meta-data of ours.
+async fn create_foreign_microvm(endpoint: &str, namespace: &str, name: &str) -> String {
+    use capmvm_flintlock::{
+        ClientPool, HostConfig, Kernel, MicrovmSpec, NetworkInterface, PoolOptions, Volume,
+        VolumeSource,
+    };
+    let pool = ClientPool::new(PoolOptions::default());
+    let client = pool.client(&HostConfig::new(endpoint)).unwrap();
+    let vm = client
+        .create(MicrovmSpec {
+            id: name.to_string(),
+            namespace: namespace.to_string(),
+            vcpu: 2,
+            memory_mb: 2048,
+            kernel: Kernel {
+                image: "ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77".into(),
+                filename: Some("boot/vmlinux".into()),
+                ..Default::default()
+            },
+            root_volume: Some(Volume {
+                id: "root".into(),
+                source: VolumeSource {
+                    container_source: Some("ghcr.io/liquidmetal-dev/capmvm-k8s-os:1.33.0".into()),
+                    virtiofs_source: None,
+                },
+                ..Default::default()
+            }),
+            interfaces: vec![NetworkInterface {
+                device_id: "eth1".into(),
+                ..Default::default()
+            }],
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    vm.uid().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
+    // The operator records the host, then dies before creating; meanwhile someone else's microVM
+    // with the machine's name appears on that host (its meta-data carries no uid of ours).
+    let mut w = World::start(options(1)).await.unwrap();
+    w.start_operator(&[(capmvm_operator::fault::FAULT_ENV, "after-host-recorded")])
+        .unwrap();
+    w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
+    assert_eq!(
+        w.wait_operator_exit(WAIT).await,
+        Some(capmvm_operator::fault::FAULT_EXIT_CODE)
+    );
+    let name = w.microvm_machines(NS).await.unwrap()[0].name_any();
+    let host = w.endpoints()[0].clone();
+    let foreign = create_foreign_microvm(&host, NS, &name).await;
+
+    w.start_operator(&[]).unwrap();
+    let machines = wait_reason(&w, "demo-md-0", 1, "UnknownMicrovmOnHost").await;
+    let (status, _, message) = ready_condition(&machines[0]).unwrap();
+    assert_eq!(status, "False");
+    for part in [host.as_str(), foreign.as_str(), "no readable", "delete it"] {
+        assert!(message.contains(part), "{part:?} missing from: {message}");
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(
+        creates_on_hosts(&w),
+        1,
+        "only the foreign create: none of ours"
+    );
+    assert_eq!(
+        live_vms(&w).len(),
+        1,
+        "someone else's microVM is left alone"
+    );
+    let warned = events_for(&w, &name)
+        .await
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("UnknownMicrovmOnHost"))
+        .count();
+    assert_eq!(warned, 1);
+    w.shutdown().await;
+}
