@@ -22,29 +22,30 @@
 
 use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
-use capmvm_api::keys::{
-    ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
-    ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
-    PLACEMENT_CLAIM_ANNOTATION,
-};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER, PAUSED_ANNOTATION};
 use capmvm_api::{
-    HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
-    MicrovmMachine, MicrovmMachineStatus, ProviderId, VmState as ApiVmState, validation,
+    HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus, ProviderId,
+    VmState as ApiVmState, validation,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use std::time::Duration;
 
+mod deletion;
+mod record;
+mod report;
+
+use record::{annotated_host, claim_value};
+pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
+use report::{addresses, failure_domain_of, starting_message};
+
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
-use crate::host_call::deletion_blocked;
 pub use crate::host_call::{
     HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
 };
 use crate::microvm;
-use crate::observe::{
-    BootstrapData, HostLookup, ObservedMachine, ObservedVm, RunningSpec, VmState,
-};
+use crate::observe::{BootstrapData, HostLookup, ObservedMachine, ObservedVm, VmState};
 use crate::placement::{self, Request};
 use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
 
@@ -66,67 +67,6 @@ pub const CREATE_CLAIM_TTL: Duration = Duration::from_secs(20);
 
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
-
-/// The host this machine's microVM lives on or is to be created on: the providerID's host, else the
-/// host annotation. The operator asks this host for the machine's microVMs.
-pub fn recorded_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
-    provider_id(machine)
-        .map(|p| p.host)
-        .or_else(|| annotated_host(machine))
-}
-
-/// The host recorded in the host annotation at placement.
-fn annotated_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
-    machine
-        .annotations()
-        .get(HOST_ANNOTATION)
-        .and_then(|h| h.parse().ok())
-}
-
-/// The uid this machine's microVMs carry in meta-data: the origin-uid annotation, written when the
-/// host was recorded, else the object's own uid. They differ once the object was recreated with its
-/// annotations (`clusterctl move`, a restore from backup).
-pub fn origin_uid(machine: &MicrovmMachine) -> Option<&str> {
-    machine
-        .annotations()
-        .get(ORIGIN_UID_ANNOTATION)
-        .map(String::as_str)
-        .filter(|u| !u.is_empty())
-        .or(machine.metadata.uid.as_deref())
-}
-
-/// How many placement attempts (record-host writes before a create) the machine has made: the
-/// placement-attempt annotation, 0 when unset or unreadable (the next write replaces it either way).
-pub fn placement_attempts(machine: &MicrovmMachine) -> u64 {
-    machine
-        .annotations()
-        .get(PLACEMENT_ATTEMPT_ANNOTATION)
-        .and_then(|a| a.parse().ok())
-        .unwrap_or(0)
-}
-
-/// The last placement claim: when, and by which operator process. `None` if unset or unreadable.
-pub fn placement_claim(machine: &MicrovmMachine) -> Option<(Timestamp, &str)> {
-    let (at, by) = machine
-        .annotations()
-        .get(PLACEMENT_CLAIM_ANNOTATION)?
-        .split_once(' ')?;
-    Some((at.parse().ok()?, by))
-}
-
-/// The placement-claim annotation's value for `operator` at `now`.
-fn claim_value(operator: &str, now: Timestamp) -> String {
-    format!("{now} {operator}")
-}
-
-/// The parsed providerID, if set and valid.
-pub fn provider_id(machine: &MicrovmMachine) -> Option<ProviderId> {
-    machine
-        .spec
-        .provider_id
-        .as_deref()
-        .and_then(|p| p.parse().ok())
-}
 
 /// Whether the recorded host's answer must be fresh rather than cached: true while the machine has no
 /// providerID, because that answer decides whether a microVM is created (or a finalizer released).
@@ -592,154 +532,6 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// Reports on `MicrovmUpToDate` whether the microVM runs with what the spec asks. Flintlock
-    /// cannot resize or re-image a microVM, and re-creating it behind CAPI's back would lose the node:
-    /// an edit is reported (with a Warning event when first seen), and the way to apply it named.
-    fn compare_running_spec(&mut self, host: &HostEndpoint, vm: &ObservedVm) {
-        let Some(running) = &vm.running else {
-            return;
-        };
-        let changes = spec_changes(self.machine, running);
-        if changes.is_empty() {
-            self.condition(
-                types::MICROVM_UP_TO_DATE,
-                Status::True,
-                reasons::UP_TO_DATE,
-                "",
-            );
-            return;
-        }
-        let message = format!(
-            "the spec changed after the microVM was created on host {host} and is not applied ({}): a microVM cannot be changed in place; replace the Machine (for example, point its MachineDeployment at a new MicrovmMachineTemplate) to apply it",
-            changes.join("; ")
-        );
-        let seen_before = self
-            .machine
-            .status
-            .as_ref()
-            .and_then(|s| conditions::get(&s.conditions, types::MICROVM_UP_TO_DATE))
-            .is_some_and(|c| {
-                c.reason == reasons::SPEC_CHANGED_AFTER_CREATE && c.message == message
-            });
-        if !seen_before {
-            self.event(
-                EventKind::Warning,
-                events::SPEC_CHANGE_NOT_APPLIED,
-                "Reconcile",
-                message.clone(),
-            );
-        }
-        self.condition(
-            types::MICROVM_UP_TO_DATE,
-            Status::False,
-            reasons::SPEC_CHANGED_AFTER_CREATE,
-            message,
-        );
-    }
-
-    // --- deletion ---
-
-    fn delete(&mut self) -> Requeue {
-        if !self
-            .machine
-            .finalizers()
-            .iter()
-            .any(|f| f == MACHINE_FINALIZER)
-        {
-            return Requeue::Await;
-        }
-        let Some(host) = recorded_host(self.machine) else {
-            // Never placed, so never created.
-            self.effects.push(Effect::RemoveFinalizer);
-            return Requeue::Await;
-        };
-        let pid_uid = provider_id(self.machine)
-            .filter(|p| p.host == host)
-            .map(|p| p.uid);
-        let what = pid_uid
-            .as_deref()
-            .map_or_else(|| "the microVM".to_string(), |u| format!("microVM {u}"));
-        if self
-            .machine
-            .annotations()
-            .get(ABANDON_MICROVM_ANNOTATION)
-            .map(String::as_str)
-            == Some("true")
-        {
-            self.effects.push(Effect::RemoveFinalizer);
-            self.event(
-                EventKind::Warning,
-                events::MICROVM_ABANDONED,
-                "Delete",
-                format!(
-                    "finalizer released without confirming that {what} on host {host} is gone ({ABANDON_MICROVM_ANNOTATION}=true)"
-                ),
-            );
-            return Requeue::Await;
-        }
-        if self.missing_credentials(&host) {
-            return Requeue::After(CREDENTIALS_RECHECK);
-        }
-        match &self.obs.recorded_host {
-            HostLookup::NotAsked => {
-                self.not_ready(
-                    reasons::DELETING,
-                    format!("waiting to list the microVMs of host {host}"),
-                );
-                Requeue::After(NOT_OBSERVED_RECHECK)
-            }
-            HostLookup::Unreachable(why) => {
-                self.not_ready(
-                    reasons::HOST_UNREACHABLE,
-                    deletion_blocked(&format!("host {host} is unreachable ({why})")),
-                );
-                Requeue::Await
-            }
-            HostLookup::Answered { vms } => {
-                let mut targets: Vec<&ObservedVm> = vms
-                    .iter()
-                    .filter(|v| pid_uid.as_deref() == Some(v.uid.as_str()) || self.is_ours(v))
-                    .collect();
-                targets.sort_by(|a, b| a.uid.cmp(&b.uid));
-                targets.dedup_by(|a, b| a.uid == b.uid);
-                if targets.is_empty() {
-                    self.effects.push(Effect::RemoveFinalizer);
-                    self.event(
-                        EventKind::Normal,
-                        events::MICROVM_DELETED,
-                        "Delete",
-                        format!("{what} is gone from host {host}"),
-                    );
-                    return Requeue::Await;
-                }
-                self.status.vm_state = Some(ApiVmState::Deleting);
-                let uids: Vec<&str> = targets.iter().map(|v| v.uid.as_str()).collect();
-                for vm in &targets {
-                    if vm.state != VmState::Deleting {
-                        self.effects.push(Effect::DeleteMicrovm {
-                            host: host.clone(),
-                            uid: vm.uid.clone(),
-                        });
-                        self.event(
-                            EventKind::Normal,
-                            events::MICROVM_DELETING,
-                            "Delete",
-                            format!("deleting microVM {} on host {host}", vm.uid),
-                        );
-                    }
-                }
-                self.not_ready(
-                    reasons::DELETING,
-                    format!(
-                        "waiting for host {host} to delete microVM {}",
-                        uids.join(", ")
-                    ),
-                );
-                Requeue::After(PENDING_RECHECK)
-            }
-        }
-    }
-
     // --- helpers ---
 
     fn ensure_finalizer(&mut self) {
@@ -1001,85 +793,4 @@ fn recovers_from(reason: &str) -> bool {
             | reasons::MICROVM_SPEC_REJECTED
             | reasons::UNKNOWN_MICROVM_ON_HOST
     )
-}
-
-/// The `Ready` message of a pending microVM (no uid: it must not change between create and adoption).
-fn starting_message(host: &HostEndpoint, retries: i32) -> String {
-    if retries > 0 {
-        format!(
-            "waiting for the microVM on host {host} to start (flintlock retried {retries} times)"
-        )
-    } else {
-        format!("waiting for the microVM on host {host} to start")
-    }
-}
-
-/// How the spec differs from what the microVM runs with, one phrase per field.
-fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> Vec<String> {
-    let spec = &machine.spec;
-    let mut changes = Vec::new();
-    if spec.vcpu != running.vcpu {
-        changes.push(format!(
-            "spec.vcpu is {}, the microVM has {}",
-            spec.vcpu, running.vcpu
-        ));
-    }
-    if spec.memory_mb != running.memory_mb {
-        changes.push(format!(
-            "spec.memoryMb is {}, the microVM has {}",
-            spec.memory_mb, running.memory_mb
-        ));
-    }
-    if spec.kernel.image != running.kernel_image {
-        changes.push(format!(
-            "spec.kernel.image is {:?}, the microVM runs {:?}",
-            spec.kernel.image, running.kernel_image
-        ));
-    }
-    // Flintlock omits a root volume it was not given; only compare what it echoed.
-    if let Some(image) = &running.root_volume_image
-        && spec.root_volume.image.as_ref() != Some(image)
-    {
-        changes.push(format!(
-            "spec.rootVolume.image is {:?}, the microVM runs {:?}",
-            spec.root_volume.image.as_deref().unwrap_or_default(),
-            image
-        ));
-    }
-    changes
-}
-
-/// The failure domain of `host` in the MicrovmCluster's pool.
-fn failure_domain_of(infra: &MicrovmCluster, host: &HostEndpoint) -> Option<String> {
-    infra
-        .spec
-        .placement
-        .static_pool
-        .as_ref()?
-        .hosts
-        .iter()
-        .find(|h| h.endpoint.parse::<HostEndpoint>().ok().as_ref() == Some(host))
-        .map(|h| h.failure_domain_name().to_string())
-}
-
-/// The machine's addresses: its hostname and its static addresses.
-fn addresses(machine: &MicrovmMachine) -> Vec<MachineAddress> {
-    let mut out = vec![MachineAddress {
-        address_type: MachineAddressType::Hostname,
-        address: machine.name_any(),
-    }];
-    for nic in &machine.spec.network_interfaces {
-        if let Some(ip) = nic
-            .address
-            .as_deref()
-            .and_then(|a| a.parse::<ipnet::IpNet>().ok())
-            .map(|n| n.addr())
-        {
-            out.push(MachineAddress {
-                address_type: MachineAddressType::InternalIp,
-                address: ip.to_string(),
-            });
-        }
-    }
-    out
 }
