@@ -82,6 +82,13 @@ pub mod reasons {
     pub const MICROVM_UNKNOWN_STATE: &str = "MicrovmUnknownState";
     /// The host refused a call (for example InvalidArgument or a flintlock validation error).
     pub const MICROVM_CREATE_FAILED: &str = "MicrovmCreateFailed";
+    /// The host refused the create of this spec as invalid (flintlock's InvalidArgument or validation
+    /// error). Final for the spec's generation: not retried until the spec changes.
+    pub const MICROVM_SPEC_REJECTED: &str = "MicrovmSpecRejected";
+    /// The recorded host has a microVM with this machine's namespace/name that the machine cannot
+    /// recognise as its own (no readable origin uid in its meta-data, or another machine's uid).
+    /// Creation waits until it is gone, rather than risk a second microVM.
+    pub const UNKNOWN_MICROVM_ON_HOST: &str = "UnknownMicrovmOnHost";
 
     // --- MicrovmMachine MicrovmUpToDate ---
     /// MicrovmUpToDate=True.

@@ -59,6 +59,26 @@ pub const HOST_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.i
 /// deletes) the microVM it created. Without it, identity falls back to the object's uid.
 pub const ORIGIN_UID_ANNOTATION: &str = "microvmmachine.infrastructure.cluster.x-k8s.io/origin-uid";
 
+/// Annotation on a MicrovmMachine counting its placement attempts: written with [`HOST_ANNOTATION`]
+/// and [`ORIGIN_UID_ANNOTATION`] before every create, one more than the value the decision read.
+///
+/// The write is conditional on the resourceVersion the decision read, and because the count always
+/// changes it always produces a new version: two operators (or replicas without leader election)
+/// deciding from the same version cannot both pass it, so only one of them creates. Without it, a
+/// re-record of an already recorded host would change nothing and could pass twice.
+pub const PLACEMENT_ATTEMPT_ANNOTATION: &str =
+    "microvmmachine.infrastructure.cluster.x-k8s.io/placement-attempt";
+
+/// Annotation on a MicrovmMachine naming who made its last placement attempt and when:
+/// `<RFC 3339 time> <operator identity>`, written with [`PLACEMENT_ATTEMPT_ANNOTATION`].
+///
+/// The attempt's create may still be on its way to the host when another operator process reads the
+/// new version (it is woken by that very write) and finds no microVM yet. Another process therefore
+/// waits until the claim is older than a create can take before it creates itself; the process that
+/// made the claim retries at once (its own create is over when it decides again).
+pub const PLACEMENT_CLAIM_ANNOTATION: &str =
+    "microvmmachine.infrastructure.cluster.x-k8s.io/placement-claim";
+
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
 

@@ -29,6 +29,11 @@ const BUSY_AFTER_CALL: Duration = Duration::from_secs(5);
 /// How long a placement not yet visible on its host counts towards the host's allocation.
 const RESERVATION_TTL: Duration = Duration::from_secs(300);
 
+/// How long a reservation is kept after its microVM first shows in the host's snapshot (where it is
+/// counted instead): a list that was under way when the create returned may still publish a
+/// snapshot without it, and the placement must not vanish from the allocation meanwhile.
+const RESERVATION_SETTLE: Duration = BUSY_AFTER_CALL;
+
 /// Who to wake when a host's microVMs or reachability change.
 pub trait Wake: Send + Sync {
     /// The microVM named `namespace/name` changed (appeared, changed state, or vanished).
@@ -81,6 +86,19 @@ struct Reservation {
     since: Instant,
 }
 
+/// A host chosen for a machine, reserved at the moment of choosing (see [`Hosts::place`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Claim {
+    /// The host's canonical endpoint: capacity is physical, so reservations are per endpoint.
+    pub endpoint: String,
+    /// The uid the machine's microVM will carry (its origin uid).
+    pub machine_uid: String,
+    /// vCPUs asked for.
+    pub vcpu: i64,
+    /// Memory asked for, in MiB.
+    pub memory_mb: i64,
+}
+
 /// The registry of observed hosts.
 pub struct Hosts {
     pool: ClientPool,
@@ -94,6 +112,8 @@ pub struct Hosts {
     /// Machines placed on a host whose microVM the host does not list yet: endpoint → machine uid →
     /// (vcpu, memory, since). Keeps a burst of placements from piling onto one host.
     reservations: Mutex<HashMap<String, HashMap<String, Reservation>>>,
+    /// Held while one placement reads the allocation, decides and reserves (see [`Hosts::place`]).
+    placing: Mutex<()>,
 }
 
 impl Hosts {
@@ -114,6 +134,7 @@ impl Hosts {
             entries: Mutex::new(HashMap::new()),
             declared: Mutex::new(HashMap::new()),
             reservations: Mutex::new(HashMap::new()),
+            placing: Mutex::new(()),
         })
     }
 
@@ -238,15 +259,49 @@ impl Hosts {
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
+            // A listed microVM is counted above; its reservation is kept a little longer in case a
+            // list that raced the create publishes a snapshot without it.
             host.retain(|uid, r| {
-                !listed_machines.contains(uid) && r.since.elapsed() < RESERVATION_TTL
+                let age = r.since.elapsed();
+                age < RESERVATION_TTL
+                    && (age < RESERVATION_SETTLE || !listed_machines.contains(uid))
             });
-            for r in host.values() {
+            for (_, r) in host
+                .iter()
+                .filter(|(uid, _)| !listed_machines.contains(*uid))
+            {
                 facts.allocated_vcpu += r.vcpu;
                 facts.allocated_memory_mb += r.memory_mb;
             }
         }
         facts
+    }
+
+    /// Runs one placement decision at a time: `decide` reads the hosts' allocation (through
+    /// [`Hosts::facts`]), decides, and returns its outcome with the host it chose, which is reserved
+    /// before the next placement decides. Concurrent reconciles therefore see each other's choices,
+    /// and a burst spreads over equal hosts exactly as a slow trickle would. `decide` must be quick
+    /// and must not block (it runs under a lock).
+    pub fn place<T>(&self, decide: impl FnOnce() -> (T, Option<Claim>)) -> T {
+        let _turn = self
+            .placing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let (outcome, claim) = decide();
+        if let Some(c) = claim {
+            self.reserve(&c.endpoint, &c.machine_uid, c.vcpu, c.memory_mb);
+        }
+        outcome
+    }
+
+    /// Drops the reservation of `machine_uid` on `endpoint`: the placement was not recorded after all
+    /// (the write failed), or nothing will be created there for now (the host refused the spec).
+    pub fn release(&self, endpoint: &str, machine_uid: &str) {
+        if let Ok(mut reservations) = self.reservations.lock()
+            && let Some(host) = reservations.get_mut(endpoint)
+        {
+            host.remove(machine_uid);
+        }
     }
 
     /// Counts a machine just placed on `endpoint` towards its allocation until its microVM shows up.
@@ -525,5 +580,91 @@ fn state_label(state: VmState) -> &'static str {
         VmState::Failed => "failed",
         VmState::Deleting => "deleting",
         VmState::Unknown(_) => "unknown",
+    }
+}
+
+#[cfg(test)]
+mod reservation_tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use capmvm_flintlock::PoolOptions;
+
+    struct NoWake;
+
+    impl Wake for NoWake {
+        fn microvm_changed(&self, _: &str, _: &str) {}
+        fn host_changed(&self, _: &str) {}
+    }
+
+    const ENDPOINTS: [&str; 3] = ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"];
+
+    fn hosts() -> Arc<Hosts> {
+        let hour = Duration::from_secs(3600);
+        let hosts = Hosts::new(
+            ClientPool::new(PoolOptions::default()),
+            Metrics::new(),
+            Arc::new(NoWake),
+            hour,
+            hour,
+        );
+        for endpoint in ENDPOINTS {
+            hosts.ensure(&HostConfig::new(endpoint));
+        }
+        hosts
+    }
+
+    /// One placement as the machine controller makes it: read the allocation, take the least
+    /// allocated host, claim it.
+    fn place_one(hosts: &Hosts, machine: usize) -> String {
+        hosts.place(|| {
+            let chosen = ENDPOINTS
+                .iter()
+                .min_by_key(|e| (hosts.facts(e).allocated_vcpu, **e))
+                .unwrap()
+                .to_string();
+            let claim = Claim {
+                endpoint: chosen.clone(),
+                machine_uid: format!("uid-{machine}"),
+                vcpu: 2,
+                memory_mb: 2048,
+            };
+            (chosen, Some(claim))
+        })
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn placements_at_the_same_instant_see_each_other() {
+        let hosts = hosts();
+        let per_host = std::thread::scope(|s| {
+            let placed: Vec<_> = (0..30)
+                .map(|i| {
+                    let hosts = &hosts;
+                    s.spawn(move || place_one(hosts, i))
+                })
+                .collect();
+            let mut per_host: BTreeMap<String, usize> = BTreeMap::new();
+            for p in placed {
+                *per_host.entry(p.join().unwrap()).or_default() += 1;
+            }
+            per_host
+        });
+        assert_eq!(per_host.values().copied().collect::<Vec<_>>(), [10, 10, 10]);
+        for endpoint in ENDPOINTS {
+            assert_eq!(hosts.facts(endpoint).allocated_vcpu, 20);
+            assert_eq!(hosts.facts(endpoint).allocated_memory_mb, 10 * 2048);
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_released_placement_no_longer_counts() {
+        let hosts = hosts();
+        let chosen = place_one(&hosts, 1);
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
+        // Placing the same machine again replaces its reservation rather than adding one.
+        hosts.reserve(&chosen, "uid-1", 2, 2048);
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
+        hosts.release(&chosen, "uid-1");
+        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 0);
     }
 }

@@ -11,6 +11,7 @@
 pub mod cloudinit;
 pub mod cluster;
 pub mod conditions;
+pub mod host_call;
 pub mod machine;
 pub mod microvm;
 pub mod observe;

@@ -8,10 +8,13 @@
 //! exactly once:
 //!
 //! 1. choose a host and record it, with the machine's origin uid, in annotations (written before any
-//!    create, and re-asserted by a write conditional on the resourceVersion before every create);
+//!    create, and re-asserted before every create by a compare-and-swap: a write conditional on the
+//!    resourceVersion that also counts the placement attempt, so it always changes the object);
 //! 2. ask the recorded host, freshly, for microVMs with this namespace/name that carry the machine's
 //!    origin uid in their meta-data; adopt the oldest (ULIDs sort by creation) and delete extra ones;
-//! 3. only if there is none, create one, then adopt it (step 2) to set the providerID.
+//!    a same-name microVM that is not ours (unreadable or another uid) blocks creation instead;
+//! 3. only if there is none, create one, then adopt it (step 2) to set the providerID. A create the
+//!    host refuses as invalid is not sent again until the spec's generation changes.
 //!
 //! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM; so does a
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
@@ -19,24 +22,30 @@
 
 use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
-use capmvm_api::keys::{
-    ABANDON_MICROVM_ANNOTATION, CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER,
-    ORIGIN_UID_ANNOTATION, PAUSED_ANNOTATION,
-};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER, PAUSED_ANNOTATION};
 use capmvm_api::{
-    HostEndpoint, Initialization, MachineAddress, MachineAddressType, MicrovmCluster,
-    MicrovmMachine, MicrovmMachineStatus, ProviderId, VmState as ApiVmState, validation,
+    HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus, ProviderId,
+    VmState as ApiVmState, validation,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use std::time::Duration;
 
+mod deletion;
+mod record;
+mod report;
+
+use record::{annotated_host, claim_value};
+pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
+use report::{addresses, failure_domain_of, starting_message};
+
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
-use crate::microvm;
-use crate::observe::{
-    BootstrapData, HostLookup, ObservedMachine, ObservedVm, RunningSpec, VmState,
+pub use crate::host_call::{
+    HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
 };
+use crate::microvm;
+use crate::observe::{BootstrapData, HostLookup, ObservedMachine, ObservedVm, VmState};
 use crate::placement::{self, Request};
 use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
 
@@ -51,45 +60,13 @@ pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
 pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
 
+/// How long after another operator process claimed a placement a create of its may still reach the
+/// host: the flintlock client's connect timeout (5 s) and call deadline (10 s), with a margin. Until
+/// then a process that finds no microVM waits instead of creating a second one.
+pub const CREATE_CLAIM_TTL: Duration = Duration::from_secs(20);
+
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
-
-/// The host this machine's microVM lives on or is to be created on: the providerID's host, else the
-/// host annotation. The operator asks this host for the machine's microVMs.
-pub fn recorded_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
-    provider_id(machine)
-        .map(|p| p.host)
-        .or_else(|| annotated_host(machine))
-}
-
-/// The host recorded in the host annotation at placement.
-fn annotated_host(machine: &MicrovmMachine) -> Option<HostEndpoint> {
-    machine
-        .annotations()
-        .get(HOST_ANNOTATION)
-        .and_then(|h| h.parse().ok())
-}
-
-/// The uid this machine's microVMs carry in meta-data: the origin-uid annotation, written when the
-/// host was recorded, else the object's own uid. They differ once the object was recreated with its
-/// annotations (`clusterctl move`, a restore from backup).
-pub fn origin_uid(machine: &MicrovmMachine) -> Option<&str> {
-    machine
-        .annotations()
-        .get(ORIGIN_UID_ANNOTATION)
-        .map(String::as_str)
-        .filter(|u| !u.is_empty())
-        .or(machine.metadata.uid.as_deref())
-}
-
-/// The parsed providerID, if set and valid.
-pub fn provider_id(machine: &MicrovmMachine) -> Option<ProviderId> {
-    machine
-        .spec
-        .provider_id
-        .as_deref()
-        .and_then(|p| p.parse().ok())
-}
 
 /// Whether the recorded host's answer must be fresh rather than cached: true while the machine has no
 /// providerID, because that answer decides whether a microVM is created (or a finalizer released).
@@ -114,41 +91,6 @@ pub fn decide(obs: &ObservedMachine, now: Timestamp) -> Plan<MicrovmMachineStatu
     let mut d = Decision::new(obs, now);
     let requeue = d.run();
     d.finish(requeue)
-}
-
-/// Marks the `Ready` condition of `machine` after a host call of a plan failed, so users see why it is
-/// stuck while the operator retries with backoff. `message` must be safe to show. A machine being
-/// deleted gets the same advice as when its host is seen unreachable.
-pub fn record_host_call_failure(
-    machine: &MicrovmMachine,
-    status: &mut MicrovmMachineStatus,
-    unreachable: bool,
-    message: &str,
-    now: Timestamp,
-) {
-    let deleting = machine.metadata.deletion_timestamp.is_some();
-    let (reason, message) = match (unreachable, deleting) {
-        (true, true) => (reasons::HOST_UNREACHABLE, deletion_blocked(message)),
-        (true, false) => (reasons::HOST_UNREACHABLE, message.to_string()),
-        (false, true) => (reasons::DELETING, message.to_string()),
-        (false, false) => (reasons::MICROVM_CREATE_FAILED, message.to_string()),
-    };
-    conditions::set(
-        &mut status.conditions,
-        types::READY,
-        Status::False,
-        reason,
-        message,
-        machine.metadata.generation,
-        now,
-    );
-}
-
-/// What a machine whose host does not answer says while it is deleted.
-fn deletion_blocked(why: &str) -> String {
-    format!(
-        "cannot delete the microVM: {why}; the finalizer stays until the host answers. If the host is gone for good, annotate {ABANDON_MICROVM_ANNOTATION}=true to release it"
-    )
 }
 
 struct Decision<'a> {
@@ -343,6 +285,11 @@ impl<'a> Decision<'a> {
                         );
                         return Requeue::After(PENDING_RECHECK);
                     }
+                    if let Some(message) = self.unknown_microvms(host, vms) {
+                        self.not_ready(reasons::UNKNOWN_MICROVM_ON_HOST, message);
+                        // Foreign microVMs wake nobody when they go: look again now and then.
+                        return Requeue::After(PENDING_RECHECK);
+                    }
                 }
             }
         }
@@ -351,6 +298,11 @@ impl<'a> Decision<'a> {
         // the spec says now (an edit after create is reported on MicrovmUpToDate).
         if let Err(errors) = validation::validate_machine(self.machine) {
             self.not_ready(reasons::INVALID_SPEC, errors.to_string());
+            return Requeue::Await;
+        }
+        // The host refused this spec: sending it again cannot succeed. The condition (and its event,
+        // published once) stays until the spec's generation changes.
+        if spec_rejected_at_this_generation(self.machine) {
             return Requeue::Await;
         }
 
@@ -396,7 +348,14 @@ impl<'a> Decision<'a> {
         };
 
         if let Some(host) = recorded {
-            // The fresh answer above showed no microVM of ours there.
+            // The fresh answer above showed no microVM of ours there; but another process's create
+            // may still be on its way.
+            if let Some(left) = self.claimed_elsewhere() {
+                // Short and transient: not worth a status write (that would also make the other
+                // process's providerID write conflict).
+                self.quiet = true;
+                return Requeue::After(left);
+            }
             return self.create(&host, machine_uid, user_data, cluster_name, infra);
         }
         // Nothing was recorded, so nothing was created: choose a host and create right away (the
@@ -437,10 +396,12 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid in one write
-    /// conditional on the resourceVersion this decision read, also when they are recorded already:
-    /// every create is then preceded by a write that fails on a stale read (one that misses a
-    /// providerID, say), so no decision made from a stale read reaches a host.
+    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid, and counts
+    /// one more placement attempt, in one write conditional on the resourceVersion this decision
+    /// read, also when host and uid are recorded already: every create is then preceded by a write
+    /// that always changes the object and fails on a stale read (one that misses a providerID, or
+    /// another writer's attempt), so no decision made from a stale read reaches a host and two
+    /// writers deciding from the same version cannot both create.
     fn create(
         &mut self,
         host: &HostEndpoint,
@@ -452,9 +413,14 @@ impl<'a> Decision<'a> {
         if self.missing_credentials(host) {
             return Requeue::After(CREDENTIALS_RECHECK);
         }
+        // Never the value read, so the write always makes a new resourceVersion (wrapping is
+        // academic, but must not land on the same value either).
+        let attempt = placement_attempts(self.machine).wrapping_add(1).max(1);
         self.effects.push(Effect::RecordHost {
             host: host.clone(),
             origin_uid: machine_uid.to_string(),
+            attempt,
+            claim: claim_value(&self.obs.operator, self.now),
         });
         let keys = if self.machine.spec.ssh_public_keys.is_empty() {
             &infra.spec.ssh_public_keys
@@ -566,154 +532,6 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// Reports on `MicrovmUpToDate` whether the microVM runs with what the spec asks. Flintlock
-    /// cannot resize or re-image a microVM, and re-creating it behind CAPI's back would lose the node:
-    /// an edit is reported (with a Warning event when first seen), and the way to apply it named.
-    fn compare_running_spec(&mut self, host: &HostEndpoint, vm: &ObservedVm) {
-        let Some(running) = &vm.running else {
-            return;
-        };
-        let changes = spec_changes(self.machine, running);
-        if changes.is_empty() {
-            self.condition(
-                types::MICROVM_UP_TO_DATE,
-                Status::True,
-                reasons::UP_TO_DATE,
-                "",
-            );
-            return;
-        }
-        let message = format!(
-            "the spec changed after the microVM was created on host {host} and is not applied ({}): a microVM cannot be changed in place; replace the Machine (for example, point its MachineDeployment at a new MicrovmMachineTemplate) to apply it",
-            changes.join("; ")
-        );
-        let seen_before = self
-            .machine
-            .status
-            .as_ref()
-            .and_then(|s| conditions::get(&s.conditions, types::MICROVM_UP_TO_DATE))
-            .is_some_and(|c| {
-                c.reason == reasons::SPEC_CHANGED_AFTER_CREATE && c.message == message
-            });
-        if !seen_before {
-            self.event(
-                EventKind::Warning,
-                events::SPEC_CHANGE_NOT_APPLIED,
-                "Reconcile",
-                message.clone(),
-            );
-        }
-        self.condition(
-            types::MICROVM_UP_TO_DATE,
-            Status::False,
-            reasons::SPEC_CHANGED_AFTER_CREATE,
-            message,
-        );
-    }
-
-    // --- deletion ---
-
-    fn delete(&mut self) -> Requeue {
-        if !self
-            .machine
-            .finalizers()
-            .iter()
-            .any(|f| f == MACHINE_FINALIZER)
-        {
-            return Requeue::Await;
-        }
-        let Some(host) = recorded_host(self.machine) else {
-            // Never placed, so never created.
-            self.effects.push(Effect::RemoveFinalizer);
-            return Requeue::Await;
-        };
-        let pid_uid = provider_id(self.machine)
-            .filter(|p| p.host == host)
-            .map(|p| p.uid);
-        let what = pid_uid
-            .as_deref()
-            .map_or_else(|| "the microVM".to_string(), |u| format!("microVM {u}"));
-        if self
-            .machine
-            .annotations()
-            .get(ABANDON_MICROVM_ANNOTATION)
-            .map(String::as_str)
-            == Some("true")
-        {
-            self.effects.push(Effect::RemoveFinalizer);
-            self.event(
-                EventKind::Warning,
-                events::MICROVM_ABANDONED,
-                "Delete",
-                format!(
-                    "finalizer released without confirming that {what} on host {host} is gone ({ABANDON_MICROVM_ANNOTATION}=true)"
-                ),
-            );
-            return Requeue::Await;
-        }
-        if self.missing_credentials(&host) {
-            return Requeue::After(CREDENTIALS_RECHECK);
-        }
-        match &self.obs.recorded_host {
-            HostLookup::NotAsked => {
-                self.not_ready(
-                    reasons::DELETING,
-                    format!("waiting to list the microVMs of host {host}"),
-                );
-                Requeue::After(NOT_OBSERVED_RECHECK)
-            }
-            HostLookup::Unreachable(why) => {
-                self.not_ready(
-                    reasons::HOST_UNREACHABLE,
-                    deletion_blocked(&format!("host {host} is unreachable ({why})")),
-                );
-                Requeue::Await
-            }
-            HostLookup::Answered { vms } => {
-                let mut targets: Vec<&ObservedVm> = vms
-                    .iter()
-                    .filter(|v| pid_uid.as_deref() == Some(v.uid.as_str()) || self.is_ours(v))
-                    .collect();
-                targets.sort_by(|a, b| a.uid.cmp(&b.uid));
-                targets.dedup_by(|a, b| a.uid == b.uid);
-                if targets.is_empty() {
-                    self.effects.push(Effect::RemoveFinalizer);
-                    self.event(
-                        EventKind::Normal,
-                        events::MICROVM_DELETED,
-                        "Delete",
-                        format!("{what} is gone from host {host}"),
-                    );
-                    return Requeue::Await;
-                }
-                self.status.vm_state = Some(ApiVmState::Deleting);
-                let uids: Vec<&str> = targets.iter().map(|v| v.uid.as_str()).collect();
-                for vm in &targets {
-                    if vm.state != VmState::Deleting {
-                        self.effects.push(Effect::DeleteMicrovm {
-                            host: host.clone(),
-                            uid: vm.uid.clone(),
-                        });
-                        self.event(
-                            EventKind::Normal,
-                            events::MICROVM_DELETING,
-                            "Delete",
-                            format!("deleting microVM {} on host {host}", vm.uid),
-                        );
-                    }
-                }
-                self.not_ready(
-                    reasons::DELETING,
-                    format!(
-                        "waiting for host {host} to delete microVM {}",
-                        uids.join(", ")
-                    ),
-                );
-                Requeue::After(PENDING_RECHECK)
-            }
-        }
-    }
-
     // --- helpers ---
 
     fn ensure_finalizer(&mut self) {
@@ -757,6 +575,58 @@ impl<'a> Decision<'a> {
             && vm.machine_uid.as_deref() == uid
             && vm.name == self.machine.name_any()
             && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
+    }
+
+    /// How long to wait, if another operator process claimed the placement less than
+    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it.
+    fn claimed_elsewhere(&self) -> Option<Duration> {
+        let (at, by) = placement_claim(self.machine)?;
+        if by == self.obs.operator {
+            // Our own claim: reconciles of one object do not overlap, so our create is over.
+            return None;
+        }
+        let age = Duration::try_from(self.now.duration_since(at)).unwrap_or(Duration::ZERO);
+        CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())
+    }
+
+    /// Why creating on `host` must wait, if `vms` (its fresh answer) holds microVMs with this
+    /// machine's namespace/name that are not ours and not being deleted: their meta-data carries no
+    /// readable origin uid, or another one. Creating next to them could make a second microVM of
+    /// this machine (ours, unreadable) or two microVMs of one name; neither is undone by itself.
+    fn unknown_microvms(&self, host: &HostEndpoint, vms: &[ObservedVm]) -> Option<String> {
+        let name = self.machine.name_any();
+        let namespace = self.machine.namespace().unwrap_or_default();
+        let mut unknown: Vec<&ObservedVm> = vms
+            .iter()
+            .filter(|v| {
+                v.name == name
+                    && v.namespace == namespace
+                    && v.state != VmState::Deleting
+                    && !self.is_ours(v)
+            })
+            .collect();
+        if unknown.is_empty() {
+            return None;
+        }
+        unknown.sort_by(|a, b| a.uid.cmp(&b.uid));
+        let ours = origin_uid(self.machine).unwrap_or_default();
+        let each: Vec<String> = unknown
+            .iter()
+            .map(|v| match &v.machine_uid {
+                Some(uid) => format!(
+                    "microVM {} carries MicrovmMachine uid {uid} in its meta-data, not this machine's {ours}",
+                    v.uid
+                ),
+                None => format!(
+                    "microVM {} has no readable MicrovmMachine uid in its meta-data",
+                    v.uid
+                ),
+            })
+            .collect();
+        Some(format!(
+            "host {host} has a microVM named {namespace}/{name} that is not this machine's ({}); no microVM is created while it exists. Check whether it belongs to another management cluster or to an earlier MicrovmMachine of this name, then delete it from the host, or delete this Machine",
+            each.join("; ")
+        ))
     }
 
     /// Deletes microVMs that carry this machine's origin uid but are not the one it keeps.
@@ -898,6 +768,9 @@ impl<'a> Decision<'a> {
             reasons::MICROVM_NOT_FOUND => (EventKind::Warning, events::MICROVM_NOT_FOUND),
             reasons::INVALID_SPEC => (EventKind::Warning, events::INVALID_SPEC),
             reasons::HOST_UNREACHABLE => (EventKind::Warning, events::HOST_UNREACHABLE),
+            reasons::UNKNOWN_MICROVM_ON_HOST => {
+                (EventKind::Warning, events::UNKNOWN_MICROVM_ON_HOST)
+            }
             _ => return,
         };
         let note = if after.message.is_empty() {
@@ -917,86 +790,7 @@ fn recovers_from(reason: &str) -> bool {
             | reasons::MISSING_CREDENTIALS
             | reasons::MICROVM_CREATE_FAILED
             | reasons::MICROVM_NOT_FOUND
+            | reasons::MICROVM_SPEC_REJECTED
+            | reasons::UNKNOWN_MICROVM_ON_HOST
     )
-}
-
-/// The `Ready` message of a pending microVM (no uid: it must not change between create and adoption).
-fn starting_message(host: &HostEndpoint, retries: i32) -> String {
-    if retries > 0 {
-        format!(
-            "waiting for the microVM on host {host} to start (flintlock retried {retries} times)"
-        )
-    } else {
-        format!("waiting for the microVM on host {host} to start")
-    }
-}
-
-/// How the spec differs from what the microVM runs with, one phrase per field.
-fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> Vec<String> {
-    let spec = &machine.spec;
-    let mut changes = Vec::new();
-    if spec.vcpu != running.vcpu {
-        changes.push(format!(
-            "spec.vcpu is {}, the microVM has {}",
-            spec.vcpu, running.vcpu
-        ));
-    }
-    if spec.memory_mb != running.memory_mb {
-        changes.push(format!(
-            "spec.memoryMb is {}, the microVM has {}",
-            spec.memory_mb, running.memory_mb
-        ));
-    }
-    if spec.kernel.image != running.kernel_image {
-        changes.push(format!(
-            "spec.kernel.image is {:?}, the microVM runs {:?}",
-            spec.kernel.image, running.kernel_image
-        ));
-    }
-    // Flintlock omits a root volume it was not given; only compare what it echoed.
-    if let Some(image) = &running.root_volume_image
-        && spec.root_volume.image.as_ref() != Some(image)
-    {
-        changes.push(format!(
-            "spec.rootVolume.image is {:?}, the microVM runs {:?}",
-            spec.root_volume.image.as_deref().unwrap_or_default(),
-            image
-        ));
-    }
-    changes
-}
-
-/// The failure domain of `host` in the MicrovmCluster's pool.
-fn failure_domain_of(infra: &MicrovmCluster, host: &HostEndpoint) -> Option<String> {
-    infra
-        .spec
-        .placement
-        .static_pool
-        .as_ref()?
-        .hosts
-        .iter()
-        .find(|h| h.endpoint.parse::<HostEndpoint>().ok().as_ref() == Some(host))
-        .map(|h| h.failure_domain_name().to_string())
-}
-
-/// The machine's addresses: its hostname and its static addresses.
-fn addresses(machine: &MicrovmMachine) -> Vec<MachineAddress> {
-    let mut out = vec![MachineAddress {
-        address_type: MachineAddressType::Hostname,
-        address: machine.name_any(),
-    }];
-    for nic in &machine.spec.network_interfaces {
-        if let Some(ip) = nic
-            .address
-            .as_deref()
-            .and_then(|a| a.parse::<ipnet::IpNet>().ok())
-            .map(|n| n.addr())
-        {
-            out.push(MachineAddress {
-                address_type: MachineAddressType::InternalIp,
-                address: ip.to_string(),
-            });
-        }
-    }
-    out
 }

@@ -48,6 +48,9 @@ pub struct ObservedMachine {
     pub hosts: BTreeMap<String, HostFacts>,
     /// What the machine's recorded host answered (see [`crate::machine::recorded_host`]).
     pub recorded_host: HostLookup,
+    /// The identity of the operator process deciding: a placement claimed by another process is
+    /// waited out while its create may still be under way (see [`crate::machine::CREATE_CLAIM_TTL`]).
+    pub operator: String,
 }
 
 /// The bootstrap data Secret named by `Machine.spec.bootstrap.dataSecretName`.

@@ -61,11 +61,19 @@ pub enum Effect {
     RemoveFinalizer,
     /// Record the chosen host and the machine's origin uid in their annotations (before the microVM
     /// is created there), so a recreated object (`clusterctl move`) still finds its microVM.
+    ///
+    /// The write also sets the placement-attempt annotation to `attempt`, one more than the value
+    /// the decision read, so it always changes the object: with the resourceVersion test it is a
+    /// compare-and-swap that two writers deciding from the same version cannot both pass.
     RecordHost {
         /// The chosen host.
         host: HostEndpoint,
         /// The uid the microVM will carry in meta-data.
         origin_uid: String,
+        /// The placement attempt this create is (1 for the first).
+        attempt: u64,
+        /// Who makes this attempt and when: the placement-claim annotation's value.
+        claim: String,
     },
     /// Set `spec.providerID`.
     SetProviderId(String),
@@ -150,6 +158,10 @@ pub mod reasons {
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
     /// A host call failed.
     pub const HOST_CALL_FAILED: &str = "HostCallFailed";
+    /// The host refused to create a microVM of this spec; not retried until the spec changes.
+    pub const MICROVM_SPEC_REJECTED: &str = "MicrovmSpecRejected";
+    /// The recorded host has a same-name microVM that is not this machine's; creation waits.
+    pub const UNKNOWN_MICROVM_ON_HOST: &str = "UnknownMicrovmOnHost";
     /// The spec was edited after the microVM was created; the edit cannot be applied.
     pub const SPEC_CHANGE_NOT_APPLIED: &str = "SpecChangeNotApplied";
     /// Basic-auth tokens go to hosts without TLS.

@@ -229,7 +229,9 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
     assert!(
         plan.effects.contains(&Effect::RecordHost {
             host: host.clone(),
-            origin_uid: MACHINE_UID.into()
+            origin_uid: MACHINE_UID.into(),
+            attempt: 1,
+            claim: format!("{} {OPERATOR}", now()),
         }),
         "the host is recorded with the create"
     );
@@ -309,8 +311,9 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
 #[test]
 fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
     // A retried create on an already recorded host (the first create call failed, or the operator
-    // crashed before it) re-records the same host and uid: the operator writes that conditionally on
-    // the resourceVersion read, so a stale read (one missing a providerID) never reaches the host.
+    // crashed before it) re-records the same host and uid with one more placement attempt: the
+    // operator writes that conditionally on the resourceVersion read, so a stale read (one missing a
+    // providerID) never reaches the host, and the write always changes the object.
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[2]);
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
@@ -322,6 +325,8 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
             *e == Effect::RecordHost {
                 host: HOSTS[2].parse().unwrap(),
                 origin_uid: MACHINE_UID.into(),
+                attempt: 1,
+                claim: format!("{} {OPERATOR}", now()),
             }
         })
         .expect("the host is re-recorded");
@@ -582,7 +587,9 @@ fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
             .collect::<Vec<_>>(),
         [&Effect::RecordHost {
             host: HOSTS[1].parse().unwrap(),
-            origin_uid: MACHINE_UID.into()
+            origin_uid: MACHINE_UID.into(),
+            attempt: 1,
+            claim: format!("{} {OPERATOR}", now()),
         }],
         "the recorded host and origin uid are kept (re-asserted, not changed)"
     );
@@ -636,9 +643,7 @@ fn a_recorded_machine_with_nothing_on_its_host_creates_there() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[2]);
     obs.hosts.get_mut(HOSTS[2]).unwrap().allocated_vcpu = 60; // busiest, but recorded: no re-placement
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01C", VmState::Created, false)],
-    };
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
     assert_eq!(creates(&plan)[0].0, HOSTS[2]);
 }
@@ -1024,13 +1029,18 @@ fn a_failed_delete_call_gives_the_same_advice_as_an_unreachable_host() {
     deleting(&mut obs);
     let mut status = obs.machine.status.clone().unwrap();
     let failure = format!("host {}: unavailable: connection refused", HOSTS[0]);
-    capmvm_reconcile::machine::record_host_call_failure(
+    let verdict = capmvm_reconcile::machine::record_host_call_failure(
         &obs.machine,
         &mut status,
-        true,
+        &Effect::DeleteMicrovm {
+            host: HOSTS[0].parse().unwrap(),
+            uid: "01A".into(),
+        },
+        capmvm_reconcile::machine::HostCallFailure::Unreachable,
         &failure,
         now(),
     );
+    assert!(verdict.retry_with_backoff);
     let ready = status
         .conditions
         .iter()

@@ -3,8 +3,10 @@
 //! - a plan applied to the observation it came from, re-decided, converges with no further effects;
 //! - with the operator crashing between any two steps of any plan, and the object moved (new uid) at
 //!   any point, no machine ever has two microVMs;
-//! - no plan creates when a providerID exists or a microVM carrying the machine's uid is there, and
-//!   every create comes after the conditional write that records its host;
+//! - no plan creates when a providerID exists, a microVM carrying the machine's uid is there, or a
+//!   same-name microVM that is not the machine's is there; every create comes after the conditional
+//!   write that records its host, and that write always changes the object (a compare-and-swap);
+//! - no plan creates while another operator process's recent placement claim may still be creating;
 //! - deciding is deterministic.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -98,7 +100,17 @@ fn execute(
     // The finalizer and the recorded host go in one metadata write.
     let adds_finalizer = plan.effects.contains(&Effect::AddFinalizer);
     let recorded = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost { host, origin_uid } => Some((host.to_string(), origin_uid.clone())),
+        Effect::RecordHost {
+            host,
+            origin_uid,
+            attempt,
+            claim,
+        } => Some((
+            host.to_string(),
+            origin_uid.clone(),
+            *attempt,
+            claim.clone(),
+        )),
         _ => None,
     });
     if adds_finalizer || recorded.is_some() {
@@ -112,7 +124,7 @@ fn execute(
                 .get_or_insert_with(Vec::new)
                 .push(MACHINE_FINALIZER.into());
         }
-        if let Some((host, origin_uid)) = recorded {
+        if let Some((host, origin_uid, attempt, claim)) = recorded {
             let annotations = obs
                 .machine
                 .metadata
@@ -122,6 +134,14 @@ fn execute(
             annotations.insert(
                 capmvm_api::keys::ORIGIN_UID_ANNOTATION.to_string(),
                 origin_uid,
+            );
+            annotations.insert(
+                capmvm_api::keys::PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
+                attempt.to_string(),
+            );
+            annotations.insert(
+                capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+                claim,
             );
         }
     }
@@ -298,6 +318,15 @@ proptest! {
         if obs.machine.spec.provider_id.is_some() || ours_listed {
             prop_assert!(creates(&plan).is_empty(), "created with providerID or our VM present: {:?}", plan);
         }
+        // A same-name microVM on the recorded host that is not ours (no readable uid, or another
+        // one) and not being deleted blocks creation: creating could make a second one of ours.
+        let unknown_listed = recorded_host(&obs.machine).is_some()
+            && matches!(&obs.recorded_host, HostLookup::Answered { vms }
+                if vms.iter().any(|v| v.state != VmState::Deleting
+                    && (v.machine_uid.is_none() || v.machine_uid.as_deref() != origin_uid(&obs.machine))));
+        if unknown_listed {
+            prop_assert!(creates(&plan).is_empty(), "created next to an unknown microVM: {:?}", plan);
+        }
         // And never a create together with a finalizer release, nor a create while deleting.
         if obs.machine.metadata.deletion_timestamp.is_some() {
             prop_assert!(creates(&plan).is_empty());
@@ -312,6 +341,57 @@ proptest! {
         }
         if plan.host_calls().next().is_some() {
             prop_assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+        }
+    }
+
+    #[test]
+    fn the_write_before_a_create_always_changes_the_object(
+        obs in arb_observation(),
+        attempts in prop::option::of(prop_oneof![
+            Just("0".to_string()),
+            Just("1".to_string()),
+            Just("41".to_string()),
+            Just("x".to_string()),
+            Just(u64::MAX.to_string()),
+        ]),
+    ) {
+        // Two writers deciding from one resourceVersion cannot both pass a conditional write that
+        // changes the object: the first one's new version fails the second one's test. A write that
+        // changed nothing would keep the version and let both create.
+        let mut obs = obs;
+        if let Some(a) = attempts {
+            obs.machine.metadata.annotations.get_or_insert_with(Default::default)
+                .insert(capmvm_api::keys::PLACEMENT_ATTEMPT_ANNOTATION.to_string(), a);
+        }
+        let plan = decide(&obs, now());
+        if !creates(&plan).is_empty() {
+            let mut written = obs.clone();
+            let mut world = World::new([true, true, true]);
+            // Only the metadata write (the first step) is carried out.
+            execute(&mut written, &mut world, &plan, 1);
+            prop_assert_ne!(
+                &written.machine.metadata.annotations,
+                &obs.machine.metadata.annotations,
+                "the record before a create changed nothing: {:?}", plan
+            );
+        }
+    }
+
+    #[test]
+    fn no_create_while_another_process_may_be_creating(
+        obs in arb_observation(),
+        seconds_ago in 0..20i64,
+    ) {
+        // Another process claimed the placement within the window a create can take: whatever else
+        // is observed, this process does not create (the other's microVM may not be listed yet).
+        let mut obs = obs;
+        let at = now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
+        obs.machine.metadata.annotations.get_or_insert_with(Default::default).insert(
+            capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+            format!("{at} another-process"),
+        );
+        if recorded_host(&obs.machine).is_some() {
+            prop_assert!(creates(&decide(&obs, now())).is_empty());
         }
     }
 

@@ -7,11 +7,13 @@ use std::time::{Duration, Instant};
 use capmvm_api::capi::{CAPI_GROUP, Cluster};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION,
+    PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION,
 };
-use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
+use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    provider_id, record_host_call_failure, recorded_host, wants_bootstrap_data, wants_fresh_lookup,
+    HostCallFailure, provider_id, record_host_call_failure, recorded_host, wants_bootstrap_data,
+    wants_fresh_lookup,
 };
 use capmvm_reconcile::{
     BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
@@ -27,7 +29,7 @@ use super::{Error, publish};
 use crate::context::Ctx;
 use crate::convert::to_flintlock;
 use crate::fault::Point;
-use crate::hosts::observed_vm;
+use crate::hosts::{Claim, observed_vm};
 use crate::metrics::ReconcileResult;
 use crate::{credentials, patch};
 
@@ -90,14 +92,17 @@ async fn rounds(
     let timed = |d: Duration| Ok((Action::requeue(d), ReconcileResult::RequeueAfter));
     let mut known_after_create: Option<Vec<ObservedVm>> = None;
     for round in 0..MAX_ROUNDS {
-        let obs = gather(ctx, &machine, known_after_create.take()).await?;
-        let plan = decide(&obs, Timestamp::now());
+        let mut obs = gather(ctx, &machine, known_after_create.take()).await?;
+        let plan = decide_and_reserve(ctx, &mut obs);
         debug!(round, effects = plan.effects.len(), requeue = ?plan.requeue, "decided");
-        let outcome = execute(ctx, &mut machine, &obs, &plan, versions).await;
-        let outcome = outcome?;
-        let Some(created) = outcome else {
+        let created = match execute(ctx, &mut machine, &obs, &plan, versions).await? {
+            Carried::Out { created } => created,
             // Gone: the finalizer was the last thing holding it.
-            return Ok((Action::await_change(), ReconcileResult::Success));
+            Carried::Gone => return Ok((Action::await_change(), ReconcileResult::Success)),
+            // Final until the spec changes, which wakes the machine: no backoff.
+            Carried::SpecRejected => {
+                return Ok((Action::requeue(ctx.sync_period), ReconcileResult::Success));
+            }
         };
         if !created.is_empty() {
             // The host just answered the create; with the fresh list before it, that is a fresh answer.
@@ -118,6 +123,38 @@ async fn rounds(
         }
     }
     timed(Duration::from_secs(1))
+}
+
+/// Decides; a decision that may place the machine runs under the hosts' placement turn, with the
+/// hosts' allocation read again there, and the host it records is reserved before the turn passes,
+/// so concurrent placements see each other and a burst spreads like a trickle.
+fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachineStatus> {
+    let placing =
+        obs.machine.spec.provider_id.is_none() && obs.machine.metadata.deletion_timestamp.is_none();
+    if !placing {
+        return decide(obs, Timestamp::now());
+    }
+    ctx.hosts.place(|| {
+        for (endpoint, facts) in &mut obs.hosts {
+            let now = ctx.hosts.facts(endpoint);
+            facts.reachability = now.reachability;
+            facts.allocated_vcpu = now.allocated_vcpu;
+            facts.allocated_memory_mb = now.allocated_memory_mb;
+        }
+        let plan = decide(obs, Timestamp::now());
+        let claim = plan.effects.iter().find_map(|e| match e {
+            Effect::RecordHost {
+                host, origin_uid, ..
+            } => Some(Claim {
+                endpoint: host.to_string(),
+                machine_uid: origin_uid.clone(),
+                vcpu: obs.machine.spec.vcpu,
+                memory_mb: obs.machine.spec.memory_mb,
+            }),
+            _ => None,
+        });
+        (plan, claim)
+    })
 }
 
 /// Gathers everything the engine needs, from caches where possible.
@@ -211,7 +248,15 @@ async fn gather(
         bootstrap,
         hosts,
         recorded_host,
+        operator: operator_identity().to_string(),
     })
+}
+
+/// This process's identity in placement claims: fixed for its lifetime, different after a restart
+/// (a restarted process cannot know whether its predecessor's create reached the host).
+fn operator_identity() -> &'static str {
+    static IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    IDENTITY.get_or_init(crate::leader::identity)
 }
 
 /// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is gone, as
@@ -300,16 +345,24 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
     HostLookup::Answered { vms }
 }
 
-/// Carries out a plan in the engine's order. Returns the microVMs created, or `None` if the object is
-/// gone (the finalizer was released on a deleted object).
+/// How far a plan was carried out.
+enum Carried {
+    /// All of it; the microVMs it created.
+    Out { created: Vec<ObservedVm> },
+    /// The object is gone (the finalizer was released on a deleted object).
+    Gone,
+    /// The host refused to create this spec; the rest of the plan was dropped.
+    SpecRejected,
+}
+
+/// Carries out a plan in the engine's order.
 async fn execute(
     ctx: &Ctx,
     machine: &mut MicrovmMachine,
     obs: &ObservedMachine,
-    plan: &Plan<capmvm_api::MicrovmMachineStatus>,
+    plan: &Plan<MicrovmMachineStatus>,
     versions: &mut Vec<String>,
-) -> Result<Option<Vec<ObservedVm>>, Error> {
-    // A write that changed nothing (the host re-recorded before a retried create) keeps the version.
+) -> Result<Carried, Error> {
     let mut note = |m: &MicrovmMachine| {
         let version = m.resource_version().unwrap_or_default();
         if versions.last() != Some(&version) {
@@ -319,32 +372,52 @@ async fn execute(
     let api: Api<MicrovmMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
     // 1. The finalizer and the chosen host, in one conditional metadata write.
+    // The host and uid, with the next placement attempt: always a change, so with the
+    // resourceVersion test a compare-and-swap.
     let recorded = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost { host, origin_uid } => Some((host.to_string(), origin_uid.as_str())),
+        Effect::RecordHost {
+            host,
+            origin_uid,
+            attempt,
+            claim,
+        } => Some((
+            host.to_string(),
+            origin_uid.as_str(),
+            attempt.to_string(),
+            claim.as_str(),
+        )),
         _ => None,
     });
     let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
     if add_finalizer || recorded.is_some() {
         let annotations = match &recorded {
-            Some((host, origin_uid)) => vec![
+            Some((host, origin_uid, attempt, claim)) => vec![
                 (HOST_ANNOTATION, host.as_str()),
                 (ORIGIN_UID_ANNOTATION, *origin_uid),
+                (PLACEMENT_ATTEMPT_ANNOTATION, attempt.as_str()),
+                (PLACEMENT_CLAIM_ANNOTATION, *claim),
             ],
             None => Vec::new(),
         };
-        *machine = patch::add_metadata(
+        let written = patch::add_metadata(
             &api,
             machine,
             add_finalizer.then_some(MACHINE_FINALIZER),
             &annotations,
         )
-        .await?;
+        .await;
+        *machine = match written {
+            Ok(m) => m,
+            Err(e) => {
+                // Not placed after all: the host's reservation from the decision goes.
+                if let Some((host, origin_uid, _, _)) = &recorded {
+                    ctx.hosts.release(host, origin_uid);
+                }
+                return Err(e.into());
+            }
+        };
         note(machine);
-        if let Some((host, origin_uid)) = &recorded {
-            // Count the placement on the host until its microVM (carrying the origin uid) shows up
-            // in a list.
-            ctx.hosts
-                .reserve(host, origin_uid, machine.spec.vcpu, machine.spec.memory_mb);
+        if recorded.is_some() {
             ctx.fault.reached(Point::AfterHostRecorded);
         }
     }
@@ -416,7 +489,15 @@ async fn execute(
             _ => continue,
         };
         if let Err(e) = result {
-            return Err(host_call_failed(ctx, &api, machine, host, &e).await);
+            // Returns only when the failure is final (the host refused the spec).
+            host_call_failed(ctx, &api, machine, effect, host, &e).await?;
+            if let Effect::CreateMicrovm { .. } = effect
+                && let Some((_, origin_uid, _, _)) = &recorded
+            {
+                // Nothing will be created there until the spec changes: free the capacity.
+                ctx.hosts.release(&host.to_string(), origin_uid);
+            }
+            return Ok(Carried::SpecRejected);
         }
     }
 
@@ -431,10 +512,10 @@ async fn execute(
         }
         if deleting {
             info!("finalizer released");
-            return Ok(None);
+            return Ok(Carried::Gone);
         }
     }
-    Ok(Some(created))
+    Ok(Carried::Out { created })
 }
 
 /// A client for `host` with the credentials the observation resolved (or resolves now).
@@ -464,25 +545,30 @@ async fn host_client(
     ctx.hosts.client(&config)
 }
 
-/// Shows a failed host call on `Ready` and as a Warning event; the error goes to the backoff.
+/// Shows a failed host call on `Ready` and as a Warning event, as the engine decides. `Err` (the
+/// error goes to the backoff) unless the engine made the failure final: a create the host refused,
+/// which is `Ok` and is not retried until the spec changes.
 async fn host_call_failed(
     ctx: &Ctx,
     api: &Api<MicrovmMachine>,
     machine: &mut MicrovmMachine,
+    effect: &Effect,
     host: &HostEndpoint,
     error: &capmvm_flintlock::Error,
-) -> Error {
+) -> Result<(), Error> {
     warn!(host = %host, error = %error, "host call failed");
-    let unreachable = matches!(
-        error.kind(),
-        ErrorKind::Unavailable | ErrorKind::DeadlineExceeded
-    );
+    let failure = match error.kind() {
+        ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => HostCallFailure::Unreachable,
+        ErrorKind::InvalidArgument => HostCallFailure::Refused,
+        _ => HostCallFailure::Failed,
+    };
     let message = format!("host {host}: {error}");
     let mut status = machine.status.clone().unwrap_or_default();
-    record_host_call_failure(
+    let verdict = record_host_call_failure(
         machine,
         &mut status,
-        unreachable,
+        effect,
+        failure,
         &message,
         Timestamp::now(),
     );
@@ -491,12 +577,9 @@ async fn host_call_failed(
         Ok(None) => {}
         Err(e) => debug!(error = %e, "could not record the failed host call in status"),
     }
-    let event = capmvm_reconcile::Event {
-        kind: capmvm_reconcile::EventKind::Warning,
-        reason: capmvm_reconcile::plan::reasons::HOST_CALL_FAILED,
-        action: "Reconcile",
-        note: message.clone(),
-    };
-    publish(ctx, machine, &event).await;
-    Error::HostCall(message)
+    publish(ctx, machine, &verdict.event).await;
+    if verdict.retry_with_backoff {
+        return Err(Error::HostCall(message));
+    }
+    Ok(())
 }

@@ -16,6 +16,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 
 pub const MACHINE_UID: &str = "8c1e1d2a-5b8e-4b1e-9a51-0d6a3f1c2b7e";
+/// The identity of the operator process deciding in these tests.
+pub const OPERATOR: &str = "capmvm-0_4242_17";
 pub const HOSTS: [&str; 3] = ["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090"];
 
 pub fn now() -> Timestamp {
@@ -204,6 +206,7 @@ pub fn observed() -> ObservedMachine {
         bootstrap: bootstrap(),
         hosts: reachable_hosts(),
         recorded_host: HostLookup::NotAsked,
+        operator: OPERATOR.into(),
     }
 }
 

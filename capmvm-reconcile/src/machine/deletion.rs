@@ -1,0 +1,117 @@
+//! Deleting a MicrovmMachine: its microVMs on the recorded host first, the finalizer last.
+
+use capmvm_api::VmState as ApiVmState;
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::{ABANDON_MICROVM_ANNOTATION, MACHINE_FINALIZER};
+use kube::ResourceExt;
+
+use super::{
+    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, provider_id,
+    recorded_host,
+};
+use crate::host_call::deletion_blocked;
+use crate::observe::{HostLookup, ObservedVm, VmState};
+use crate::plan::{Effect, EventKind, Requeue, reasons as events};
+
+impl Decision<'_> {
+    pub(super) fn delete(&mut self) -> Requeue {
+        if !self
+            .machine
+            .finalizers()
+            .iter()
+            .any(|f| f == MACHINE_FINALIZER)
+        {
+            return Requeue::Await;
+        }
+        let Some(host) = recorded_host(self.machine) else {
+            // Never placed, so never created.
+            self.effects.push(Effect::RemoveFinalizer);
+            return Requeue::Await;
+        };
+        let pid_uid = provider_id(self.machine)
+            .filter(|p| p.host == host)
+            .map(|p| p.uid);
+        let what = pid_uid
+            .as_deref()
+            .map_or_else(|| "the microVM".to_string(), |u| format!("microVM {u}"));
+        if self
+            .machine
+            .annotations()
+            .get(ABANDON_MICROVM_ANNOTATION)
+            .map(String::as_str)
+            == Some("true")
+        {
+            self.effects.push(Effect::RemoveFinalizer);
+            self.event(
+                EventKind::Warning,
+                events::MICROVM_ABANDONED,
+                "Delete",
+                format!(
+                    "finalizer released without confirming that {what} on host {host} is gone ({ABANDON_MICROVM_ANNOTATION}=true)"
+                ),
+            );
+            return Requeue::Await;
+        }
+        if self.missing_credentials(&host) {
+            return Requeue::After(CREDENTIALS_RECHECK);
+        }
+        match &self.obs.recorded_host {
+            HostLookup::NotAsked => {
+                self.not_ready(
+                    reasons::DELETING,
+                    format!("waiting to list the microVMs of host {host}"),
+                );
+                Requeue::After(NOT_OBSERVED_RECHECK)
+            }
+            HostLookup::Unreachable(why) => {
+                self.not_ready(
+                    reasons::HOST_UNREACHABLE,
+                    deletion_blocked(&format!("host {host} is unreachable ({why})")),
+                );
+                Requeue::Await
+            }
+            HostLookup::Answered { vms } => {
+                let mut targets: Vec<&ObservedVm> = vms
+                    .iter()
+                    .filter(|v| pid_uid.as_deref() == Some(v.uid.as_str()) || self.is_ours(v))
+                    .collect();
+                targets.sort_by(|a, b| a.uid.cmp(&b.uid));
+                targets.dedup_by(|a, b| a.uid == b.uid);
+                if targets.is_empty() {
+                    self.effects.push(Effect::RemoveFinalizer);
+                    self.event(
+                        EventKind::Normal,
+                        events::MICROVM_DELETED,
+                        "Delete",
+                        format!("{what} is gone from host {host}"),
+                    );
+                    return Requeue::Await;
+                }
+                self.status.vm_state = Some(ApiVmState::Deleting);
+                let uids: Vec<&str> = targets.iter().map(|v| v.uid.as_str()).collect();
+                for vm in &targets {
+                    if vm.state != VmState::Deleting {
+                        self.effects.push(Effect::DeleteMicrovm {
+                            host: host.clone(),
+                            uid: vm.uid.clone(),
+                        });
+                        self.event(
+                            EventKind::Normal,
+                            events::MICROVM_DELETING,
+                            "Delete",
+                            format!("deleting microVM {} on host {host}", vm.uid),
+                        );
+                    }
+                }
+                self.not_ready(
+                    reasons::DELETING,
+                    format!(
+                        "waiting for host {host} to delete microVM {}",
+                        uids.join(", ")
+                    ),
+                );
+                Requeue::After(PENDING_RECHECK)
+            }
+        }
+    }
+}

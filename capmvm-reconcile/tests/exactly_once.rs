@@ -1,0 +1,323 @@
+//! Table tests of exactly-once creation under races and refusals: the placement-attempt
+//! compare-and-swap, unknown same-name microVMs on the recorded host, and a create the host refuses.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::{PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION};
+use capmvm_reconcile::machine::CREATE_CLAIM_TTL;
+use capmvm_reconcile::machine::{HostCallFailure, record_host_call_failure};
+use capmvm_reconcile::*;
+use support::*;
+
+fn with_attempts(obs: &mut ObservedMachine, attempts: &str) {
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
+            attempts.to_string(),
+        );
+}
+
+fn recorded_attempt(plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> Option<u64> {
+    plan.effects.iter().find_map(|e| match e {
+        Effect::RecordHost { attempt, .. } => Some(*attempt),
+        _ => None,
+    })
+}
+
+#[test]
+fn every_create_counts_one_more_placement_attempt() {
+    // The first placement is attempt 1.
+    let obs = observed();
+    assert_eq!(recorded_attempt(&decide(&obs, now())), Some(1));
+    // A retried create on the recorded host counts on from the value read, so the conditional
+    // write changes the object even though host and uid stay the same.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    with_attempts(&mut obs, "3");
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let plan = decide(&obs, now());
+    assert_eq!(creates(&plan)[0].0, HOSTS[1]);
+    assert_eq!(recorded_attempt(&plan), Some(4));
+    // An unreadable count (edited by hand) is replaced: still a change.
+    with_attempts(&mut obs, "three");
+    assert_eq!(recorded_attempt(&decide(&obs, now())), Some(1));
+    with_attempts(&mut obs, &u64::MAX.to_string());
+    assert_eq!(
+        recorded_attempt(&decide(&obs, now())),
+        Some(1),
+        "never the value read"
+    );
+}
+
+fn claimed(obs: &mut ObservedMachine, by: &str, seconds_ago: i64) {
+    let at = now() - k8s_openapi::jiff::SignedDuration::from_secs(seconds_ago);
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(PLACEMENT_CLAIM_ANNOTATION.to_string(), format!("{at} {by}"));
+}
+
+#[test]
+fn the_record_names_who_claims_the_placement_and_when() {
+    let plan = decide(&observed(), now());
+    let claim = plan
+        .effects
+        .iter()
+        .find_map(|e| match e {
+            Effect::RecordHost { claim, .. } => Some(claim.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(claim, format!("{} {OPERATOR}", now()));
+}
+
+#[test]
+fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
+    // Another operator process recorded the host and is creating: its create may not have reached
+    // the host when this process listed it. Creating now would make a second microVM.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    claimed(&mut obs, "capmvm-1_99_5", 3);
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty(), "{:?}", plan.effects);
+    assert!(
+        plan.effects.is_empty(),
+        "not even the record: {:?}",
+        plan.effects
+    );
+    assert_eq!(plan.status, None, "a short wait writes nothing");
+    assert_eq!(
+        plan.requeue,
+        Requeue::After(CREATE_CLAIM_TTL - std::time::Duration::from_secs(3))
+    );
+    // A claim from the future (clocks apart) waits no longer than the whole window.
+    claimed(&mut obs, "capmvm-1_99_5", -3600);
+    assert_eq!(
+        decide(&obs, now()).requeue,
+        Requeue::After(CREATE_CLAIM_TTL)
+    );
+    // Once a create could no longer be under way, this process creates (a crashed one's claim).
+    claimed(&mut obs, "capmvm-1_99_5", 21);
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+    // Its own claim does not hold it back: its own create is over when it decides again.
+    claimed(&mut obs, OPERATOR, 1);
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+    // The microVM showed up: adopted, whoever claimed.
+    claimed(&mut obs, "capmvm-1_99_5", 1);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![vm("01A", VmState::Pending, true)],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01A",
+        HOSTS[1]
+    ))));
+}
+
+fn foreign(uid: &str, state: VmState, machine_uid: Option<&str>) -> ObservedVm {
+    ObservedVm {
+        machine_uid: machine_uid.map(str::to_string),
+        ..vm(uid, state, false)
+    }
+}
+
+#[test]
+fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
+    for (listed, names) in [
+        (
+            foreign("01C", VmState::Created, None),
+            "microVM 01C has no readable MicrovmMachine uid",
+        ),
+        (
+            foreign("01D", VmState::Pending, Some("another-uid")),
+            "microVM 01D carries MicrovmMachine uid another-uid",
+        ),
+        (
+            foreign("01E", VmState::Failed, None),
+            "microVM 01E has no readable",
+        ),
+    ] {
+        let mut obs = observed();
+        with_recorded_host(&mut obs, HOSTS[2]);
+        obs.recorded_host = HostLookup::Answered {
+            vms: vec![listed.clone()],
+        };
+        let plan = decide(&obs, now());
+        assert!(
+            plan.host_calls().next().is_none(),
+            "no create, and someone else's microVM is not deleted: {listed:?}"
+        );
+        assert!(
+            !plan
+                .effects
+                .iter()
+                .any(|e| matches!(e, Effect::RecordHost { .. }))
+        );
+        let (status, reason, message) = ready(&plan);
+        assert_eq!(
+            (status.as_str(), reason.as_str()),
+            ("False", reasons::UNKNOWN_MICROVM_ON_HOST)
+        );
+        for part in [HOSTS[2], "default/m1", names, "delete it"] {
+            assert!(message.contains(part), "{part:?} missing from {message}");
+        }
+        if listed.machine_uid.is_some() {
+            assert!(message.contains(MACHINE_UID), "{message}");
+        }
+        assert!(matches!(plan.requeue, Requeue::After(_)));
+        // A Warning event the first time; the same condition again publishes none.
+        let warned: Vec<_> = plan
+            .events()
+            .filter(|e| e.kind == EventKind::Warning && e.reason == "UnknownMicrovmOnHost")
+            .collect();
+        assert_eq!(warned.len(), 1, "{:?}", plan.effects);
+        obs.machine.status = plan.status.clone();
+        let again = decide(&obs, now());
+        assert!(again.effects.is_empty(), "{:?}", again.effects);
+        assert_eq!(again.status, obs.machine.status);
+    }
+}
+
+#[test]
+fn an_unknown_microvm_being_deleted_or_next_to_ours_does_not_block() {
+    // Being deleted: it is going away, so the machine creates.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![foreign("01A", VmState::Deleting, None)],
+    };
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+    // Ours is there too: it is adopted, the unknown one left alone.
+    obs.recorded_host = HostLookup::Answered {
+        vms: vec![
+            foreign("01A", VmState::Created, None),
+            vm("01B", VmState::Created, true),
+        ],
+    };
+    let plan = decide(&obs, now());
+    assert!(plan.host_calls().next().is_none());
+    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
+        "microvm://{}/01B",
+        HOSTS[0]
+    ))));
+}
+
+fn refused_create(obs: &ObservedMachine) -> (capmvm_api::MicrovmMachineStatus, bool, Event) {
+    let mut status = obs.machine.status.clone().unwrap_or_default();
+    let create = decide(obs, now())
+        .effects
+        .into_iter()
+        .find(|e| matches!(e, Effect::CreateMicrovm { .. }))
+        .expect("a create");
+    let verdict = record_host_call_failure(
+        &obs.machine,
+        &mut status,
+        &create,
+        HostCallFailure::Refused,
+        "host 10.0.0.1:9090: invalid_argument: Key: 'MicroVM.Spec.Kernel.Image' Error:Field validation for 'Image' failed on the 'imageURI' tag",
+        now(),
+    );
+    (status, verdict.retry_with_backoff, verdict.event)
+}
+
+#[test]
+fn a_create_the_host_refused_is_final_until_the_spec_changes() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let (status, retry, event) = refused_create(&obs);
+    assert!(!retry, "no backoff retry of a refused spec");
+    assert_eq!(
+        (event.kind, event.reason),
+        (EventKind::Warning, "MicrovmSpecRejected")
+    );
+    let rejected = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "Ready")
+        .unwrap();
+    assert_eq!(
+        (rejected.status.as_str(), rejected.reason.as_str()),
+        ("False", reasons::MICROVM_SPEC_REJECTED)
+    );
+    assert!(
+        rejected.message.contains("'imageURI' tag") && rejected.message.contains("spec changes"),
+        "{}",
+        rejected.message
+    );
+    assert_eq!(
+        rejected.observed_generation,
+        obs.machine.metadata.generation
+    );
+
+    // The same generation: nothing is sent again, no event, the condition stays.
+    obs.machine.status = Some(status);
+    let plan = decide(&obs, now());
+    assert!(plan.effects.is_empty(), "{:?}", plan.effects);
+    assert_eq!(ready(&plan).1, reasons::MICROVM_SPEC_REJECTED);
+    assert_eq!(plan.requeue, Requeue::Await);
+    // Once that status is written, deciding again writes nothing.
+    obs.machine.status = plan.status.clone();
+    assert_eq!(decide(&obs, now()).status, obs.machine.status);
+
+    // The spec changed (a new generation): the create is tried again.
+    obs.machine.metadata.generation = Some(2);
+    let plan = decide(&obs, now());
+    assert_eq!(creates(&plan).len(), 1);
+}
+
+#[test]
+fn other_failures_and_refused_deletes_are_retried() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let create = decide(&obs, now())
+        .effects
+        .into_iter()
+        .find(|e| matches!(e, Effect::CreateMicrovm { .. }))
+        .unwrap();
+    for (effect, failure, reason) in [
+        (
+            create.clone(),
+            HostCallFailure::Unreachable,
+            reasons::HOST_UNREACHABLE,
+        ),
+        (
+            create,
+            HostCallFailure::Failed,
+            reasons::MICROVM_CREATE_FAILED,
+        ),
+        (
+            Effect::DeleteMicrovm {
+                host: HOSTS[0].parse().unwrap(),
+                uid: "01A".into(),
+            },
+            HostCallFailure::Refused,
+            reasons::MICROVM_CREATE_FAILED,
+        ),
+    ] {
+        let mut status = obs.machine.status.clone().unwrap_or_default();
+        let verdict =
+            record_host_call_failure(&obs.machine, &mut status, &effect, failure, "boom", now());
+        assert!(verdict.retry_with_backoff, "{failure:?} {effect:?}");
+        assert_eq!(verdict.event.reason, "HostCallFailed");
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(ready.reason, reason, "{failure:?}");
+        // Not final: the next decision creates again.
+        let mut retried = obs.clone();
+        retried.machine.status = Some(status);
+        assert_eq!(creates(&decide(&retried, now())).len(), 1);
+    }
+}
