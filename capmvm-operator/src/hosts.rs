@@ -183,7 +183,7 @@ impl Hosts {
     }
 
     /// Forgets what MicrovmCluster `owner` declared (it is gone) and stops what nobody needs now.
-    pub fn release(&self, owner: &str) {
+    pub fn forget_owner(&self, owner: &str) {
         if let Ok(mut declared) = self.declared.lock() {
             declared.remove(owner);
         }
@@ -232,26 +232,42 @@ impl Hosts {
         entry.state.snapshot.read().ok().map(|s| s.clone())
     }
 
-    /// Reachability and allocation of the host under `config` (credentials problems are the caller's
-    /// to fill in). Allocation counts the microVMs listed with these credentials plus the placements
-    /// of any cluster on that endpoint not listed yet: capacity is physical.
+    /// Reachability of the host under `config` and its allocation (credentials problems are the
+    /// caller's to fill in).
     pub fn facts(&self, config: &HostConfig) -> HostFacts {
-        let endpoint = config.endpoint.as_str();
         let Some(snapshot) = self.snapshot(config) else {
             return HostFacts::default();
         };
-        let mut facts = HostFacts {
-            reachability: snapshot.reachability.clone(),
+        let (allocated_vcpu, allocated_memory_mb) = self.allocation(&config.endpoint);
+        HostFacts {
+            reachability: snapshot.reachability,
+            allocated_vcpu,
+            allocated_memory_mb,
             ..Default::default()
-        };
+        }
+    }
+
+    /// vCPUs and MiB allocated on `endpoint`: the microVMs its last answered list showed (under any
+    /// credentials that could list it: capacity is physical, and only numbers leave this function)
+    /// plus the placements not listed yet.
+    pub fn allocation(&self, endpoint: &str) -> (i64, i64) {
+        let listed: Option<Arc<Vec<HostVm>>> = self.entries.lock().ok().and_then(|entries| {
+            entries
+                .iter()
+                .filter(|(c, _)| c.endpoint == endpoint)
+                .filter_map(|(_, e)| e.state.snapshot.read().ok().map(|s| s.clone()))
+                .find(|s| s.reachability == Reachability::Reachable)
+                .map(|s| s.vms)
+        });
+        let (mut vcpu, mut memory_mb) = (0, 0);
         let mut listed_machines = HashSet::new();
-        for hv in snapshot
-            .vms
+        for hv in listed
             .iter()
+            .flat_map(|v| v.iter())
             .filter(|hv| hv.vm.state != VmState::Deleting)
         {
-            facts.allocated_vcpu += hv.vcpu;
-            facts.allocated_memory_mb += hv.memory_mb;
+            vcpu += hv.vcpu;
+            memory_mb += hv.memory_mb;
             if let Some(uid) = &hv.vm.machine_uid {
                 listed_machines.insert(uid.clone());
             }
@@ -270,11 +286,11 @@ impl Hosts {
                 .iter()
                 .filter(|(uid, _)| !listed_machines.contains(*uid))
             {
-                facts.allocated_vcpu += r.vcpu;
-                facts.allocated_memory_mb += r.memory_mb;
+                vcpu += r.vcpu;
+                memory_mb += r.memory_mb;
             }
         }
-        facts
+        (vcpu, memory_mb)
     }
 
     /// Runs one placement decision at a time: `decide` reads the hosts' allocation (through
@@ -296,7 +312,7 @@ impl Hosts {
 
     /// Drops the reservation of `machine_uid` on `endpoint`: the placement was not recorded after all
     /// (the write failed), or nothing will be created there for now (the host refused the spec).
-    pub fn release(&self, endpoint: &str, machine_uid: &str) {
+    pub fn release_reservation(&self, endpoint: &str, machine_uid: &str) {
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
@@ -620,7 +636,7 @@ mod reservation_tests {
         hosts.place(|| {
             let chosen = ENDPOINTS
                 .iter()
-                .min_by_key(|e| (hosts.facts(e).allocated_vcpu, **e))
+                .min_by_key(|e| (hosts.allocation(e).0, **e))
                 .unwrap()
                 .to_string();
             let claim = Claim {
@@ -651,8 +667,8 @@ mod reservation_tests {
         });
         assert_eq!(per_host.values().copied().collect::<Vec<_>>(), [10, 10, 10]);
         for endpoint in ENDPOINTS {
-            assert_eq!(hosts.facts(endpoint).allocated_vcpu, 20);
-            assert_eq!(hosts.facts(endpoint).allocated_memory_mb, 10 * 2048);
+            assert_eq!(hosts.allocation(endpoint).0, 20);
+            assert_eq!(hosts.allocation(endpoint).1, 10 * 2048);
         }
     }
 
@@ -660,11 +676,11 @@ mod reservation_tests {
     async fn a_released_placement_no_longer_counts() {
         let hosts = hosts();
         let chosen = place_one(&hosts, 1);
-        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
+        assert_eq!(hosts.allocation(&chosen).0, 2);
         // Placing the same machine again replaces its reservation rather than adding one.
         hosts.reserve(&chosen, "uid-1", 2, 2048);
-        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 2);
-        hosts.release(&chosen, "uid-1");
-        assert_eq!(hosts.facts(&chosen).allocated_vcpu, 0);
+        assert_eq!(hosts.allocation(&chosen).0, 2);
+        hosts.release_reservation(&chosen, "uid-1");
+        assert_eq!(hosts.allocation(&chosen).0, 0);
     }
 }

@@ -144,8 +144,12 @@ mod tests {
             "delete"
         ));
         assert!(
-            !allows("", "secrets", "list"),
-            "no cluster-wide Secret informer"
+            allows("", "secrets", "watch") && allows("", "secrets", "patch"),
+            "Secret metadata is watched and credential Secrets get a finalizer"
+        );
+        assert!(
+            !allows("", "secrets", "create") && !allows("", "secrets", "delete"),
+            "Secrets are never created or deleted"
         );
     }
 }

@@ -100,7 +100,7 @@ async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Action, Error>
     if plan.effects.contains(&Effect::RemoveFinalizer) {
         patch::remove_finalizer(&api, &current, CLUSTER_FINALIZER).await?;
         info!("every MicrovmMachine is gone; finalizer released");
-        ctx.hosts.release(&observer_owner(mc));
+        ctx.hosts.forget_owner(&observer_owner(mc));
         ctx.metrics.cluster_forgotten(&observer_owner(mc));
         return Ok(Action::await_change());
     }

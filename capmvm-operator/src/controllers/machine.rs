@@ -136,10 +136,9 @@ fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachi
     }
     ctx.hosts.place(|| {
         for (endpoint, facts) in &mut obs.hosts {
-            let now = ctx.hosts.facts(endpoint);
-            facts.reachability = now.reachability;
-            facts.allocated_vcpu = now.allocated_vcpu;
-            facts.allocated_memory_mb = now.allocated_memory_mb;
+            // Reachability was read through this cluster's credentials moments ago; allocation is
+            // read again under the turn.
+            (facts.allocated_vcpu, facts.allocated_memory_mb) = ctx.hosts.allocation(endpoint);
         }
         let plan = decide(obs, Timestamp::now());
         let claim = plan.effects.iter().find_map(|e| match e {
@@ -411,7 +410,7 @@ async fn execute(
             Err(e) => {
                 // Not placed after all: the host's reservation from the decision goes.
                 if let Some((host, origin_uid, _, _)) = &recorded {
-                    ctx.hosts.release(host, origin_uid);
+                    ctx.hosts.release_reservation(host, origin_uid);
                 }
                 return Err(e.into());
             }
@@ -495,7 +494,7 @@ async fn execute(
                 && let Some((_, origin_uid, _, _)) = &recorded
             {
                 // Nothing will be created there until the spec changes: free the capacity.
-                ctx.hosts.release(&host.to_string(), origin_uid);
+                ctx.hosts.release_reservation(&host.to_string(), origin_uid);
             }
             return Ok(Carried::SpecRejected);
         }
