@@ -110,15 +110,18 @@ async fn two_operators_without_leader_election_create_each_microvm_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_the_host_refuses_is_not_sent_again_until_it_changes() {
+    const REFUSED_KERNEL: &str = "ghcr.io/example/kernel:refused-by-the-host";
     let w = world(options(1)).await;
+    w.hosts[0]
+        .control()
+        .refuse_kernel_image(REFUSED_KERNEL, true);
     w.apply_demo_cluster(&counts(0, 1), |objects| {
         for o in objects.iter_mut() {
             if o.types.as_ref().unwrap().kind == "MicrovmMachineTemplate"
                 && o.name_any() == "demo-md-0"
             {
-                // A container reference by the distribution grammar, but not a URI with a host:
-                // flintlock's imageURI check refuses it.
-                o.data["spec"]["template"]["spec"]["kernel"]["image"] = json!("ubuntu:22.04");
+                // Valid by our checks, refused by this host's stricter ones (another flintlock).
+                o.data["spec"]["template"]["spec"]["kernel"]["image"] = json!(REFUSED_KERNEL);
             }
         }
     })

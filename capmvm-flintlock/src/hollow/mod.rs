@@ -165,6 +165,7 @@ impl HollowHost {
                 capacity: config.capacity,
                 doomed_creates: 0,
                 failing_attempts: 0,
+                refused_images: std::collections::BTreeSet::new(),
             }),
             time_scale: AtomicU64::new(config.time_scale.to_bits()),
             config,
@@ -357,6 +358,18 @@ impl HostControl {
         self.host.state().doomed_creates = n;
     }
 
+    /// Creates whose kernel image is `image` are refused as flintlock's `imageURI` check refuses an
+    /// image, with its text: a host whose checks are stricter than the provider's own validation (a
+    /// newer flintlock). `false` accepts it again.
+    pub fn refuse_kernel_image(&self, image: &str, refuse: bool) {
+        let mut state = self.host.state();
+        if refuse {
+            state.refused_images.insert(image.to_string());
+        } else {
+            state.refused_images.remove(image);
+        }
+    }
+
     /// The next `n` provisioning attempts (of any microVM) fail once each; the microVMs retry
     /// after flintlock's backoff.
     pub fn fail_next_attempts(&self, n: u32) {
@@ -475,6 +488,7 @@ struct State {
     capacity: Option<Capacity>,
     doomed_creates: u32,
     failing_attempts: u32,
+    refused_images: std::collections::BTreeSet<String>,
 }
 
 impl State {

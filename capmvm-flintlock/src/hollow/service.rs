@@ -158,7 +158,17 @@ impl Service {
             spec.memory_in_mb = 1024;
         }
 
-        let failures = validate::validate(&spec);
+        let mut failures = validate::validate(&spec);
+        if failures.is_empty()
+            && let Some(kernel) = &spec.kernel
+            && self.host.state().refused_images.contains(&kernel.image)
+        {
+            // A host whose checks are stricter than ours (another flintlock version).
+            failures.push(
+                "Key: 'MicroVM.Spec.Kernel.Image' Error:Field validation for 'Image' failed on the 'imageURI' tag"
+                    .to_string(),
+            );
+        }
         if !failures.is_empty() {
             return Err(Status::unknown(format!(
                 "creating microvm: an error occurred when attempting to validate microvm spec: validation failures found: {}",
