@@ -1138,3 +1138,21 @@ fn helpers_tell_the_operator_what_to_gather() {
 }
 
 use kube::ResourceExt as _;
+
+#[test]
+fn a_machine_deleted_after_its_microvm_cluster_says_so() {
+    let mut obs = observed();
+    with_provider_id(&mut obs, HOSTS[0], "01UID");
+    deleting(&mut obs);
+    obs.infra_cluster = None;
+    obs.recorded_host = HostLookup::NotAsked;
+    let plan = decide(&obs, now());
+    let (status, reason, message) = ready(&plan);
+    assert_eq!((status.as_str(), reason.as_str()), ("False", "Deleting"));
+    assert!(
+        message.contains("MicrovmCluster of this machine is gone")
+            && message.contains("abandon-microvm"),
+        "{message}"
+    );
+    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+}

@@ -56,6 +56,17 @@ impl Decision<'_> {
             return Requeue::After(CREDENTIALS_RECHECK);
         }
         match &self.obs.recorded_host {
+            HostLookup::NotAsked if self.obs.infra_cluster.is_none() => {
+                // The MicrovmCluster holds its finalizer while machines exist, so this is one removed
+                // by force (or an older provider's): its hosts and credentials are unknown.
+                self.not_ready(
+                    reasons::DELETING,
+                    deletion_blocked(&format!(
+                        "the MicrovmCluster of this machine is gone, so host {host} cannot be called with its credentials; restore the MicrovmCluster"
+                    )),
+                );
+                Requeue::After(NOT_OBSERVED_RECHECK)
+            }
             HostLookup::NotAsked => {
                 self.not_ready(
                     reasons::DELETING,
