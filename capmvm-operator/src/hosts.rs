@@ -683,4 +683,50 @@ mod reservation_tests {
         hosts.release_reservation(&chosen, "uid-1");
         assert_eq!(hosts.allocation(&chosen).0, 0);
     }
+
+    /// Observers are per credentials: two configs of one endpoint are two observers, and one no
+    /// MicrovmCluster declares any more stops, with its gauges.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn observers_are_per_credentials_and_stop_with_their_gauges() {
+        let hosts = hosts();
+        hosts.sweep(Duration::ZERO);
+        assert!(
+            hosts.entries.lock().unwrap().is_empty(),
+            "nobody declared them"
+        );
+
+        let mut a = HostConfig::new(ENDPOINTS[0]);
+        a.basic_auth_token = Some(capmvm_flintlock::SecretString::new("token-a".to_string()));
+        let mut b = a.clone();
+        b.basic_auth_token = Some(capmvm_flintlock::SecretString::new("token-b".to_string()));
+        hosts.declare("ns/a", [a.clone()]);
+        hosts.declare("ns/b", [b.clone()]);
+        assert_eq!(hosts.entries.lock().unwrap().len(), 2);
+        // The first list (nothing listens there) publishes the endpoint's gauge.
+        let gauge = format!("capmvm_host_reachable{{host=\"{}\"}}", ENDPOINTS[0]);
+        for _ in 0..100 {
+            if hosts.metrics.encode().contains(&gauge) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert!(hosts.metrics.encode().contains(&gauge));
+
+        hosts.forget_owner("ns/a");
+        hosts.sweep(Duration::ZERO);
+        assert!(hosts.snapshot(&a).is_none(), "a is not observed any more");
+        assert!(hosts.snapshot(&b).is_some(), "b still is");
+        assert!(
+            hosts.metrics.encode().contains(&gauge),
+            "b speaks for the host"
+        );
+
+        hosts.forget_owner("ns/b");
+        hosts.sweep(Duration::ZERO);
+        assert!(hosts.entries.lock().unwrap().is_empty());
+        assert!(
+            !hosts.metrics.encode().contains(&gauge),
+            "no observer left: the gauge goes"
+        );
+    }
 }
