@@ -8,7 +8,7 @@ mod kube_support;
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
-use capmvm_sim::kube::{EmulatorHandle, FaultKind, FaultRule, Verb};
+use capmvm_kube_emulator::{EmulatorHandle, FaultKind, FaultRule, Verb};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};

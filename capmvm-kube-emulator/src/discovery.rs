@@ -25,7 +25,7 @@ pub(crate) fn version() -> Value {
     json!({
         "major": "1",
         "minor": "33",
-        "gitVersion": "v1.33.0-capmvm-sim",
+        "gitVersion": "v1.33.0-kube-emulator",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use capmvm_sim::kube::EmulatorHandle;
+use capmvm_kube_emulator::EmulatorHandle;
 use kube::api::{Patch, PatchParams};
 use kube_support::*;
 use serde_json::json;
@@ -582,7 +582,7 @@ regarding: {kind: MicrovmMachine, name: m1, namespace: demo}
     }
 }
 
-/// A `capmvm-sim` child process, killed if a test fails before it ends.
+/// A `capmvm-kube-emulator` child process, killed if a test fails before it ends.
 struct ChildGuard(std::process::Child);
 
 impl Drop for ChildGuard {
@@ -617,14 +617,14 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     let dir = command_dir("serve");
     let kubeconfig = dir.join("kubeconfig");
     let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_capmvm-sim"))
-            .args(["kube", "--port", "0", "--kubeconfig"])
+        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
+            .args(["--port", "0", "--kubeconfig"])
             .arg(&kubeconfig)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
-            .expect("capmvm-sim kube starts"),
+            .expect("capmvm-kube-emulator starts"),
     );
     // The command prints the URL (with the port it was given for `--port 0`), then the kubeconfig path.
     let stdout = child.0.stdout.take().unwrap();
@@ -641,7 +641,7 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     loop {
         let line = rx
             .recv_timeout(Duration::from_secs(60))
-            .expect("capmvm-sim kube reports where it serves");
+            .expect("capmvm-kube-emulator reports where it serves");
         if let Some(u) = line.strip_prefix("Kubernetes API emulator at ") {
             url = Some(u.to_string());
         }
@@ -704,21 +704,14 @@ fn the_kube_command_refuses_a_non_loopback_address_without_the_opt_in() {
     let dir = command_dir("refuse");
     let kubeconfig = dir.join("kubeconfig");
     let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_capmvm-sim"))
-            .args([
-                "kube",
-                "--port",
-                "0",
-                "--address",
-                "0.0.0.0",
-                "--kubeconfig",
-            ])
+        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
+            .args(["--port", "0", "--address", "0.0.0.0", "--kubeconfig"])
             .arg(&kubeconfig)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .spawn()
-            .expect("capmvm-sim kube starts"),
+            .expect("capmvm-kube-emulator starts"),
     );
     let status = wait_exit(&mut child.0, Duration::from_secs(60))
         .expect("refuses instead of serving unauthenticated HTTP beyond loopback");

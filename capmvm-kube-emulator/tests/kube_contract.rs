@@ -2442,7 +2442,7 @@ async fn limit_and_continue_paginate_consistently() {
 #[tokio::test]
 async fn a_continue_token_older_than_the_history_is_410() {
     let (_emu, client) =
-        start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(5)).await;
+        start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(5)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
         cms.create(
@@ -2477,7 +2477,8 @@ async fn a_continue_token_older_than_the_history_is_410() {
 #[tokio::test]
 async fn watch_streams_added_modified_deleted_and_bookmarks() {
     let (_emu, client) = start_with(
-        capmvm_sim::kube::EmulatorOptions::default().bookmark_interval(Duration::from_millis(200)),
+        capmvm_kube_emulator::EmulatorOptions::default()
+            .bookmark_interval(Duration::from_millis(200)),
     )
     .await;
     install_project_crds(&client).await;
@@ -2645,7 +2646,7 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
 #[tokio::test]
 async fn a_watch_older_than_the_history_gets_410_gone() {
     let (_emu, client) =
-        start_with(capmvm_sim::kube::EmulatorOptions::default().history_limit(3)).await;
+        start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(3)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let first = cms
         .create(
@@ -2878,7 +2879,7 @@ async fn a_watch_on_a_named_path_watches_that_object_only() {
     assert_eq!(lines(&from_rv), vec![pair("MODIFIED", "m")]);
     assert_eq!(
         emu.counters().get(
-            capmvm_sim::kube::Verb::Watch,
+            capmvm_kube_emulator::Verb::Watch,
             "infrastructure.cluster.x-k8s.io/microvmmachines"
         ),
         2
@@ -3059,7 +3060,7 @@ async fn reads_from_a_resource_version_not_reached_yet() {
 #[tokio::test]
 async fn watch_timeout_ends_cleanly_and_a_slow_watcher_is_closed() {
     let (emu, client) =
-        start_with(capmvm_sim::kube::EmulatorOptions::default().watch_buffer(8)).await;
+        start_with(capmvm_kube_emulator::EmulatorOptions::default().watch_buffer(8)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let started = std::time::Instant::now();
     let mut s = cms
@@ -3214,7 +3215,7 @@ async fn a_written_kubeconfig_serves_kube_rs() {
 
 #[tokio::test]
 async fn requests_are_counted_by_verb_and_resource() {
-    use capmvm_sim::kube::Verb;
+    use capmvm_kube_emulator::Verb;
     let (emu, client) = start().await;
     install_project_crds(&client).await;
     emu.reset_counters();
@@ -3283,7 +3284,7 @@ async fn request_counters_fold_clients_beyond_the_cap_into_other() {
             String::from_utf8_lossy(&answer)
         );
     }
-    use capmvm_sim::kube::{OTHER_AGENTS, Verb};
+    use capmvm_kube_emulator::{OTHER_AGENTS, Verb};
     assert_eq!(
         emu.counters().get(Verb::List, "core/configmaps"),
         70,

@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::kube::counters::Verb;
+use crate::counters::Verb;
 
 /// What an injected fault does, as a real server under stress answers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -255,7 +255,7 @@ impl FaultRule {
         Ok(self)
     }
 
-    /// Only requests whose User-Agent starts with this (the operator's starts with `capmvm-operator/`).
+    /// Only requests whose User-Agent starts with this (e.g. `my-operator/` for every version of that client).
     #[must_use]
     pub fn user_agent_prefix(mut self, prefix: impl Into<String>) -> Self {
         self.user_agent_prefix = Some(prefix.into());
@@ -451,7 +451,10 @@ impl FromStr for FaultRule {
                 }
                 "agent" | "user-agent" => {
                     if value.is_empty() {
-                        return Err(err("agent= is empty: give a User-Agent prefix, e.g. agent=capmvm-operator/".into()));
+                        return Err(err(
+                            "agent= is empty: give a User-Agent prefix, e.g. agent=my-operator/"
+                                .into(),
+                        ));
                     }
                     rule.user_agent_prefix = Some(value.to_string());
                 }

@@ -1,16 +1,16 @@
-//! The embedded Kubernetes API emulator.
+//! An in-process Kubernetes API server for tests and simulations (a Rust counterpart of envtest).
 //!
-//! An in-process API server over plain HTTP on loopback that `kubectl`, kube-rs and the operator talk to
-//! as they would to a real kube-apiserver: discovery, CustomResourceDefinitions served as soon as they are
+//! It serves plain HTTP on loopback, and `kubectl`, kube-rs and controllers under test talk to it as
+//! they would to a real kube-apiserver: discovery, CustomResourceDefinitions served as soon as they are
 //! created, one global resourceVersion, optimistic concurrency, `generation`, the status subresource,
 //! merge / JSON / strategic merge patches, schema validation with defaulting and pruning, finalizers,
 //! owner-reference garbage collection, label and field selectors, consistent pagination, watches with
-//! bookmarks and 410 Gone, Table output and `Status` errors. `docs/kube-emulator.md` lists what is
+//! bookmarks and 410 Gone, Table output and `Status` errors. The crate's README lists what is
 //! supported and what is answered as unsupported.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), capmvm_sim::kube::Error> {
-//! use capmvm_sim::kube::{Emulator, EmulatorOptions};
+//! # async fn demo() -> Result<(), capmvm_kube_emulator::Error> {
+//! use capmvm_kube_emulator::{Emulator, EmulatorOptions};
 //!
 //! let emulator = Emulator::start(EmulatorOptions::default()).await?;
 //! let client = emulator.client()?;
@@ -26,7 +26,7 @@
 //! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only), `scale` (the scale subresource),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
 //! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
-//! (`capmvm-sim kube`).
+//! (the command: this crate's binary, and `capmvm-sim kube`).
 
 mod apply;
 mod builtin;
@@ -244,7 +244,7 @@ impl EmulatorHandle {
     }
 
     /// Request counts of one client: those whose User-Agent has the product of `user_agent` (the part
-    /// before `/`, so `capmvm-operator/0.1.0` counts every capmvm-operator version). The first 64
+    /// before `/`, so `my-operator/0.1.0` counts every my-operator version). The first 64
     /// clients seen are counted apart; later ones together under [`OTHER_AGENTS`].
     pub fn counters_of_agent(&self, user_agent: &str) -> CounterSnapshot {
         self.shared.counters.snapshot_of_agent(user_agent)
@@ -290,6 +290,6 @@ impl Drop for EmulatorHandle {
 /// A kubeconfig for an emulator at `server` (`http://host:port`).
 pub fn kubeconfig_for(server: &str) -> String {
     format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: capmvm-sim\n  cluster:\n    server: {server}\ncontexts:\n- name: capmvm-sim\n  context:\n    cluster: capmvm-sim\n    user: capmvm-sim\n    namespace: default\ncurrent-context: capmvm-sim\nusers:\n- name: capmvm-sim\n  user: {{}}\npreferences: {{}}\n"
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: kube-emulator\n  cluster:\n    server: {server}\ncontexts:\n- name: kube-emulator\n  context:\n    cluster: kube-emulator\n    user: kube-emulator\n    namespace: default\ncurrent-context: kube-emulator\nusers:\n- name: kube-emulator\n  user: {{}}\npreferences: {{}}\n"
     )
 }

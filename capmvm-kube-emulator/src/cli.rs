@@ -1,11 +1,11 @@
-//! `capmvm-sim kube`: serves the emulator until Ctrl-C or SIGTERM.
+//! The `capmvm-kube-emulator` command (also `capmvm-sim kube`): serves the emulator until Ctrl-C or SIGTERM.
 
 use std::net::IpAddr;
 use std::path::PathBuf;
 
 use super::{DEFAULT_FAULT_SEED, Emulator, EmulatorOptions, Error, FaultRule};
 
-/// Arguments of `capmvm-sim kube`.
+/// Arguments of the `capmvm-kube-emulator` command (and of `capmvm-sim kube`).
 #[derive(Debug, Clone, clap::Args)]
 pub struct KubeArgs {
     /// Port to listen on (0 picks a free one).

@@ -144,7 +144,7 @@ impl Counters {
     }
 }
 
-/// The product part of a User-Agent (`capmvm-operator/0.1.0` → `capmvm-operator`).
+/// The product part of a User-Agent (`my-operator/0.1.0` → `my-operator`).
 pub(crate) fn user_agent_product(agent: &str) -> &str {
     agent.split(['/', ' ']).next().unwrap_or(agent)
 }

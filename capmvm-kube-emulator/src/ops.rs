@@ -322,8 +322,7 @@ fn prepare_crd(
         .any(|s| s.has_cel);
     if has_cel {
         warnings.push(
-            "x-kubernetes-validations (CEL) rules are not evaluated by the capmvm-sim API emulator"
-                .into(),
+            "x-kubernetes-validations (CEL) rules are not evaluated by the API emulator".into(),
         );
     }
     if obj
@@ -331,7 +330,7 @@ fn prepare_crd(
         .and_then(Value::as_str)
         == Some("Webhook")
     {
-        warnings.push("conversion webhooks are not called by the capmvm-sim API emulator: versions differ only in apiVersion".into());
+        warnings.push("conversion webhooks are not called by the API emulator: versions differ only in apiVersion".into());
     }
     let status = registry::crd_status(obj, old);
     if let Value::Object(m) = obj {
@@ -814,7 +813,7 @@ pub(crate) fn patch(
     match ptype {
         PatchType::Apply => {
             return Err(ApiError::unsupported_media_type(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (server-side apply, application/apply-patch+yaml, is not supported by the capmvm-sim API emulator)",
+                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (server-side apply, application/apply-patch+yaml, is not supported by the API emulator)",
             ));
         }
         PatchType::Strategic if def.builtin.is_none() => {

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use axum::http::{HeaderMap, Request};
-use capmvm_sim::kube::{Emulator, EmulatorHandle, EmulatorOptions};
+use capmvm_kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
 use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 
 use super::FaultKind;
-use crate::kube::counters::Verb;
+use crate::counters::Verb;
 
 /// Faults injected at one moment, keyed by kind, verb and resource (`group/resource[/subresource]`,
 /// the core group spelled `core`, as the request counters name them).

@@ -3,13 +3,13 @@
 //! at 10 000 objects and watch event latency with 20 watchers, all through kube-rs over loopback HTTP
 //! with the clients in the same process (so the numbers include the client's own work).
 //!
-//! Run: `cargo bench -p capmvm-sim --bench kube_emulator` (set `KUBE_BENCH_OBJECTS` to change 10 000).
+//! Run: `cargo bench -p capmvm-kube-emulator --bench kube_emulator` (set `KUBE_BENCH_OBJECTS` to change 10 000).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use capmvm_sim::kube::{Emulator, EmulatorOptions};
+use capmvm_kube_emulator::{Emulator, EmulatorOptions};
 use futures::{StreamExt, TryStreamExt};
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams, PostParams,
@@ -314,7 +314,7 @@ async fn run(objects: usize) {
 /// A 2000-machine lifecycle as the operator drives it, with 10 watchers: create, finalizer added by a JSON
 /// patch with a `test`, three conditional status merge patches, an Event, delete (held by the
 /// finalizer), finalizer removed (the object goes).
-async fn lifecycle(emu: &capmvm_sim::kube::EmulatorHandle, machines: usize) {
+async fn lifecycle(emu: &capmvm_kube_emulator::EmulatorHandle, machines: usize) {
     let client = emu.client().unwrap();
     let ns: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
     ns.create(
