@@ -125,6 +125,10 @@ impl Flags {
 pub enum Command {
     /// Print the ClusterRole with exactly the permissions the operator uses.
     Rbac,
+    /// Print infrastructure-components.yaml: what clusterctl (or `kubectl apply`) installs.
+    Components,
+    /// Print config/manager/manager.yaml: the operator's Deployment.
+    Manager,
 }
 
 /// Log output format.
