@@ -116,6 +116,23 @@ impl Flags {
                 self.leader_elect_retry_period
             ));
         }
+        // A manifest filled by a tool that ignores `${VAR:=default}` (GNU gettext's envsubst) passes
+        // the text through; as a watch filter it would silently match no object.
+        for (flag, value) in [
+            ("--namespace", &self.namespace),
+            ("--watch-filter", &self.watch_filter),
+            (
+                "--leader-election-namespace",
+                &self.leader_election_namespace,
+            ),
+            ("--log-level", &self.log_level),
+        ] {
+            if value.contains("${") {
+                return Err(format!(
+                    "{flag} is {value:?}, an unfilled clusterctl variable: install with clusterctl (or `clusterctl generate yaml`), or an envsubst that applies ${{VAR:=default}} such as drone/envsubst, or set every variable"
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -125,6 +142,10 @@ impl Flags {
 pub enum Command {
     /// Print the ClusterRole with exactly the permissions the operator uses.
     Rbac,
+    /// Print infrastructure-components.yaml: what clusterctl (or `kubectl apply`) installs.
+    Components,
+    /// Print config/manager/manager.yaml: the operator's Deployment.
+    Manager,
 }
 
 /// Log output format.
@@ -236,6 +257,22 @@ mod tests {
         assert_eq!(parse_duration("0s"), Ok(Duration::ZERO));
         assert!(parse_positive_duration("0s").unwrap_err().contains("zero"));
         assert!(parse_positive_duration("0").is_err());
+    }
+
+    #[test]
+    fn an_unfilled_manifest_variable_is_refused_with_its_flag() {
+        let flags =
+            Flags::try_parse_from(["capmvm-operator", "--watch-filter=${CAPMVM_WATCH_FILTER:=}"])
+                .unwrap();
+        let err = flags.check().unwrap_err();
+        assert!(
+            err.starts_with(
+                "--watch-filter is \"${CAPMVM_WATCH_FILTER:=}\", an unfilled clusterctl variable"
+            ),
+            "{err}"
+        );
+        let filled = Flags::try_parse_from(["capmvm-operator", "--watch-filter="]).unwrap();
+        assert_eq!(filled.check(), Ok(()));
     }
 
     #[test]

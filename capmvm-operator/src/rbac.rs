@@ -1,13 +1,21 @@
-//! The ClusterRole the operator needs: exactly the verbs its code uses, generated from this table and
-//! committed as `config/rbac/role.yaml` (a test keeps the two equal).
+//! The permissions the operator needs: exactly the verbs its code uses, generated from these tables.
+//! The ClusterRole is committed as `config/rbac/role.yaml` (a test keeps the two equal); the leader
+//! Lease needs rights only in the operator's own namespace, so those are a Role there (see
+//! [`crate::components`]).
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule};
+use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 /// Name of the ClusterRole.
 pub const ROLE_NAME: &str = "capmvm-manager-role";
+
+/// Name of the namespaced Role for the leader Lease.
+pub const LEADER_ELECTION_ROLE_NAME: &str = "capmvm-leader-election-role";
+
+/// The label clusterctl and CAPI use to tell which provider an object belongs to.
+pub const PROVIDER_LABEL: (&str, &str) = ("cluster.x-k8s.io/provider", "infrastructure-microvm");
 
 /// One rule: verbs on resources of a group.
 pub struct Rule {
@@ -62,44 +70,63 @@ pub const RULES: &[Rule] = &[
         resources: &["events"],
         verbs: &["create", "patch"],
     },
-    // Leader election.
-    Rule {
-        group: "coordination.k8s.io",
-        resources: &["leases"],
-        verbs: &["create", "get", "update"],
-    },
 ];
+
+/// What leader election uses, in the Lease's namespace only.
+pub const LEADER_ELECTION_RULES: &[Rule] = &[Rule {
+    group: "coordination.k8s.io",
+    resources: &["leases"],
+    verbs: &["create", "get", "update"],
+}];
+
+fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
+    rules
+        .iter()
+        .map(|r| PolicyRule {
+            api_groups: Some(vec![r.group.to_string()]),
+            resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
+            verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
+            ..Default::default()
+        })
+        .collect()
+}
+
+fn provider_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(PROVIDER_LABEL.0.to_string(), PROVIDER_LABEL.1.to_string())])
+}
 
 /// The ClusterRole.
 pub fn cluster_role() -> ClusterRole {
     ClusterRole {
         metadata: ObjectMeta {
             name: Some(ROLE_NAME.to_string()),
-            labels: Some(BTreeMap::from([(
-                "cluster.x-k8s.io/provider".to_string(),
-                "infrastructure-microvm".to_string(),
-            )])),
+            labels: Some(provider_labels()),
             ..Default::default()
         },
-        rules: Some(
-            RULES
-                .iter()
-                .map(|r| PolicyRule {
-                    api_groups: Some(vec![r.group.to_string()]),
-                    resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
-                    verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
-                    ..Default::default()
-                })
-                .collect(),
-        ),
+        rules: Some(policy_rules(RULES)),
         ..Default::default()
     }
 }
 
-/// Whether the role allows `verb` on `resource` (`name` or `name/subresource`) of `group`.
+/// The Role for the leader Lease in `namespace` (the operator's own).
+pub fn leader_election_role(namespace: &str) -> Role {
+    Role {
+        metadata: ObjectMeta {
+            name: Some(LEADER_ELECTION_ROLE_NAME.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(provider_labels()),
+            ..Default::default()
+        },
+        rules: Some(policy_rules(LEADER_ELECTION_RULES)),
+    }
+}
+
+/// Whether the ClusterRole, or the leader-election Role in the Lease's namespace, allows `verb` on
+/// `resource` (`name` or `name/subresource`) of `group`.
 pub fn allows(group: &str, resource: &str, verb: &str) -> bool {
     RULES
         .iter()
+        .chain(LEADER_ELECTION_RULES)
         .any(|r| r.group == group && r.resources.contains(&resource) && r.verbs.contains(&verb))
 }
 
@@ -150,6 +177,25 @@ mod tests {
         assert!(
             !allows("", "secrets", "create") && !allows("", "secrets", "delete"),
             "Secrets are never created or deleted"
+        );
+    }
+
+    #[test]
+    fn leases_are_granted_in_the_operators_namespace_only() {
+        assert!(allows("coordination.k8s.io", "leases", "update"));
+        let cluster_wide = cluster_role().rules.unwrap_or_default();
+        assert!(
+            !cluster_wide
+                .iter()
+                .flat_map(|r| r.resources.clone().unwrap_or_default())
+                .any(|r| r == "leases"),
+            "the ClusterRole grants no Lease anywhere"
+        );
+        let role = leader_election_role("capmvm-system");
+        assert_eq!(role.metadata.namespace.as_deref(), Some("capmvm-system"));
+        assert_eq!(
+            role.rules.unwrap()[0].resources.as_deref(),
+            Some(&["leases".to_string()][..])
         );
     }
 }
