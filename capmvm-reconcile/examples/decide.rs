@@ -14,7 +14,10 @@ use capmvm_api::capi::{
     Bootstrap, Cluster, ClusterInitialization, ClusterSpec, ClusterStatus,
     ContractVersionedObjectReference, Machine, MachineSpec,
 };
-use capmvm_api::keys::{HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION};
+use capmvm_api::keys::{
+    HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
+    PLACEMENT_CLAIM_ANNOTATION,
+};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
 use capmvm_reconcile::{
     BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Reachability,
@@ -65,6 +68,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         hosts,
         recorded_host: HostLookup::NotAsked,
+        operator: "decide-example".to_string(),
     };
 
     let mut now = Timestamp::from_second(1_800_000_000)?;
@@ -96,10 +100,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .finalizers
                     .get_or_insert_with(Vec::new)
                     .push(MACHINE_FINALIZER.to_string()),
-                Effect::RecordHost { host, origin_uid } => {
+                Effect::RecordHost {
+                    host,
+                    origin_uid,
+                    attempt,
+                    claim,
+                } => {
                     let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
                     annotations.insert(HOST_ANNOTATION.to_string(), host.to_string());
                     annotations.insert(ORIGIN_UID_ANNOTATION.to_string(), origin_uid);
+                    annotations.insert(
+                        PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
+                        attempt.to_string(),
+                    );
+                    annotations.insert(PLACEMENT_CLAIM_ANNOTATION.to_string(), claim);
                 }
                 Effect::CreateMicrovm { spec, .. } => vms.push(ObservedVm {
                     uid: "01J9Z3Q4S5T6V7W8X9Y0ZABCDE".to_string(),
@@ -151,9 +165,14 @@ fn describe(effect: &Effect) -> String {
             "create microVM {}/{} on {host}: {} vCPU, {} MiB",
             spec.namespace, spec.id, spec.vcpu, spec.memory_mb
         ),
-        Effect::RecordHost { host, origin_uid } => {
-            format!("record host {host} and origin uid {origin_uid} (annotations)")
-        }
+        Effect::RecordHost {
+            host,
+            origin_uid,
+            attempt,
+            ..
+        } => format!(
+            "record host {host}, origin uid {origin_uid} and placement attempt {attempt} (annotations, one conditional write)"
+        ),
         Effect::Event(e) => format!("event {:?} {}: {}", e.kind, e.reason, e.note),
         other => format!("{other:?}"),
     }
