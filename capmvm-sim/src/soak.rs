@@ -60,6 +60,9 @@ pub struct SoakArgs {
     /// Host partitions (a host stops listening, then listens again), at least.
     #[arg(long, default_value_t = 3)]
     pub partitions: usize,
+    /// Scale-down-and-up rounds between the create and the delete.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..))]
+    pub rounds: u64,
     /// Milliseconds from create to CREATED on the hosts.
     #[arg(long, default_value_t = 1000)]
     pub provision_ms: u64,
@@ -79,6 +82,7 @@ impl Default for SoakArgs {
             fault_share: 0.05,
             kills: 3,
             partitions: 3,
+            rounds: 3,
             provision_ms: 1000,
             seed: 1,
             step_timeout_secs: 300,
@@ -157,9 +161,10 @@ impl SoakReport {
     pub fn render(&self) -> String {
         let a = &self.args;
         let mut s = format!(
-            "soak: {} machines on {} hosts, {:.1} % of operator requests faulted, seed {}\n\n",
+            "soak: {} machines on {} hosts, {} rounds, {:.1} % of operator requests faulted, seed {}\n\n",
             a.machines,
             a.hosts,
+            a.rounds,
             a.fault_share * 100.0,
             a.seed
         );
@@ -344,20 +349,19 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
     let t = Instant::now();
     let ok = converge(&client, args.machines, step_timeout).await?;
     steps.push((format!("create {}", args.machines), ok.then(|| t.elapsed())));
-    if ok {
-        scale(&client, half).await?;
-        let t = Instant::now();
-        let ok = converge(&client, half, step_timeout).await?;
-        steps.push((format!("scale to {half}"), ok.then(|| t.elapsed())));
-    }
-    if steps.iter().all(|(_, d)| d.is_some()) {
-        scale(&client, args.machines).await?;
-        let t = Instant::now();
-        let ok = converge(&client, args.machines, step_timeout).await?;
-        steps.push((
-            format!("scale to {}", args.machines),
-            ok.then(|| t.elapsed()),
-        ));
+    for round in 1..=args.rounds {
+        for size in [half, args.machines] {
+            if steps.iter().any(|(_, d)| d.is_none()) {
+                break;
+            }
+            scale(&client, size).await?;
+            let t = Instant::now();
+            let ok = converge(&client, size, step_timeout).await?;
+            steps.push((
+                format!("round {round}: scale to {size}"),
+                ok.then(|| t.elapsed()),
+            ));
+        }
     }
     if steps.iter().all(|(_, d)| d.is_some()) {
         // Small runs converge faster than the chaos reaches its counts: hold the full size under

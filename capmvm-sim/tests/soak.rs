@@ -15,6 +15,7 @@ async fn nothing_is_lost_under_faults_partitions_and_kills() {
         fault_share: 0.05,
         kills: 3,
         partitions: 2,
+        rounds: 1,
         provision_ms: 500,
         seed: 7,
         step_timeout_secs: 180,
