@@ -158,12 +158,16 @@ async fn lifecycle_create_and_delete() {
         message.contains("spec.vcpu is 4, the microVM has 2"),
         "{message}"
     );
-    assert!(
-        events_for(&w, &edited)
-            .await
+    // Events are published after the status write that carries the condition.
+    wait_for("the SpecChangeNotApplied event", WAIT, POLL, || async {
+        let events = events_for(&w, &edited).await;
+        Ok(events
             .iter()
             .any(|e| e.reason.as_deref() == Some("SpecChangeNotApplied"))
-    );
+            .then_some(()))
+    })
+    .await
+    .unwrap();
     assert_eq!(creates_on_hosts(&w), 3, "nothing re-created");
     assert!(
         w.microvm_machines(NS).await.unwrap().iter().all(is_ready),
