@@ -391,6 +391,7 @@ pub(crate) fn apply_lease(
         }
         let mut warnings = Vec::new();
         let mut prepared = ops::prepare_update(
+            shared,
             def,
             Sub::Main,
             &current,

@@ -23,11 +23,12 @@
 //!
 //! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
-//! is served), `schema` (structural schemas), `patch`, `apply` (server-side apply, Leases only), `scale` (the scale subresource),
+//! is served), `schema` (structural schemas), `patch`, `admission` (in-process defaulting and validation per kind), `apply` (server-side apply, Leases only), `scale` (the scale subresource),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
 //! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
 //! (the command: this crate's binary, and `capmvm-sim kube`).
 
+mod admission;
 mod apply;
 mod builtin;
 mod cli;
@@ -53,6 +54,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub use admission::{Admission, AdmissionHook, Operation};
 pub use cli::{KubeArgs, run};
 pub use counters::{CounterSnapshot, OTHER_AGENTS, Verb};
 pub use error::Error;
@@ -253,6 +255,12 @@ impl EmulatorHandle {
     /// The fault rules of this emulator (a handle: clone it, set rules at run time, read the counts).
     pub fn faults(&self) -> Faults {
         self.shared.faults.clone()
+    }
+
+    /// The in-process admission hooks of this emulator (a handle: register defaulting and validation
+    /// per kind, as a real cluster's webhooks do; see [`Admission::register`]).
+    pub fn admission(&self) -> Admission {
+        self.shared.admission.clone()
     }
 
     /// Sets every request counter back to zero.

@@ -26,6 +26,8 @@ pub(crate) struct Shared {
     store: Mutex<Store>,
     pub(crate) counters: Counters,
     pub(crate) faults: super::faults::Faults,
+    /// Defaulting and validation registered in-process (webhooks' role).
+    pub(crate) admission: super::admission::Admission,
     pub(crate) gc_notify: Notify,
     pub(crate) default_watch_timeout: Duration,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
@@ -41,6 +43,7 @@ impl Shared {
             store: Mutex::new(store),
             counters: Counters::default(),
             faults: super::faults::Faults::default(),
+            admission: super::admission::Admission::default(),
             gc_notify: Notify::new(),
             default_watch_timeout,
             shutdown,
@@ -437,6 +440,9 @@ pub(crate) fn create(
         name.clone()
     };
     meta::metadata_mut(&mut obj).insert("name".into(), Value::String(probe_name.clone()));
+    shared
+        .admission
+        .admit(def, &mut obj, super::admission::Operation::Create)?;
     apply_schema(
         def,
         &mut obj,
@@ -575,7 +581,9 @@ pub(crate) fn get(
 }
 
 /// The common part of PUT and PATCH: what the registry strategies do with the new object.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn prepare_update(
+    shared: &Shared,
     def: &ResourceDef,
     sub: Sub,
     current: &Stored,
@@ -651,6 +659,11 @@ pub(crate) fn prepare_update(
     }
     if let Some(b) = def.builtin {
         builtin::prepare(b, &mut new, Some(&old))?;
+    }
+    if sub == Sub::Main {
+        shared
+            .admission
+            .admit(def, &mut new, super::admission::Operation::Update)?;
     }
     apply_schema(
         def,
@@ -760,6 +773,7 @@ pub(crate) fn update(
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
         let mut new = prepare_update(
+            shared,
             def,
             sub,
             &current,
@@ -850,7 +864,16 @@ pub(crate) fn patch(
         if !rv.is_empty() && parse_rv(&rv)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
-        let mut new = prepare_update(def, sub, &current, doc, unknown, params, &mut warnings)?;
+        let mut new = prepare_update(
+            shared,
+            def,
+            sub,
+            &current,
+            doc,
+            unknown,
+            params,
+            &mut warnings,
+        )?;
         track_lease(def, &current, &mut new, params);
         if params.dry_run {
             return Ok(WriteResult {

@@ -1,6 +1,7 @@
 //! `capmvm-sim demo`: the whole system on one machine. Starts the API emulator, three hollow flintlock
 //! hosts, the CAPI stand-in and the operator (its own process, through a kubeconfig); creates a cluster
-//! of 1 control plane and 3 workers from `examples/demo/cluster.yaml`; shows progress as a live table;
+//! of 1 control plane (KubeadmControlPlane) and 3 workers from `templates/cluster-template.yaml`, applied
+//! unchanged with clusterctl-style variables; shows progress as a live table;
 //! deletes the cluster and checks every microVM is gone. Exits 0 only if all of that worked.
 
 use std::collections::BTreeMap;

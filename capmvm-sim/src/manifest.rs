@@ -163,10 +163,10 @@ mod tests {
     }
 
     #[test]
-    fn the_demo_cluster_renders_into_valid_objects() {
+    fn the_cluster_template_renders_into_valid_objects() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../examples/demo/cluster.yaml"
+            "/../templates/cluster-template.yaml"
         ))
         .unwrap();
         let objects = parse(&envsubst(&text, &BTreeMap::new()).unwrap()).unwrap();
@@ -180,8 +180,9 @@ mod tests {
                 "Cluster",
                 "MicrovmCluster",
                 "MicrovmMachineTemplate",
+                "KubeadmControlPlane",
                 "MicrovmMachineTemplate",
-                "MachineDeployment",
+                "KubeadmConfigTemplate",
                 "MachineDeployment"
             ]
         );

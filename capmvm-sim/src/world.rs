@@ -188,8 +188,13 @@ impl World {
             .client()
             .context("building a client of the emulator")?;
 
+        // CAPI's own CRDs where present (CI, development), else the built-in ones; and CAPI's
+        // webhooks' defaulting, so manifests are written as for a real management cluster.
+        let (capi_crds, capi_source) = capi::capi_crds().context("reading CAPI's CRDs")?;
+        tracing::info!(source = %capi_source, "installing CAPI's CRDs");
+        capi::admission::register(&emulator.admission());
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in capmvm_api::crds().into_iter().chain(capi::crds()) {
+        for crd in capmvm_api::crds().into_iter().chain(capi_crds) {
             crds.create(&PostParams::default(), &crd)
                 .await
                 .with_context(|| format!("installing CRD {}", crd.name_any()))?;
@@ -395,8 +400,10 @@ impl World {
         Ok(names)
     }
 
-    /// Renders `examples/demo/cluster.yaml` with these hosts and `vars`, and lets `edit` change the
-    /// objects before they are applied.
+    /// Renders `templates/cluster-template.yaml` with these hosts and `vars` (as clusterctl fills
+    /// variables), and lets `edit` change the objects before they are applied. With
+    /// `CONTROL_PLANE_MACHINE_COUNT=0` the cluster has no control plane (no KubeadmControlPlane and no
+    /// `controlPlaneRef`: CAPI refuses a KubeadmControlPlane of 0 replicas), for worker-only tests.
     pub async fn apply_demo_cluster(
         &self,
         vars: &[(&str, String)],
@@ -410,6 +417,20 @@ impl World {
             all.entry(letter.to_string()).or_insert(endpoint);
         }
         let mut objects = manifest::parse(&manifest::envsubst(DEMO_CLUSTER, &all)?)?;
+        if all.get("CONTROL_PLANE_MACHINE_COUNT").map(String::as_str) == Some("0") {
+            objects.retain(|o| {
+                o.types
+                    .as_ref()
+                    .is_none_or(|t| t.kind != "KubeadmControlPlane")
+            });
+            for obj in &mut objects {
+                if obj.types.as_ref().is_some_and(|t| t.kind == "Cluster")
+                    && let Some(spec) = obj.data["spec"].as_object_mut()
+                {
+                    spec.remove("controlPlaneRef");
+                }
+            }
+        }
         // Every host of the world belongs to the pool (the template names three).
         for obj in &mut objects {
             if obj
@@ -500,8 +521,8 @@ impl World {
     }
 }
 
-/// The demo cluster template, compiled in so the demo runs from any directory.
-pub const DEMO_CLUSTER: &str = include_str!("../../examples/demo/cluster.yaml");
+/// The shipped cluster template the demo applies, compiled in so the demo runs from any directory.
+pub const DEMO_CLUSTER: &str = include_str!("../../templates/cluster-template.yaml");
 
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(

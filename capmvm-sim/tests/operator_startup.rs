@@ -70,10 +70,18 @@ async fn machine_with_node_swap(client: &kube::Client, name: &str) {
     api.patch_status(
         name,
         &PatchParams::default(),
+        // Every field a kubelet reports (CAPI's schema requires them all).
         &Patch::Merge(json!({"status": {"nodeInfo": {
             "architecture": "amd64",
+            "bootID": "0c4c5b5e-5d1f-4d7e-9a47-0d9a1c0f3b11",
+            "containerRuntimeVersion": "containerd://2.0.5",
+            "kernelVersion": "6.8.0-60-generic",
+            "kubeProxyVersion": "",
             "kubeletVersion": "v1.33.1",
+            "machineID": "5f1c7c2e2d6b4f5c9e8a7b6c5d4e3f21",
             "operatingSystem": "linux",
+            "osImage": "Ubuntu 24.04.2 LTS",
+            "systemUUID": "4c4c4544-0042-3510-8051-b7c04f4e3732",
             "swap": {"capacity": 2_147_483_648_i64},
         }}})),
     )

@@ -1,23 +1,17 @@
-//! The stand-in's three controllers. Writes are merge patches sent only when something changes.
+//! The stand-in's Cluster, MachineDeployment and Machine controllers, and the start of all of them
+//! (KubeadmControlPlane in `kcp`, KubeadmConfig in `bootstrap`). Writes are merge patches sent only
+//! when something changes.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use capmvm_api::capi::{Cluster, ContractVersionedObjectReference, Machine};
-use capmvm_api::keys::{
-    BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, CLONED_FROM_GROUPKIND_ANNOTATION,
-    CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
-};
-use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachineTemplate};
+use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::keys::CLUSTER_NAME_LABEL;
+use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine};
 use futures::StreamExt;
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{
-    ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams, PostParams,
-};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
 use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
@@ -26,7 +20,12 @@ use serde_json::{Value, json};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use super::bootstrap::{
+    BOOTSTRAP_GROUP, kubeadm_config_resource, kubeadm_config_template_resource,
+};
+use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
 use super::crds::MachineDeployment;
+use super::kcp::{CONTROL_PLANE_GROUP, kubeadm_control_plane_resource};
 use super::{
     CLUSTER_FINALIZER, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MACHINE_FINALIZER,
 };
@@ -41,8 +40,8 @@ pub(crate) enum Error {
     Kube(#[from] kube::Error),
 }
 
-struct Ctx {
-    client: kube::Client,
+pub(crate) struct Ctx {
+    pub(crate) client: kube::Client,
     /// The status fields this stand-in last wrote, per object uid. The operator's views of Cluster
     /// and Machine model only what the provider reads, so the stand-in compares with its own writes.
     written: Mutex<HashMap<String, Value>>,
@@ -108,6 +107,18 @@ pub fn run(client: kube::Client) -> StandIn {
                 .get(CLUSTER_NAME_LABEL)
                 .map(|c| ObjectRef::new(c).within(&ns))
         })
+        // Its control plane's initialization is the Cluster's.
+        .watches_with(
+            Api::<DynamicObject>::all_with(client.clone(), &kubeadm_control_plane_resource()),
+            kubeadm_control_plane_resource(),
+            cfg(),
+            |kcp| {
+                let ns = kcp.namespace().unwrap_or_default();
+                kcp.labels()
+                    .get(CLUSTER_NAME_LABEL)
+                    .map(|c| ObjectRef::new(c).within(&ns))
+            },
+        )
         // Machine changes matter to a Cluster only while it waits for them to go.
         .watches(Api::<Machine>::all(client.clone()), cfg(), |m| {
             let ns = m.namespace().unwrap_or_default();
@@ -130,13 +141,15 @@ pub fn run(client: kube::Client) -> StandIn {
             // Before adoption the clone's Machine has the same name (CAPI names them alike).
             Some(ObjectRef::new(&mm.name_any()).within(&ns))
         })
-        .run(reconcile_machine, error_policy, ctx)
+        .run(reconcile_machine, error_policy, ctx.clone())
         .for_each(|_| async {});
     StandIn {
         tasks: vec![
             tokio::spawn(clusters),
             tokio::spawn(deployments),
             tokio::spawn(machines),
+            tokio::spawn(super::kcp::run(ctx.clone())),
+            tokio::spawn(super::bootstrap::run(ctx)),
         ],
     }
 }
@@ -146,7 +159,7 @@ fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Ctx>) -> Action {
     Action::requeue(Duration::from_millis(500))
 }
 
-fn params() -> PatchParams {
+pub(crate) fn params() -> PatchParams {
     PatchParams {
         field_manager: Some(MANAGER.to_string()),
         ..Default::default()
@@ -204,7 +217,7 @@ where
     }
 }
 
-async fn delete_quietly<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
+pub(crate) async fn delete_quietly<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -252,14 +265,25 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
         .as_ref()
         .filter(|r| r.api_group == GROUP && r.kind == "MicrovmCluster")
         .map(|r| r.name.clone());
+    // The operator's Cluster view does not model the control plane reference.
+    let kcps = Api::<DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        &ns,
+        &kubeadm_control_plane_resource(),
+    );
+    let control_plane = control_plane_of(&ctx, &ns, &name).await?;
 
     if cluster.meta().deletion_timestamp.is_some() {
-        // Descendants first: MachineDeployments and Machines, then the infrastructure, then the Cluster.
+        // Descendants first: MachineDeployments, the control plane and Machines, then the
+        // infrastructure, then the Cluster.
         let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
         for md in mds.list(&ListParams::default()).await? {
             if md.spec.cluster_name == name && md.meta().deletion_timestamp.is_none() {
                 delete_quietly(&mds, &md.name_any()).await?;
             }
+        }
+        if let Some(kcp) = &control_plane {
+            delete_quietly(&kcps, kcp).await?;
         }
         let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
         let mine: Vec<Machine> = machines
@@ -289,6 +313,30 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
     }
 
     ensure_finalizer(&api, &cluster, CLUSTER_FINALIZER).await?;
+    // The control plane: owned by and labelled with the Cluster; its initialization is the Cluster's.
+    let mut control_plane_initialized = false;
+    if let Some(kcp_name) = &control_plane
+        && let Some(kcp) = kcps.get_opt(kcp_name).await?
+    {
+        let owned = kcp
+            .owner_references()
+            .iter()
+            .any(|o| o.kind == "Cluster" && o.uid == cluster.uid().unwrap_or_default());
+        if !owned || kcp.labels().get(CLUSTER_NAME_LABEL) != Some(&name) {
+            let mut owners = kcp.owner_references().to_vec();
+            if !owned {
+                owners.push(owner_ref(cluster.as_ref(), false));
+            }
+            let body = json!({"metadata": {"ownerReferences": owners, "labels": {CLUSTER_NAME_LABEL: name}}});
+            kcps.patch(kcp_name, &params(), &Patch::Merge(&body))
+                .await?;
+        }
+        control_plane_initialized = kcp
+            .data
+            .pointer("/status/initialization/controlPlaneInitialized")
+            .and_then(Value::as_bool)
+            == Some(true);
+    }
     let Some(infra) = infra_name else {
         return Ok(Action::await_change());
     };
@@ -345,11 +393,17 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             .iter()
             .map(|f| json!({"name": f.name, "controlPlane": f.control_plane.unwrap_or(false), "attributes": f.attributes}))
             .collect();
-        let want = json!({
-            "initialization": {"infrastructureProvisioned": true},
-            "failureDomains": fds,
+        let mut want = json!({
+            "initialization": {
+                "infrastructureProvisioned": true,
+                "controlPlaneInitialized": control_plane_initialized,
+            },
             "phase": "Provisioned",
         });
+        // CAPI's schema wants at least one item when the list is there.
+        if !fds.is_empty() {
+            want["failureDomains"] = json!(fds);
+        }
         ctx.write_status(&api, cluster.as_ref(), want).await?;
     } else {
         ctx.write_status(&api, cluster.as_ref(), json!({"phase": "Provisioning"}))
@@ -378,7 +432,10 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
 
     if mine.len() < want {
         for _ in mine.len()..want {
-            create_machine(&ctx, &md, &ns).await?;
+            let Some(new) = deployment_machine(&ctx, &md, &ns).await? else {
+                break;
+            };
+            create_machine(&ctx, new).await?;
         }
     } else if mine.len() > want {
         // Annotated victims first, then the newest.
@@ -399,135 +456,113 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
         }
     }
 
-    let ready = mine
-        .iter()
-        .filter(|m| {
-            m.status
-                .as_ref()
-                .and_then(|s| s.initialization.as_ref())
-                .and_then(|i| i.infrastructure_provisioned)
-                == Some(true)
-        })
-        .count();
+    let ready = mine.iter().filter(|m| machine_provisioned(m)).count();
     let mds: Api<MachineDeployment> = Api::namespaced(ctx.client.clone(), &ns);
     let status = md.status.clone().unwrap_or(Value::Null);
-    let want = json!({"replicas": mine.len(), "readyReplicas": ready});
+    let selector: Vec<String> = md
+        .spec
+        .selector
+        .match_labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect();
+    let mut want = json!({"replicas": mine.len(), "readyReplicas": ready});
+    if !selector.is_empty() {
+        want["selector"] = json!(selector.join(","));
+    }
     patch_status_if_changed(&mds, md.as_ref(), &status, want).await?;
     Ok(Action::requeue(Duration::from_secs(60)))
 }
 
-/// A short random-looking suffix, as CAPI's generated names have.
-fn suffix() -> String {
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let seed = k8s_openapi::jiff::Timestamp::now().as_nanosecond() as u64;
-    let mut x = seed ^ n.wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    let alphabet = b"bcdfghjklmnpqrstvwxz2456789";
-    (0..5)
-        .map(|_| {
-            x = x
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            alphabet[((x >> 33) % alphabet.len() as u64) as usize] as char
-        })
-        .collect()
+/// Whether CAPI marked a Machine's infrastructure provisioned.
+pub(crate) fn machine_provisioned(m: &Machine) -> bool {
+    m.status
+        .as_ref()
+        .and_then(|s| s.initialization.as_ref())
+        .and_then(|i| i.infrastructure_provisioned)
+        == Some(true)
 }
 
-/// Clones a MicrovmMachine from the template and creates its Machine, as a MachineSet does.
-async fn create_machine(ctx: &Ctx, md: &MachineDeployment, ns: &str) -> Result<(), Error> {
-    let name = format!("{}-{}", md.name_any(), suffix());
+/// The next Machine of a MachineDeployment (as its MachineSet makes it), or None (logged) when its
+/// bootstrap template is missing.
+async fn deployment_machine(
+    ctx: &Ctx,
+    md: &MachineDeployment,
+    ns: &str,
+) -> Result<Option<NewMachine>, Error> {
     let template_spec = &md.spec.template.spec;
-    let infra_ref: ContractVersionedObjectReference = serde_json::from_value(
-        template_spec
-            .get("infrastructureRef")
-            .cloned()
-            .unwrap_or_default(),
-    )
-    .unwrap_or_default();
-    let templates: Api<MicrovmMachineTemplate> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(template) = templates.get_opt(&infra_ref.name).await? else {
-        warn!(template = %infra_ref.name, "MachineDeployment names a MicrovmMachineTemplate that does not exist");
-        return Ok(());
+    let bootstrap = &template_spec["bootstrap"];
+    let bootstrap = match (
+        bootstrap.get("dataSecretName").and_then(Value::as_str),
+        bootstrap.get("configRef"),
+    ) {
+        (Some(secret), _) => NewBootstrap::Secret(secret.to_string()),
+        (None, Some(r))
+            if r["apiGroup"] == BOOTSTRAP_GROUP && r["kind"] == "KubeadmConfigTemplate" =>
+        {
+            let name = r["name"].as_str().unwrap_or_default();
+            let templates = Api::<DynamicObject>::namespaced_with(
+                ctx.client.clone(),
+                ns,
+                &kubeadm_config_template_resource(),
+            );
+            let Some(template) = templates.get_opt(name).await? else {
+                warn!(template = %name, deployment = %md.name_any(), "the KubeadmConfigTemplate named does not exist");
+                return Ok(None);
+            };
+            NewBootstrap::Kubeadm(
+                template
+                    .data
+                    .pointer("/spec/template/spec")
+                    .cloned()
+                    .unwrap_or_else(|| json!({})),
+            )
+        }
+        _ => {
+            warn!(deployment = %md.name_any(), "spec.template.spec.bootstrap names no KubeadmConfigTemplate and no dataSecretName");
+            return Ok(None);
+        }
     };
-
-    let mut labels: BTreeMap<String, String> = template
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .map(|m| m.labels.clone())
-        .unwrap_or_default();
-    labels.extend(md.spec.template.metadata.labels.clone());
+    let mut labels = md.spec.template.metadata.labels.clone();
     labels.insert(CLUSTER_NAME_LABEL.to_string(), md.spec.cluster_name.clone());
     labels.insert(DEPLOYMENT_NAME_LABEL.to_string(), md.name_any());
-    let mut annotations: BTreeMap<String, String> = template
-        .spec
-        .template
-        .metadata
-        .as_ref()
-        .map(|m| m.annotations.clone())
-        .unwrap_or_default();
-    annotations.extend(md.spec.template.metadata.annotations.clone());
-    annotations.insert(CLONED_FROM_NAME_ANNOTATION.to_string(), template.name_any());
-    annotations.insert(
-        CLONED_FROM_GROUPKIND_ANNOTATION.to_string(),
-        format!("MicrovmMachineTemplate.{GROUP}"),
+    let text = |field: &str| {
+        template_spec
+            .get(field)
+            .and_then(Value::as_str)
+            .map(String::from)
+    };
+    Ok(Some(NewMachine {
+        name: format!("{}-{}", md.name_any(), suffix_of(5)),
+        namespace: ns.to_string(),
+        cluster: md.spec.cluster_name.clone(),
+        owner: owner_ref(md, true),
+        labels,
+        annotations: md.spec.template.metadata.annotations.clone(),
+        infra_template: template_spec
+            .pointer("/infrastructureRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        bootstrap,
+        version: text("version"),
+        failure_domain: text("failureDomain"),
+    }))
+}
+
+/// The KubeadmControlPlane a Cluster names in `spec.controlPlaneRef`, if any.
+async fn control_plane_of(ctx: &Ctx, ns: &str, cluster: &str) -> Result<Option<String>, Error> {
+    let clusters = Api::<DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        ns,
+        &ApiResource::erase::<Cluster>(&()),
     );
-
-    let mut infra = MicrovmMachine::new(&name, template.spec.template.spec.clone());
-    infra.metadata = ObjectMeta {
-        name: Some(name.clone()),
-        namespace: Some(ns.to_string()),
-        labels: Some(labels.clone()),
-        annotations: Some(annotations),
-        owner_references: Some(vec![owner_ref(md, false)]),
-        ..Default::default()
-    };
-    Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns)
-        .create(&PostParams::default(), &infra)
-        .await?;
-
-    // Created from JSON: the operator's Machine view does not model `version`.
-    let mut spec = json!({
-        "clusterName": md.spec.cluster_name,
-        "bootstrap": {},
-        "infrastructureRef": ContractVersionedObjectReference {
-            api_group: GROUP.to_string(),
-            kind: "MicrovmMachine".to_string(),
-            name: name.clone(),
-        },
-    });
-    for field in ["version", "failureDomain"] {
-        if let Some(value) = template_spec.get(field).filter(|v| v.is_string()) {
-            spec[field] = value.clone();
-        }
-    }
-    let machine_labels: BTreeMap<String, String> = md
-        .spec
-        .template
-        .metadata
-        .labels
-        .clone()
-        .into_iter()
-        .chain([
-            (CLUSTER_NAME_LABEL.to_string(), md.spec.cluster_name.clone()),
-            (DEPLOYMENT_NAME_LABEL.to_string(), md.name_any()),
-        ])
-        .collect();
-    let resource = ApiResource::erase::<Machine>(&());
-    let mut machine = DynamicObject::new(&name, &resource).data(json!({ "spec": spec }));
-    machine.metadata = ObjectMeta {
-        name: Some(name.clone()),
-        namespace: Some(ns.to_string()),
-        labels: Some(machine_labels),
-        owner_references: Some(vec![owner_ref(md, true)]),
-        finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
-        ..Default::default()
-    };
-    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
-        .create(&PostParams::default(), &machine)
-        .await?;
-    Ok(())
+    Ok(clusters.get_opt(cluster).await?.and_then(|c| {
+        let r = c.data.pointer("/spec/controlPlaneRef")?;
+        (r["apiGroup"] == CONTROL_PLANE_GROUP && r["kind"] == "KubeadmControlPlane")
+            .then(|| r["name"].as_str().map(String::from))
+            .flatten()
+    }))
 }
 
 // --- Machine ---
@@ -537,7 +572,6 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     let name = machine.name_any();
     let api: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
     let infras: Api<MicrovmMachine> = Api::namespaced(ctx.client.clone(), &ns);
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let infra_name = machine.spec.infrastructure_ref.name.clone();
 
     if machine.meta().deletion_timestamp.is_some() {
@@ -550,48 +584,19 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
             }
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
-        if let Some(secret) = &machine.spec.bootstrap.data_secret_name {
-            delete_quietly(&secrets, secret).await?;
-        }
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
         return Ok(Action::await_change());
     }
     ensure_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
 
-    // Bootstrap data, as CABPK writes it.
-    if machine.spec.bootstrap.data_secret_name.is_none() {
-        let secret_name = format!("{name}-bootstrap");
-        let secret = Secret {
-            metadata: ObjectMeta {
-                name: Some(secret_name.clone()),
-                namespace: Some(ns.clone()),
-                labels: Some(BTreeMap::from([(
-                    CLUSTER_NAME_LABEL.to_string(),
-                    machine.spec.cluster_name.clone(),
-                )])),
-                owner_references: Some(vec![owner_ref(machine.as_ref(), true)]),
-                ..Default::default()
-            },
-            type_: Some("cluster.x-k8s.io/secret".to_string()),
-            data: Some(BTreeMap::from([
-                (
-                    BOOTSTRAP_DATA_KEY.to_string(),
-                    ByteString(bootstrap_data(&machine).into_bytes()),
-                ),
-                (
-                    BOOTSTRAP_FORMAT_KEY.to_string(),
-                    ByteString(b"cloud-config".to_vec()),
-                ),
-            ])),
-            ..Default::default()
-        };
-        match secrets.create(&PostParams::default(), &secret).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(e)) if e.code == 409 => {}
-            Err(e) => return Err(e.into()),
-        }
-        let body = json!({"spec": {"bootstrap": {"dataSecretName": secret_name}}});
-        api.patch(&name, &params(), &Patch::Merge(&body)).await?;
+    // Bootstrap data: the KubeadmConfig's Secret, once the bootstrap provider wrote it.
+    let bootstrap_ready = match &machine.spec.bootstrap.data_secret_name {
+        Some(_) => true,
+        None => adopt_bootstrap_config(&ctx, &machine, &ns).await?,
+    };
+    if !bootstrap_ready {
+        ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
+            .await?;
     }
 
     let Some(infra) = infras.get_opt(&infra_name).await? else {
@@ -630,7 +635,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
                 .await?;
             }
             let want = json!({
-                "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": true},
+                "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": bootstrap_ready},
                 "phase": "Running",
                 "addresses": infra_status.addresses,
                 "failureDomain": infra_status.failure_domain,
@@ -645,15 +650,45 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     Ok(Action::requeue(Duration::from_secs(60)))
 }
 
-/// What a kubeadm bootstrap provider would write: a cloud-config that joins the node.
-fn bootstrap_data(machine: &Machine) -> String {
-    let role = if machine.is_control_plane() {
-        "init"
-    } else {
-        "join"
+/// Adopts the Machine's KubeadmConfig (controller owner reference, as CAPI's Machine controller sets)
+/// and copies its `status.dataSecretName` to the Machine's `spec.bootstrap.dataSecretName`. True once
+/// the Machine has its bootstrap data.
+async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Result<bool, Error> {
+    let resource = ApiResource::erase::<Machine>(&());
+    let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
+    let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
+        return Ok(false);
     };
-    format!(
-        "#cloud-config\nruncmd:\n  - kubeadm {role} --config /run/kubeadm/kubeadm.yaml  # simulated for {}\n",
-        machine.name_any()
-    )
+    let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
+        return Ok(false);
+    };
+    if config_ref["apiGroup"] != BOOTSTRAP_GROUP || config_ref["kind"] != "KubeadmConfig" {
+        // Another bootstrap provider's object: nothing in this stand-in renders it.
+        return Ok(false);
+    }
+    let name = config_ref["name"].as_str().unwrap_or_default();
+    let configs =
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
+    let Some(config) = configs.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let adopted = config.owner_references().iter().any(|o| {
+        o.kind == "Machine" && o.controller == Some(true) && Some(&o.uid) == machine.uid().as_ref()
+    });
+    if !adopted {
+        let body = json!({"metadata": {"ownerReferences": [owner_ref(machine, true)]}});
+        configs.patch(name, &params(), &Patch::Merge(&body)).await?;
+    }
+    let Some(secret) = config
+        .data
+        .pointer("/status/dataSecretName")
+        .and_then(Value::as_str)
+    else {
+        return Ok(false);
+    };
+    let body = json!({"spec": {"bootstrap": {"dataSecretName": secret}}});
+    Api::<Machine>::namespaced(ctx.client.clone(), ns)
+        .patch(&machine.name_any(), &params(), &Patch::Merge(&body))
+        .await?;
+    Ok(true)
 }

@@ -1,24 +1,35 @@
-//! A stand-in for the CAPI core controllers a provider relies on (capi-contract.md 2.2, 3.2, 3.4, 3.6):
+//! A stand-in for the CAPI controllers a provider relies on (capi-contract.md 2.2, 3.2, 3.4, 3.6),
+//! speaking CAPI v1beta2 as CAPI v1.14 does (its CRDs, see `crds`; its webhooks' defaulting, see
+//! `admission`):
 //!
-//! - **Cluster**: sets its ownerReference and `cluster-name` label on the MicrovmCluster, reads
-//!   `status.initialization.provisioned`, copies failure domains and the endpoint, sets its own
-//!   `infrastructureProvisioned`; on deletion removes its MachineDeployments and Machines, then the
-//!   MicrovmCluster, then itself.
-//! - **MachineDeployment** (the replica set): clones MicrovmMachines from the MicrovmMachineTemplate
-//!   (labels, annotations, ownerRefs as CAPI sets them) and creates Machines; scales up and down.
-//! - **Machine**: takes controller ownership of its MicrovmMachine, writes the bootstrap Secret
-//!   (`value`, `format: cloud-config`) and `spec.bootstrap.dataSecretName`, copies providerID,
-//!   addresses, failure domain and provisioned back; deletes in CAPI's order (infra machine first, wait,
-//!   then release the Machine).
+//! - **Cluster**: sets its ownerReference and `cluster-name` label on the MicrovmCluster and the
+//!   KubeadmControlPlane, reads `status.initialization.provisioned`, copies failure domains and the
+//!   endpoint, sets `infrastructureProvisioned` and `controlPlaneInitialized`; on deletion removes its
+//!   MachineDeployments, control plane and Machines, then the MicrovmCluster, then itself.
+//! - **MachineDeployment** (the replica set): creates Machines, each with a MicrovmMachine cloned from
+//!   the MicrovmMachineTemplate and a KubeadmConfig from the KubeadmConfigTemplate (`clone`); scales
+//!   up and down.
+//! - **KubeadmControlPlane** (`kcp`): control-plane Machines the same way, from
+//!   `spec.machineTemplate` and `spec.kubeadmConfigSpec`; scales; reports replicas and initialization.
+//! - **KubeadmConfig** (`bootstrap`, CABPK's role): renders the cloud-config into the bootstrap Secret.
+//! - **Machine**: adopts its MicrovmMachine and KubeadmConfig, copies the bootstrap Secret's name,
+//!   providerID, addresses, failure domain and provisioned; deletes in CAPI's order (infra machine
+//!   first, wait, then release the Machine).
 //!
-//! It is deliberately small: no MachineSets, no KubeadmControlPlane (a control plane is a
-//! MachineDeployment whose template carries the control-plane label), no workload cluster.
+//! No MachineSets (a MachineDeployment makes its Machines itself) and no rollouts.
 
+pub mod admission;
+pub mod bootstrap;
+mod clone;
 mod controllers;
 mod crds;
+pub mod kcp;
 
 pub use controllers::{StandIn, run};
-pub use crds::{MachineDeployment, MachineDeploymentSpec, crds};
+pub use crds::{
+    CAPI_CRDS_VERSION, CrdError, LabelSelector, MachineDeployment, MachineDeploymentSpec, TOUCHED,
+    capi_crds, crds, parse_touched, read_crds, real_crds_dir, schema_at, v1beta2_schema,
+};
 
 /// Finalizer CAPI puts on Clusters.
 pub const CLUSTER_FINALIZER: &str = "cluster.cluster.x-k8s.io";

@@ -1,0 +1,163 @@
+//! Creating a Machine as CAPI's MachineSet and KubeadmControlPlane controllers do: clone the
+//! MicrovmMachine from its template, create the bootstrap KubeadmConfig, then the Machine naming both.
+//! The Machine controller then adopts both (controller owner references).
+
+use std::collections::BTreeMap;
+
+use capmvm_api::capi::{ContractVersionedObjectReference, Machine};
+use capmvm_api::keys::{
+    CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
+};
+use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachineTemplate};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::{ApiResource, DynamicObject, PostParams};
+use kube::{Api, ResourceExt};
+use serde_json::{Value, json};
+use tracing::warn;
+
+use super::MACHINE_FINALIZER;
+use super::bootstrap::{BOOTSTRAP_GROUP, kubeadm_config_resource};
+use super::controllers::{Ctx, Error};
+
+/// Where a new Machine's bootstrap data comes from.
+#[derive(Debug, Clone)]
+pub(crate) enum NewBootstrap {
+    /// A KubeadmConfig with this spec, created for the Machine.
+    Kubeadm(Value),
+    /// A Secret the user names (`dataSecretName`).
+    Secret(String),
+}
+
+/// A Machine to create.
+#[derive(Debug, Clone)]
+pub(crate) struct NewMachine {
+    pub(crate) name: String,
+    pub(crate) namespace: String,
+    pub(crate) cluster: String,
+    /// The creating controller (MachineDeployment or KubeadmControlPlane).
+    pub(crate) owner: OwnerReference,
+    pub(crate) labels: BTreeMap<String, String>,
+    pub(crate) annotations: BTreeMap<String, String>,
+    /// The MicrovmMachineTemplate's name.
+    pub(crate) infra_template: String,
+    pub(crate) bootstrap: NewBootstrap,
+    pub(crate) version: Option<String>,
+    pub(crate) failure_domain: Option<String>,
+}
+
+/// Creates the MicrovmMachine clone, the KubeadmConfig (if any) and the Machine. Returns false (and
+/// logs) when the template does not exist.
+pub(crate) async fn create_machine(ctx: &Ctx, new: NewMachine) -> Result<bool, Error> {
+    let ns = new.namespace.as_str();
+    let templates: Api<MicrovmMachineTemplate> = Api::namespaced(ctx.client.clone(), ns);
+    let Some(template) = templates.get_opt(&new.infra_template).await? else {
+        warn!(template = %new.infra_template, "the MicrovmMachineTemplate named does not exist");
+        return Ok(false);
+    };
+    let owner = OwnerReference {
+        controller: None,
+        block_owner_deletion: None,
+        ..new.owner.clone()
+    };
+
+    let meta = template.spec.template.metadata.clone().unwrap_or_default();
+    let mut labels = meta.labels.clone();
+    labels.extend(new.labels.clone());
+    labels.insert(CLUSTER_NAME_LABEL.to_string(), new.cluster.clone());
+    let mut annotations = meta.annotations.clone();
+    annotations.extend(new.annotations.clone());
+    annotations.insert(CLONED_FROM_NAME_ANNOTATION.to_string(), template.name_any());
+    annotations.insert(
+        CLONED_FROM_GROUPKIND_ANNOTATION.to_string(),
+        format!("MicrovmMachineTemplate.{GROUP}"),
+    );
+    let mut infra = MicrovmMachine::new(&new.name, template.spec.template.spec.clone());
+    infra.metadata = ObjectMeta {
+        name: Some(new.name.clone()),
+        namespace: Some(ns.to_string()),
+        labels: Some(labels),
+        annotations: Some(annotations),
+        owner_references: Some(vec![owner.clone()]),
+        ..Default::default()
+    };
+    Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns)
+        .create(&PostParams::default(), &infra)
+        .await?;
+
+    let bootstrap = match &new.bootstrap {
+        NewBootstrap::Kubeadm(spec) => {
+            let resource = kubeadm_config_resource();
+            let mut config = DynamicObject::new(&new.name, &resource).data(json!({"spec": spec}));
+            config.metadata = ObjectMeta {
+                name: Some(new.name.clone()),
+                namespace: Some(ns.to_string()),
+                labels: Some(
+                    new.labels
+                        .clone()
+                        .into_iter()
+                        .chain([(CLUSTER_NAME_LABEL.to_string(), new.cluster.clone())])
+                        .collect(),
+                ),
+                owner_references: Some(vec![owner]),
+                ..Default::default()
+            };
+            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
+                .create(&PostParams::default(), &config)
+                .await?;
+            json!({"configRef": {"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfig", "name": new.name}})
+        }
+        NewBootstrap::Secret(name) => json!({"dataSecretName": name}),
+    };
+
+    // Created from JSON: the operator's Machine view does not model `version`.
+    let mut spec = json!({
+        "clusterName": new.cluster,
+        "bootstrap": bootstrap,
+        "infrastructureRef": ContractVersionedObjectReference {
+            api_group: GROUP.to_string(),
+            kind: "MicrovmMachine".to_string(),
+            name: new.name.clone(),
+        },
+    });
+    if let Some(v) = &new.version {
+        spec["version"] = json!(v);
+    }
+    if let Some(fd) = &new.failure_domain {
+        spec["failureDomain"] = json!(fd);
+    }
+    let resource = ApiResource::erase::<Machine>(&());
+    let mut machine = DynamicObject::new(&new.name, &resource).data(json!({ "spec": spec }));
+    let mut machine_labels = new.labels;
+    machine_labels.insert(CLUSTER_NAME_LABEL.to_string(), new.cluster.clone());
+    machine.metadata = ObjectMeta {
+        name: Some(new.name.clone()),
+        namespace: Some(ns.to_string()),
+        labels: Some(machine_labels),
+        annotations: (!new.annotations.is_empty()).then_some(new.annotations),
+        owner_references: Some(vec![new.owner]),
+        finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
+        ..Default::default()
+    };
+    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
+        .create(&PostParams::default(), &machine)
+        .await?;
+    Ok(true)
+}
+
+/// A short random-looking suffix of `n` characters, as CAPI's generated names have.
+pub(crate) fn suffix_of(n: usize) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let count = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let seed = k8s_openapi::jiff::Timestamp::now().as_nanosecond() as u64;
+    let mut x = seed ^ count.wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    let alphabet = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..n)
+        .map(|_| {
+            x = x
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            alphabet[((x >> 33) % alphabet.len() as u64) as usize] as char
+        })
+        .collect()
+}

@@ -1,0 +1,214 @@
+//! The KubeadmControlPlane controller's role (controlplane.cluster.x-k8s.io/v1beta2, the fields a
+//! cluster template uses): `spec.replicas` control-plane Machines cloned from
+//! `spec.machineTemplate.spec.infrastructureRef`, one KubeadmConfig each from `spec.kubeadmConfigSpec`
+//! (the first `kubeadm init`, the others `kubeadm join` as control-plane members), scaling up and
+//! down, and `status.replicas`, `readyReplicas`, `selector`, `version` and
+//! `initialization.controlPlaneInitialized` (once its first machine is provisioned: hollow machines
+//! run no API server to probe).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use capmvm_api::capi::Machine;
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
+use futures::StreamExt;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch};
+use kube::runtime::controller::Action;
+use kube::runtime::{Controller, watcher};
+use kube::{Api, Resource, ResourceExt};
+use serde_json::{Value, json};
+use tracing::debug;
+
+use super::DELETE_MACHINE_ANNOTATION;
+use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
+use super::controllers::{Ctx, Error, delete_quietly, machine_provisioned, params};
+
+/// The control plane provider's API group.
+pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
+/// Label CAPI's KubeadmControlPlane puts on its Machines.
+pub const CONTROL_PLANE_NAME_LABEL: &str = "cluster.x-k8s.io/control-plane-name";
+
+/// `KubeadmControlPlane` (v1beta2), as a dynamic resource.
+pub fn kubeadm_control_plane_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk(CONTROL_PLANE_GROUP, "v1beta2", "KubeadmControlPlane"),
+        "kubeadmcontrolplanes",
+    )
+}
+
+/// Starts the KubeadmControlPlane controller.
+pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
+    let resource = kubeadm_control_plane_resource();
+    let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &resource);
+    let cfg = || watcher::Config::default().any_semantic();
+    Controller::new_with(api, cfg(), resource)
+        .watches(Api::<Machine>::all(ctx.client.clone()), cfg(), |m| {
+            let ns = m.namespace().unwrap_or_default();
+            m.labels().get(CONTROL_PLANE_NAME_LABEL).map(|kcp| {
+                kube::runtime::reflector::ObjectRef::new_with(kcp, kubeadm_control_plane_resource())
+                    .within(&ns)
+            })
+        })
+        .run(
+            reconcile,
+            |_, error: &Error, _| {
+                debug!(error = %error, "KubeadmControlPlane reconcile failed; retrying");
+                Action::requeue(Duration::from_millis(500))
+            },
+            ctx,
+        )
+        .for_each(|_| async {})
+}
+
+fn owner_of(kcp: &DynamicObject) -> OwnerReference {
+    OwnerReference {
+        api_version: format!("{CONTROL_PLANE_GROUP}/v1beta2"),
+        kind: "KubeadmControlPlane".into(),
+        name: kcp.name_any(),
+        uid: kcp.uid().unwrap_or_default(),
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }
+}
+
+async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
+    if kcp.meta().deletion_timestamp.is_some() {
+        // Its Machines go through garbage collection (it is their controller).
+        return Ok(Action::await_change());
+    }
+    let ns = kcp.namespace().unwrap_or_default();
+    let name = kcp.name_any();
+    // The Cluster controller labels its control plane with the cluster's name.
+    let Some(cluster) = kcp.labels().get(CLUSTER_NAME_LABEL).cloned() else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    let spec = kcp.data.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let want = usize::try_from(spec["replicas"].as_i64().unwrap_or(1).max(0)).unwrap_or(0);
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
+    let mut mine: Vec<Machine> = machines
+        .list(&ListParams::default().labels(&format!("{CONTROL_PLANE_NAME_LABEL}={name}")))
+        .await?
+        .items
+        .into_iter()
+        .filter(|m| m.meta().deletion_timestamp.is_none())
+        .collect();
+
+    if mine.len() < want {
+        // The first machine initializes the control plane; the others join it.
+        let initialized = kcp
+            .data
+            .pointer("/status/initialization/controlPlaneInitialized")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let count = if mine.is_empty() {
+            1
+        } else {
+            want - mine.len()
+        };
+        for i in 0..count {
+            let init = mine.is_empty() && !initialized && i == 0;
+            create_machine(&ctx, new_machine(&kcp, &ns, &cluster, &spec, init)).await?;
+        }
+    } else if mine.len() > want {
+        // Machines marked for deletion first, then the oldest (as KCP does).
+        mine.sort_by(|a, b| {
+            let marked = |m: &Machine| m.annotations().contains_key(DELETE_MACHINE_ANNOTATION);
+            marked(b)
+                .cmp(&marked(a))
+                .then_with(|| {
+                    a.meta()
+                        .creation_timestamp
+                        .cmp(&b.meta().creation_timestamp)
+                })
+                .then_with(|| a.name_any().cmp(&b.name_any()))
+        });
+        for m in mine.iter().take(mine.len() - want) {
+            delete_quietly(&machines, &m.name_any()).await?;
+        }
+    }
+
+    let ready = mine.iter().filter(|m| machine_provisioned(m)).count();
+    let mut status = json!({
+        "replicas": mine.len(),
+        "readyReplicas": ready,
+        "selector": format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL},{CONTROL_PLANE_NAME_LABEL}={name}"),
+    });
+    if let Some(v) = spec.get("version").and_then(Value::as_str) {
+        status["version"] = json!(v);
+    }
+    if ready > 0 {
+        status["initialization"] = json!({"controlPlaneInitialized": true});
+    }
+    let current = kcp.data.get("status").cloned().unwrap_or(Value::Null);
+    let differs = status
+        .as_object()
+        .is_some_and(|w| w.iter().any(|(k, v)| current.get(k) != Some(v)));
+    if differs {
+        Api::<DynamicObject>::namespaced_with(
+            ctx.client.clone(),
+            &ns,
+            &kubeadm_control_plane_resource(),
+        )
+        .patch_status(&name, &params(), &Patch::Merge(&json!({"status": status})))
+        .await?;
+    }
+    Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+/// A control-plane Machine of `kcp`: `init` renders `kubeadm init` (no joinConfiguration), otherwise
+/// a control-plane `kubeadm join` (no initConfiguration).
+fn new_machine(
+    kcp: &DynamicObject,
+    ns: &str,
+    cluster: &str,
+    spec: &Value,
+    init: bool,
+) -> NewMachine {
+    let name = kcp.name_any();
+    let template_meta = spec.pointer("/machineTemplate/metadata");
+    let map = |key: &str| -> BTreeMap<String, String> {
+        template_meta
+            .and_then(|m| m.get(key))
+            .and_then(|m| serde_json::from_value(m.clone()).ok())
+            .unwrap_or_default()
+    };
+    let mut labels = map("labels");
+    labels.insert(CLUSTER_NAME_LABEL.into(), cluster.into());
+    labels.insert(CONTROL_PLANE_LABEL.into(), String::new());
+    labels.insert(CONTROL_PLANE_NAME_LABEL.into(), name.clone());
+    let mut config = spec
+        .get("kubeadmConfigSpec")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    if let Value::Object(c) = &mut config {
+        if init {
+            c.remove("joinConfiguration");
+            c.entry("initConfiguration").or_insert_with(|| json!({}));
+        } else {
+            c.remove("initConfiguration");
+            let join = c.entry("joinConfiguration").or_insert_with(|| json!({}));
+            join["controlPlane"] = json!({});
+        }
+    }
+    NewMachine {
+        name: format!("{name}-{}", suffix_of(5)),
+        namespace: ns.to_string(),
+        cluster: cluster.to_string(),
+        owner: owner_of(kcp),
+        labels,
+        annotations: map("annotations"),
+        infra_template: spec
+            .pointer("/machineTemplate/spec/infrastructureRef/name")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string(),
+        bootstrap: NewBootstrap::Kubeadm(config),
+        version: spec
+            .get("version")
+            .and_then(Value::as_str)
+            .map(String::from),
+        failure_domain: None,
+    }
+}
