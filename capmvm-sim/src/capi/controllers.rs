@@ -27,6 +27,7 @@ use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
 use super::crds::MachineDeployment;
+use super::workload::{ClusterKey, WorkloadClusters};
 use super::{
     CLUSTER_FINALIZER, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MACHINE_FINALIZER,
 };
@@ -39,6 +40,9 @@ pub(crate) enum Error {
     /// A Kubernetes API call failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// A workload cluster could not be served.
+    #[error(transparent)]
+    Workload(#[from] super::workload::WorkloadError),
 }
 
 struct Ctx {
@@ -46,6 +50,8 @@ struct Ctx {
     /// The status fields this stand-in last wrote, per object uid. The operator's views of Cluster
     /// and Machine model only what the provider reads, so the stand-in compares with its own writes.
     written: Mutex<HashMap<String, Value>>,
+    /// The Clusters' workload APIs and their Nodes.
+    workloads: WorkloadClusters,
 }
 
 impl Ctx {
@@ -74,9 +80,15 @@ impl Ctx {
 /// The running stand-in.
 pub struct StandIn {
     tasks: Vec<JoinHandle<()>>,
+    workloads: WorkloadClusters,
 }
 
 impl StandIn {
+    /// The workload clusters it serves.
+    pub fn workloads(&self) -> &WorkloadClusters {
+        &self.workloads
+    }
+
     /// Stops the controllers (as dropping does).
     pub fn stop(self) {
         drop(self);
@@ -91,11 +103,19 @@ impl Drop for StandIn {
     }
 }
 
-/// Starts the Cluster, MachineDeployment and Machine controllers on `client` (all namespaces).
+/// Starts the Cluster, MachineDeployment and Machine controllers on `client` (all namespaces), with
+/// the workload clusters' kubeconfigs in a directory of the system's temporary directory.
 pub fn run(client: kube::Client) -> StandIn {
+    let dir = std::env::temp_dir().join(format!("capmvm-workloads-{}", std::process::id()));
+    run_with(client, WorkloadClusters::new(dir))
+}
+
+/// [`run`], serving the Clusters' workload APIs in `workloads`.
+pub fn run_with(client: kube::Client, workloads: WorkloadClusters) -> StandIn {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         written: Mutex::default(),
+        workloads: workloads.clone(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -130,6 +150,8 @@ pub fn run(client: kube::Client) -> StandIn {
             // Before adoption the clone's Machine has the same name (CAPI names them alike).
             Some(ObjectRef::new(&mm.name_any()).within(&ns))
         })
+        // Issue 13: a Node registering (or changing) wakes the Machine with its providerID.
+        .reconcile_on(workloads.machine_wakeups())
         .run(reconcile_machine, error_policy, ctx)
         .for_each(|_| async {});
     StandIn {
@@ -137,7 +159,9 @@ pub fn run(client: kube::Client) -> StandIn {
             tokio::spawn(clusters),
             tokio::spawn(deployments),
             tokio::spawn(machines),
+            super::nodes::run_health_checks(client, workloads.clone()),
         ],
+        workloads,
     }
 }
 
@@ -284,11 +308,15 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             }
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
+        // Issue 13: the workload API goes with the Cluster.
+        ctx.workloads.stop(&ClusterKey::new(&ns, &name)).await;
         remove_finalizer(&api, &cluster, CLUSTER_FINALIZER).await?;
         return Ok(Action::await_change());
     }
 
     ensure_finalizer(&api, &cluster, CLUSTER_FINALIZER).await?;
+    // Issue 13: the Cluster's workload API and its `<cluster>-kubeconfig` Secret.
+    ctx.workloads.ensure(&ctx.client, cluster.as_ref()).await?;
     let Some(infra) = infra_name else {
         return Ok(Action::await_change());
     };
@@ -553,6 +581,8 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         if let Some(secret) = &machine.spec.bootstrap.data_secret_name {
             delete_quietly(&secrets, secret).await?;
         }
+        // Issue 13: the Node goes once the InfraMachine is gone.
+        super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
         return Ok(Action::await_change());
     }
@@ -629,12 +659,14 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
                 )
                 .await?;
             }
-            let want = json!({
+            let mut want = json!({
                 "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": true},
                 "phase": "Running",
                 "addresses": infra_status.addresses,
                 "failureDomain": infra_status.failure_domain,
             });
+            // Issue 13: nodeRef, nodeInfo and the phase from the matching Node.
+            super::nodes::merge_node_status(&ctx.workloads, machine.as_ref(), pid, &mut want);
             ctx.write_status(&api, machine.as_ref(), want).await?;
         }
         _ => {
@@ -645,15 +677,17 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     Ok(Action::requeue(Duration::from_secs(60)))
 }
 
-/// What a kubeadm bootstrap provider would write: a cloud-config that joins the node.
+/// What a kubeadm bootstrap provider would write: a cloud-config that writes kubeadm's config (with
+/// the kubelet's provider-id as cluster templates give it, rendered by cloud-init's jinja) and joins
+/// the node.
 fn bootstrap_data(machine: &Machine) -> String {
-    let role = if machine.is_control_plane() {
-        "init"
+    let (role, kind) = if machine.is_control_plane() {
+        ("init", "InitConfiguration")
     } else {
-        "join"
+        ("join", "JoinConfiguration")
     };
     format!(
-        "#cloud-config\nruncmd:\n  - kubeadm {role} --config /run/kubeadm/kubeadm.yaml  # simulated for {}\n",
+        "## template: jinja\n#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm.yaml\n  owner: root:root\n  permissions: '0640'\n  content: |\n    apiVersion: kubeadm.k8s.io/v1beta4\n    kind: {kind}\n    nodeRegistration:\n      kubeletExtraArgs:\n      - name: provider-id\n        value: microvm://{{{{ ds.meta_data.vm_host }}}}/{{{{ ds.meta_data.instance_id }}}}\nruncmd:\n  - kubeadm {role} --config /run/kubeadm/kubeadm.yaml  # simulated for {}\n",
         machine.name_any()
     )
 }

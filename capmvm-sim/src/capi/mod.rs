@@ -11,13 +11,21 @@
 //!   addresses, failure domain and provisioned back; deletes in CAPI's order (infra machine first, wait,
 //!   then release the Machine).
 //!
+//! - **Workload clusters** ([`workload`]): an API emulator per Cluster and its `<cluster>-kubeconfig`
+//!   Secret; **hollow kubelets** ([`kubelet`]) register the Nodes; the Machine controller matches
+//!   them by providerID and a **MachineHealthCheck** remediates unhealthy ones ([`nodes`]).
+//!
 //! It is deliberately small: no MachineSets, no KubeadmControlPlane (a control plane is a
-//! MachineDeployment whose template carries the control-plane label), no workload cluster.
+//! MachineDeployment whose template carries the control-plane label).
 
 mod controllers;
 mod crds;
+// Issue 13: workload clusters, hollow kubelets, Machine <-> Node and MachineHealthCheck.
+pub mod kubelet;
+pub mod nodes;
+pub mod workload;
 
-pub use controllers::{StandIn, run};
+pub use controllers::{StandIn, run, run_with};
 pub use crds::{MachineDeployment, MachineDeploymentSpec, crds};
 
 /// Finalizer CAPI puts on Clusters.
