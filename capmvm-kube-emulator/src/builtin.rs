@@ -177,6 +177,64 @@ fn lease_schema() -> Value {
     }))
 }
 
+/// A quantity (`"2"`, `"2048Mi"` or a number), as `resource.Quantity` publishes itself.
+fn quantity_map() -> Value {
+    json!({"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": true, "anyOf": [{"type": "integer"}, {"type": "string"}]}})
+}
+
+fn node_schema() -> Value {
+    let string = json!({"type": "string"});
+    let time = json!({"type": "string", "format": "date-time"});
+    type_meta(json!({
+        "type": "object",
+        "description": "Node is a worker node in Kubernetes. Each node will have a unique identifier in the cache (i.e. in etcd).",
+        "properties": {
+            "spec": {"type": "object", "description": "Spec defines the behavior of a node.", "properties": {
+                "configSource": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "externalID": string,
+                "podCIDR": {"type": "string", "description": "PodCIDR represents the pod IP range assigned to the node."},
+                "podCIDRs": {"type": "array", "items": string, "x-kubernetes-list-type": "set"},
+                "providerID": {"type": "string", "description": "ID of the node assigned by the cloud provider in the format: <ProviderName>://<ProviderSpecificNodeID>"},
+                "taints": {"type": "array", "items": {"type": "object", "properties": {
+                    "effect": string, "key": string, "timeAdded": time, "value": string
+                }, "required": ["key", "effect"]}},
+                "unschedulable": {"type": "boolean", "description": "Unschedulable controls node schedulability of new pods."}
+            }},
+            "status": {"type": "object", "description": "Most recently observed status of the node.", "properties": {
+                "addresses": {"type": "array", "items": {"type": "object", "properties": {
+                    "address": string, "type": string
+                }, "required": ["type", "address"]}},
+                "allocatable": quantity_map(),
+                "capacity": quantity_map(),
+                "conditions": {"type": "array", "items": {"type": "object", "properties": {
+                    "lastHeartbeatTime": time, "lastTransitionTime": time, "message": string,
+                    "reason": string, "status": string, "type": string
+                }, "required": ["type", "status"]}},
+                "config": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
+                "daemonEndpoints": {"type": "object", "properties": {
+                    "kubeletEndpoint": {"type": "object", "properties": {"Port": {"type": "integer", "format": "int32"}}}
+                }},
+                "features": {"type": "object", "properties": {"supplementalGroupsPolicy": {"type": "boolean"}}},
+                "images": {"type": "array", "items": {"type": "object", "properties": {
+                    "names": {"type": "array", "items": string},
+                    "sizeBytes": {"type": "integer", "format": "int64"}
+                }}},
+                "nodeInfo": {"type": "object", "description": "Set of ids/uuids to uniquely identify the node.", "properties": {
+                    "architecture": string, "bootID": string, "containerRuntimeVersion": string,
+                    "kernelVersion": string, "kubeProxyVersion": string, "kubeletVersion": string,
+                    "machineID": string, "operatingSystem": string, "osImage": string,
+                    "swap": {"type": "object", "properties": {"capacity": {"type": "integer", "format": "int64"}}},
+                    "systemUUID": string
+                }, "required": ["machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion", "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture"]},
+                "phase": string,
+                "runtimeHandlers": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+                "volumesAttached": {"type": "array", "items": {"type": "object", "properties": {"devicePath": string, "name": string}}},
+                "volumesInUse": {"type": "array", "items": string}
+            }}
+        }
+    }))
+}
+
 fn crd_schema() -> Value {
     let column = json!({"type": "object", "properties": {
         "name": {"type": "string"}, "type": {"type": "string"}, "format": {"type": "string"},
@@ -302,7 +360,7 @@ fn def(
         storage,
         conversion,
         builtin: Some(builtin),
-        status_subresource: matches!(builtin, Builtin::Namespace | Builtin::Crd),
+        status_subresource: matches!(builtin, Builtin::Namespace | Builtin::Crd | Builtin::Node),
         scale: None,
         schema: compiled,
         raw_schema: Some(schema),
@@ -550,6 +608,85 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
             vec![crd_created],
             &[],
         ),
+        def(
+            Builtin::Node,
+            "",
+            "v1",
+            "nodes",
+            "Node",
+            false,
+            &["no"],
+            node_schema(),
+            node_columns(),
+            &[("spec.unschedulable", "spec.unschedulable")],
+        ),
+    ]
+}
+
+/// The columns `kubectl get nodes` prints (`-o wide` adds those of priority 1).
+fn node_columns() -> Vec<Column> {
+    let mut status = path_column(
+        "Status",
+        "string",
+        ".status.conditions",
+        "The status of the node",
+        0,
+    );
+    status.source = CellSource::NodeStatus;
+    let mut roles = path_column(
+        "Roles",
+        "string",
+        ".metadata.labels",
+        "The roles of the node",
+        0,
+    );
+    roles.source = CellSource::NodeRoles;
+    vec![
+        status,
+        roles,
+        age_column(),
+        path_column(
+            "Version",
+            "string",
+            ".status.nodeInfo.kubeletVersion",
+            "Kubelet Version reported by the node.",
+            0,
+        ),
+        path_column(
+            "Internal-IP",
+            "string",
+            r#".status.addresses[?(@.type=="InternalIP")].address"#,
+            "List of internal IPs for the node.",
+            1,
+        ),
+        path_column(
+            "External-IP",
+            "string",
+            r#".status.addresses[?(@.type=="ExternalIP")].address"#,
+            "List of external IPs for the node.",
+            1,
+        ),
+        path_column(
+            "OS-Image",
+            "string",
+            ".status.nodeInfo.osImage",
+            "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).",
+            1,
+        ),
+        path_column(
+            "Kernel-Version",
+            "string",
+            ".status.nodeInfo.kernelVersion",
+            "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).",
+            1,
+        ),
+        path_column(
+            "Container-Runtime",
+            "string",
+            ".status.nodeInfo.containerRuntimeVersion",
+            "Container Runtime Version reported by the node through runtime remote API (e.g. containerd://1.4.2).",
+            1,
+        ),
     ]
 }
 
@@ -656,7 +793,7 @@ pub(crate) fn prepare(
                 }
             }
         }
-        Builtin::Event | Builtin::EventV1 | Builtin::Lease | Builtin::Crd => {}
+        Builtin::Event | Builtin::EventV1 | Builtin::Lease | Builtin::Crd | Builtin::Node => {}
     }
     Ok(())
 }

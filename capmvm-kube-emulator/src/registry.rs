@@ -22,6 +22,7 @@ pub(crate) enum Builtin {
     EventV1,
     Lease,
     Crd,
+    Node,
 }
 
 /// How objects are converted between the served version and the stored one.
@@ -45,6 +46,11 @@ pub(crate) enum CellSource {
     EventObject,
     /// How long ago an Event was last seen.
     EventLastSeen,
+    /// A Node's readiness as kubectl prints it: `Ready`, `NotReady` or `Unknown`, plus
+    /// `,SchedulingDisabled` when cordoned.
+    NodeStatus,
+    /// A Node's roles from its `node-role.kubernetes.io/<role>` labels, or `<none>`.
+    NodeRoles,
 }
 
 /// A column of the Table output.

@@ -128,6 +128,8 @@ fn cell(col: &Column, obj: &Value) -> Value {
                 });
             ts.map_or(Value::String("<unknown>".into()), age)
         }
+        CellSource::NodeStatus => Value::String(node_status(obj)),
+        CellSource::NodeRoles => Value::String(node_roles(obj)),
         CellSource::Path(path) => {
             let found = path.find(obj);
             let Some(first) = found.first() else {
@@ -155,6 +157,58 @@ fn cell(col: &Column, obj: &Value) -> Value {
                 _ => as_string_cell(first),
             }
         }
+    }
+}
+
+/// The STATUS kubectl prints for a Node (the printer of `pkg/printers/internalversion`).
+fn node_status(obj: &Value) -> String {
+    let ready = obj
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .and_then(|cs| {
+            cs.iter()
+                .find(|c| c.get("type").and_then(Value::as_str) == Some("Ready"))
+        })
+        .and_then(|c| c.get("status").and_then(Value::as_str));
+    let mut status = match ready {
+        Some("True") => "Ready".to_string(),
+        Some(_) => "NotReady".to_string(),
+        None => "Unknown".to_string(),
+    };
+    if obj.pointer("/spec/unschedulable").and_then(Value::as_bool) == Some(true) {
+        status.push_str(",SchedulingDisabled");
+    }
+    status
+}
+
+/// The ROLES kubectl prints for a Node: `node-role.kubernetes.io/<role>` and `kubernetes.io/role`
+/// labels, sorted and comma-separated.
+fn node_roles(obj: &Value) -> String {
+    let mut roles: Vec<&str> = meta::metadata(obj)
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+        .map(|labels| {
+            labels
+                .iter()
+                .filter_map(|(k, v)| {
+                    if let Some(role) = k.strip_prefix("node-role.kubernetes.io/") {
+                        Some(role)
+                    } else if k == "kubernetes.io/role" {
+                        v.as_str()
+                    } else {
+                        None
+                    }
+                })
+                .filter(|r| !r.is_empty())
+                .collect()
+        })
+        .unwrap_or_default();
+    roles.sort_unstable();
+    roles.dedup();
+    if roles.is_empty() {
+        "<none>".to_string()
+    } else {
+        roles.join(",")
     }
 }
 

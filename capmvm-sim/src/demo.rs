@@ -91,6 +91,16 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
             "  kubectl --kubeconfig {} get cluster-api",
             world.kubeconfig.display()
         );
+        // Issue 13: the workload cluster's Nodes, through the kubeconfig Secret as with real CAPI.
+        println!("The workload cluster's Nodes (kubeconfig from the Secret {CLUSTER}-kubeconfig):");
+        println!(
+            "  kubectl --kubeconfig {} get secret {CLUSTER}-kubeconfig -o jsonpath='{{.data.value}}' | base64 -d > {CLUSTER}.kubeconfig",
+            world.kubeconfig.display()
+        );
+        println!("  kubectl --kubeconfig {CLUSTER}.kubeconfig get nodes -o wide");
+        if let Some(path) = world.workload_kubeconfig(NAMESPACE, CLUSTER) {
+            println!("  (the same file: {})", path.display());
+        }
         println!("Ctrl-C stops it all.");
         let _ = tokio::signal::ctrl_c().await;
     }
@@ -114,7 +124,8 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
     let deadline = Instant::now() + timeout;
     loop {
         let list = machines.list(&ListParams::default()).await?.items;
-        table.show(&list);
+        let nodes = node_names(world, &list);
+        table.show(&list, &nodes);
         let capi_ready = capi_machines
             .list(&ListParams::default())
             .await?
@@ -122,7 +133,11 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
             .iter()
             .filter(|m| m.spec.provider_id.is_some())
             .count();
-        if list.len() == MACHINES && list.iter().all(is_ready) && capi_ready == MACHINES {
+        if list.len() == MACHINES
+            && list.iter().all(is_ready)
+            && capi_ready == MACHINES
+            && nodes.len() == MACHINES
+        {
             break;
         }
         if Instant::now() > deadline {
@@ -161,7 +176,7 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         .context("deleting the Cluster")?;
     loop {
         let list = machines.list(&ListParams::default()).await?.items;
-        table.show(&list);
+        table.show(&list, &node_names(world, &list));
         let cluster_gone = Api::<Cluster>::namespaced(world.client.clone(), NAMESPACE)
             .get_opt(CLUSTER)
             .await?
@@ -263,8 +278,8 @@ impl LiveTable {
         }
     }
 
-    fn show(&mut self, machines: &[MicrovmMachine]) {
-        let mut rows: Vec<[String; 5]> = machines
+    fn show(&mut self, machines: &[MicrovmMachine], nodes: &BTreeMap<String, String>) {
+        let mut rows: Vec<[String; 6]> = machines
             .iter()
             .map(|m| {
                 let status = m.status.clone().unwrap_or_default();
@@ -276,13 +291,17 @@ impl LiveTable {
                     ready
                         .map(|c| c.status.clone())
                         .unwrap_or_else(|| "-".into()),
+                    nodes
+                        .get(&m.name_any())
+                        .cloned()
+                        .unwrap_or_else(|| "-".into()),
                     ready.map(|c| c.reason.clone()).unwrap_or_default(),
                 ]
             })
             .collect();
         rows.sort();
-        let header = ["MACHINE", "HOST", "STATE", "READY", "REASON"].map(String::from);
-        let widths: Vec<usize> = (0..5)
+        let header = ["MACHINE", "HOST", "STATE", "READY", "NODE", "REASON"].map(String::from);
+        let widths: Vec<usize> = (0..6)
             .map(|i| {
                 rows.iter()
                     .chain([&header])
@@ -316,6 +335,20 @@ impl LiveTable {
         self.lines = text.lines().count();
         self.last = text;
     }
+}
+
+/// Issue 13: each machine's Node in the workload cluster (registered with its providerID), by
+/// machine name.
+fn node_names(world: &World, machines: &[MicrovmMachine]) -> BTreeMap<String, String> {
+    let cluster = crate::capi::workload::ClusterKey::new(NAMESPACE, CLUSTER);
+    machines
+        .iter()
+        .filter_map(|m| {
+            let pid = m.spec.provider_id.as_deref()?;
+            let node = world.workloads().node_by_provider_id(&cluster, pid)?;
+            Some((m.name_any(), node.name_any()))
+        })
+        .collect()
 }
 
 fn state_name(s: VmState) -> &'static str {

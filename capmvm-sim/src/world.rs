@@ -20,6 +20,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
+use crate::capi::kubelet::{KubeletControl, Kubelets};
+use crate::capi::workload::{ClusterKey, WorkloadClusters};
 use crate::capi::{self, StandIn};
 use crate::kube::{EmulatorHandle, EmulatorOptions};
 use crate::manifest;
@@ -163,6 +165,8 @@ pub struct World {
     /// The PKI of the hosts, when they use TLS.
     pub pki: Option<TestPki>,
     stand_in: Option<StandIn>,
+    workloads: WorkloadClusters,
+    kubelets: Option<Kubelets>,
     operator: Option<OperatorProcess>,
     options: WorldOptions,
 }
@@ -194,7 +198,10 @@ impl World {
         tracing::info!(source = %capi_source, "installing CAPI's CRDs");
         capi::admission::register(&emulator.admission());
         let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
-        for crd in capmvm_api::crds().into_iter().chain(capi_crds) {
+        let mut all_crds: Vec<CustomResourceDefinition> =
+            capmvm_api::crds().into_iter().chain(capi_crds).collect();
+        capi::nodes::add_missing_crds(&mut all_crds);
+        for crd in all_crds {
             crds.create(&PostParams::default(), &crd)
                 .await
                 .with_context(|| format!("installing CRD {}", crd.name_any()))?;
@@ -229,7 +236,14 @@ impl World {
                     .context("starting a hollow host")?,
             );
         }
-        let stand_in = capi::run(client.clone());
+        // Issue 13: workload clusters served by the stand-in, Nodes registered by hollow kubelets.
+        let workloads = WorkloadClusters::new(dir.join("workloads"));
+        let stand_in = capi::run_with(client.clone(), workloads.clone());
+        let kubelets = Kubelets::start(
+            client.clone(),
+            hosts.iter().map(HollowHandle::control).collect(),
+            workloads.clone(),
+        );
         Ok(World {
             dir,
             emulator,
@@ -238,9 +252,36 @@ impl World {
             hosts,
             pki,
             stand_in: Some(stand_in),
+            workloads,
+            kubelets: Some(kubelets),
             operator: None,
             options,
         })
+    }
+
+    /// A client of the workload API of Cluster `namespace/cluster`, while it is served.
+    pub fn workload_client(&self, namespace: &str, cluster: &str) -> Option<kube::Client> {
+        self.workloads.client(&ClusterKey::new(namespace, cluster))
+    }
+
+    /// The kubeconfig file of Cluster `namespace/cluster`'s workload API, while it is served (the
+    /// `value` of its `<cluster>-kubeconfig` Secret).
+    pub fn workload_kubeconfig(&self, namespace: &str, cluster: &str) -> Option<PathBuf> {
+        self.workloads
+            .kubeconfig_path(&ClusterKey::new(namespace, cluster))
+    }
+
+    /// The workload clusters.
+    pub fn workloads(&self) -> &WorkloadClusters {
+        &self.workloads
+    }
+
+    /// The hollow kubelets: the Nodes they registered, and the disruptor.
+    pub fn kubelets(&self) -> KubeletControl {
+        self.kubelets
+            .as_ref()
+            .map(|k| k.control().clone())
+            .unwrap_or_default()
     }
 
     /// The hosts' endpoints.
@@ -512,6 +553,8 @@ impl World {
         if let Some(s) = self.stand_in.take() {
             s.stop();
         }
+        self.kubelets = None;
+        self.workloads.stop_all().await;
         for h in std::mem::take(&mut self.hosts) {
             h.shutdown().await;
         }

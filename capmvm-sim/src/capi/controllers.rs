@@ -26,6 +26,7 @@ use super::bootstrap::{
 use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
 use super::crds::MachineDeployment;
 use super::kcp::{CONTROL_PLANE_GROUP, kubeadm_control_plane_resource};
+use super::workload::{ClusterKey, WorkloadClusters};
 use super::{
     CLUSTER_FINALIZER, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MACHINE_FINALIZER,
 };
@@ -38,6 +39,9 @@ pub(crate) enum Error {
     /// A Kubernetes API call failed.
     #[error(transparent)]
     Kube(#[from] kube::Error),
+    /// A workload cluster could not be served.
+    #[error(transparent)]
+    Workload(#[from] super::workload::WorkloadError),
 }
 
 pub(crate) struct Ctx {
@@ -45,6 +49,8 @@ pub(crate) struct Ctx {
     /// The status fields this stand-in last wrote, per object uid. The operator's views of Cluster
     /// and Machine model only what the provider reads, so the stand-in compares with its own writes.
     written: Mutex<HashMap<String, Value>>,
+    /// The Clusters' workload APIs and their Nodes.
+    workloads: WorkloadClusters,
 }
 
 impl Ctx {
@@ -73,9 +79,15 @@ impl Ctx {
 /// The running stand-in.
 pub struct StandIn {
     tasks: Vec<JoinHandle<()>>,
+    workloads: WorkloadClusters,
 }
 
 impl StandIn {
+    /// The workload clusters it serves.
+    pub fn workloads(&self) -> &WorkloadClusters {
+        &self.workloads
+    }
+
     /// Stops the controllers (as dropping does).
     pub fn stop(self) {
         drop(self);
@@ -90,11 +102,19 @@ impl Drop for StandIn {
     }
 }
 
-/// Starts the Cluster, MachineDeployment and Machine controllers on `client` (all namespaces).
+/// Starts the Cluster, MachineDeployment and Machine controllers on `client` (all namespaces), with
+/// the workload clusters' kubeconfigs in a directory of the system's temporary directory.
 pub fn run(client: kube::Client) -> StandIn {
+    let dir = std::env::temp_dir().join(format!("capmvm-workloads-{}", std::process::id()));
+    run_with(client, WorkloadClusters::new(dir))
+}
+
+/// [`run`], serving the Clusters' workload APIs in `workloads`.
+pub fn run_with(client: kube::Client, workloads: WorkloadClusters) -> StandIn {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         written: Mutex::default(),
+        workloads: workloads.clone(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -141,6 +161,8 @@ pub fn run(client: kube::Client) -> StandIn {
             // Before adoption the clone's Machine has the same name (CAPI names them alike).
             Some(ObjectRef::new(&mm.name_any()).within(&ns))
         })
+        // Issue 13: a Node registering (or changing) wakes the Machine with its providerID.
+        .reconcile_on(workloads.machine_wakeups())
         .run(reconcile_machine, error_policy, ctx.clone())
         .for_each(|_| async {});
     StandIn {
@@ -148,9 +170,11 @@ pub fn run(client: kube::Client) -> StandIn {
             tokio::spawn(clusters),
             tokio::spawn(deployments),
             tokio::spawn(machines),
+            super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
             tokio::spawn(super::kcp::run(ctx.clone())),
             tokio::spawn(super::bootstrap::run(ctx)),
         ],
+        workloads,
     }
 }
 
@@ -308,6 +332,8 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             }
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
+        // Issue 13: the workload API goes with the Cluster.
+        ctx.workloads.stop(&ClusterKey::new(&ns, &name)).await;
         remove_finalizer(&api, &cluster, CLUSTER_FINALIZER).await?;
         return Ok(Action::await_change());
     }
@@ -337,6 +363,8 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             .and_then(Value::as_bool)
             == Some(true);
     }
+    // Issue 13: the Cluster's workload API and its `<cluster>-kubeconfig` Secret.
+    ctx.workloads.ensure(&ctx.client, cluster.as_ref()).await?;
     let Some(infra) = infra_name else {
         return Ok(Action::await_change());
     };
@@ -584,6 +612,8 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
             }
             return Ok(Action::requeue(Duration::from_secs(2)));
         }
+        // Issue 13: the Node goes once the InfraMachine is gone.
+        super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
         return Ok(Action::await_change());
     }
@@ -634,12 +664,14 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
                 )
                 .await?;
             }
-            let want = json!({
+            let mut want = json!({
                 "initialization": {"infrastructureProvisioned": true, "bootstrapDataSecretCreated": bootstrap_ready},
                 "phase": "Running",
                 "addresses": infra_status.addresses,
                 "failureDomain": infra_status.failure_domain,
             });
+            // Issue 13: nodeRef, nodeInfo and the phase from the matching Node.
+            super::nodes::merge_node_status(&ctx.workloads, machine.as_ref(), pid, &mut want);
             ctx.write_status(&api, machine.as_ref(), want).await?;
         }
         _ => {

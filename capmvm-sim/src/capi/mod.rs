@@ -16,6 +16,10 @@
 //!   providerID, addresses, failure domain and provisioned; deletes in CAPI's order (infra machine
 //!   first, wait, then release the Machine).
 //!
+//! - **Workload clusters** ([`workload`]): an API emulator per Cluster and its `<cluster>-kubeconfig`
+//!   Secret; **hollow kubelets** ([`kubelet`]) register the Nodes; the Machine controller matches
+//!   them by providerID and a **MachineHealthCheck** remediates unhealthy ones ([`nodes`]).
+//!
 //! No MachineSets (a MachineDeployment makes its Machines itself) and no rollouts.
 
 pub mod admission;
@@ -24,8 +28,11 @@ mod clone;
 mod controllers;
 mod crds;
 pub mod kcp;
+pub mod kubelet;
+pub mod nodes;
+pub mod workload;
 
-pub use controllers::{StandIn, run};
+pub use controllers::{StandIn, run, run_with};
 pub use crds::{
     CAPI_CRDS_VERSION, CrdError, LabelSelector, MachineDeployment, MachineDeploymentSpec, TOUCHED,
     capi_crds, crds, parse_touched, read_crds, real_crds_dir, schema_at, v1beta2_schema,

@@ -1,0 +1,395 @@
+//! Workload clusters: one API emulator per CAPI Cluster (its own port), served from the moment the
+//! Cluster controller first sees the Cluster until its deletion completes, with the
+//! `<cluster>-kubeconfig` Secret written as CAPI writes it (key `value`, type `cluster.x-k8s.io/secret`,
+//! label `cluster.x-k8s.io/cluster-name`, owned by the Cluster).
+//!
+//! Each workload cluster keeps a watch cache of its Nodes: the Machine controller matches Nodes by
+//! providerID from it, the MachineHealthCheck reads their conditions from it, and a Node change wakes
+//! the Machine waiting for that providerID.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::keys::CLUSTER_NAME_LABEL;
+use futures::StreamExt as _;
+use futures::channel::mpsc;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{Node, Secret};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::api::PostParams;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use kube::{Api, Resource as _, ResourceExt as _};
+use tokio::task::JoinHandle;
+
+use crate::kube::{Emulator, EmulatorHandle, EmulatorOptions};
+
+/// The type CAPI gives its cluster Secrets.
+pub const CLUSTER_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+/// The key of the kubeconfig in the `<cluster>-kubeconfig` Secret.
+pub const KUBECONFIG_KEY: &str = "value";
+
+/// Why a workload cluster could not be served.
+#[derive(Debug, thiserror::Error)]
+pub enum WorkloadError {
+    /// Its API emulator did not start.
+    #[error("starting the workload API of Cluster {cluster}: {source}")]
+    Emulator {
+        /// `namespace/name` of the Cluster.
+        cluster: String,
+        /// What failed.
+        source: crate::kube::Error,
+    },
+    /// Its kubeconfig file could not be written.
+    #[error("writing the workload kubeconfig {path}: {source}")]
+    Kubeconfig {
+        /// The file.
+        path: PathBuf,
+        /// What failed.
+        source: std::io::Error,
+    },
+    /// The management API refused the kubeconfig Secret.
+    #[error(transparent)]
+    Kube(#[from] kube::Error),
+}
+
+/// `namespace/name` of a Cluster.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ClusterKey {
+    /// The Cluster's namespace.
+    pub namespace: String,
+    /// The Cluster's name.
+    pub name: String,
+}
+
+impl ClusterKey {
+    /// The key of `namespace/name`.
+    pub fn new(namespace: &str, name: &str) -> Self {
+        Self {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for ClusterKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One running workload cluster.
+struct Workload {
+    emulator: EmulatorHandle,
+    client: kube::Client,
+    kubeconfig_path: PathBuf,
+    nodes: Store<Node>,
+    watch: JoinHandle<()>,
+    /// Distinguishes a Cluster re-created under the same name.
+    serial: u64,
+}
+
+#[derive(Default)]
+struct Registry {
+    clusters: HashMap<ClusterKey, Workload>,
+    next_serial: u64,
+    /// Machines waiting for a Node with this providerID (the Machine controller's wake-ups).
+    waiting: HashMap<String, ObjectRef<Machine>>,
+}
+
+/// The workload clusters of a management cluster (cheap to clone; all clones share them).
+#[derive(Clone)]
+pub struct WorkloadClusters {
+    dir: PathBuf,
+    registry: Arc<Mutex<Registry>>,
+    wake_tx: mpsc::UnboundedSender<ObjectRef<Machine>>,
+    wake_rx: Arc<Mutex<Option<mpsc::UnboundedReceiver<ObjectRef<Machine>>>>>,
+}
+
+impl std::fmt::Debug for WorkloadClusters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkloadClusters")
+            .field("dir", &self.dir)
+            .field("clusters", &self.clusters())
+            .finish()
+    }
+}
+
+impl WorkloadClusters {
+    /// Workload clusters whose kubeconfig files go to `dir` (created when needed).
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        let (wake_tx, wake_rx) = mpsc::unbounded();
+        Self {
+            dir: dir.into(),
+            registry: Arc::default(),
+            wake_tx,
+            wake_rx: Arc::new(Mutex::new(Some(wake_rx))),
+        }
+    }
+
+    fn registry(&self) -> std::sync::MutexGuard<'_, Registry> {
+        // A panic while holding the lock leaves plain maps behind: still usable.
+        self.registry
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The Clusters served now.
+    pub fn clusters(&self) -> Vec<ClusterKey> {
+        let mut keys: Vec<ClusterKey> = self.registry().clusters.keys().cloned().collect();
+        keys.sort();
+        keys
+    }
+
+    /// A client of the workload API of `cluster`, while it is served.
+    pub fn client(&self, cluster: &ClusterKey) -> Option<kube::Client> {
+        self.registry()
+            .clusters
+            .get(cluster)
+            .map(|w| w.client.clone())
+    }
+
+    /// A client and the serial of the workload API of `cluster` (a re-created Cluster gets a new one).
+    pub(crate) fn client_and_serial(&self, cluster: &ClusterKey) -> Option<(kube::Client, u64)> {
+        self.registry()
+            .clusters
+            .get(cluster)
+            .map(|w| (w.client.clone(), w.serial))
+    }
+
+    /// Where the kubeconfig of `cluster`'s workload API is written, while it is served (the same
+    /// document as the `<cluster>-kubeconfig` Secret's `value`).
+    pub fn kubeconfig_path(&self, cluster: &ClusterKey) -> Option<PathBuf> {
+        self.registry()
+            .clusters
+            .get(cluster)
+            .map(|w| w.kubeconfig_path.clone())
+    }
+
+    /// The base URL of `cluster`'s workload API, while it is served.
+    pub fn url(&self, cluster: &ClusterKey) -> Option<String> {
+        self.registry()
+            .clusters
+            .get(cluster)
+            .map(|w| w.emulator.base_url())
+    }
+
+    /// The Nodes of `cluster` as its watch cache holds them (empty when it is not served).
+    pub fn nodes(&self, cluster: &ClusterKey) -> Vec<Arc<Node>> {
+        self.registry()
+            .clusters
+            .get(cluster)
+            .map(|w| w.nodes.state())
+            .unwrap_or_default()
+    }
+
+    /// The Node of `cluster` whose `spec.providerID` is exactly `provider_id`.
+    pub fn node_by_provider_id(
+        &self,
+        cluster: &ClusterKey,
+        provider_id: &str,
+    ) -> Option<Arc<Node>> {
+        self.nodes(cluster)
+            .into_iter()
+            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+    }
+
+    /// Wakes `machine` when a Node with `provider_id` appears or changes.
+    pub(crate) fn wake_on_node(&self, provider_id: &str, machine: ObjectRef<Machine>) {
+        self.registry()
+            .waiting
+            .insert(provider_id.to_string(), machine);
+    }
+
+    /// Stops waking anything for `provider_id`.
+    pub(crate) fn forget_provider_id(&self, provider_id: &str) {
+        self.registry().waiting.remove(provider_id);
+    }
+
+    /// The Machine wake-ups (Node changes of a providerID a Machine waits for). Only the first
+    /// caller gets them; later ones get an empty stream.
+    pub(crate) fn machine_wakeups(
+        &self,
+    ) -> impl futures::Stream<Item = ObjectRef<Machine>> + Send + use<> {
+        let rx = self
+            .wake_rx
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        match rx {
+            Some(rx) => rx.left_stream(),
+            None => futures::stream::empty().right_stream(),
+        }
+    }
+
+    /// Serves `cluster`'s workload API if it is not served yet, and writes its kubeconfig Secret in
+    /// the management cluster `management` (kept as it is when it exists).
+    pub async fn ensure(
+        &self,
+        management: &kube::Client,
+        cluster: &Cluster,
+    ) -> Result<(), WorkloadError> {
+        let key = ClusterKey::new(
+            &cluster.namespace().unwrap_or_default(),
+            &cluster.name_any(),
+        );
+        let kubeconfig = match self.kubeconfig_of(&key) {
+            Some(k) => k,
+            None => self.start(&key).await?,
+        };
+        let secrets: Api<Secret> = Api::namespaced(management.clone(), &key.namespace);
+        let name = format!("{}-kubeconfig", key.name);
+        if secrets.get_metadata_opt(&name).await?.is_some() {
+            return Ok(());
+        }
+        let secret = kubeconfig_secret(cluster, &name, &kubeconfig);
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    fn kubeconfig_of(&self, key: &ClusterKey) -> Option<String> {
+        let registry = self.registry();
+        let w = registry.clusters.get(key)?;
+        Some(capi_kubeconfig(&key.name, &w.emulator.base_url()))
+    }
+
+    async fn start(&self, key: &ClusterKey) -> Result<String, WorkloadError> {
+        let emulator = Emulator::start(EmulatorOptions::default())
+            .await
+            .map_err(|source| WorkloadError::Emulator {
+                cluster: key.to_string(),
+                source,
+            })?;
+        let client = emulator
+            .client()
+            .map_err(|source| WorkloadError::Emulator {
+                cluster: key.to_string(),
+                source,
+            })?;
+        let kubeconfig = capi_kubeconfig(&key.name, &emulator.base_url());
+        let kubeconfig_path = write_kubeconfig(&self.dir, key, &kubeconfig)?;
+        let (nodes, writer) = reflector::store();
+        let stream = reflector::reflector(
+            writer,
+            watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
+        )
+        .default_backoff()
+        .touched_objects();
+        let this = self.clone();
+        let watch = tokio::spawn(async move {
+            futures::pin_mut!(stream);
+            while let Some(event) = stream.next().await {
+                if let Ok(node) = event {
+                    this.node_changed(&node);
+                }
+            }
+        });
+        tracing::info!(cluster = %key, url = %emulator.base_url(), "workload cluster API serving");
+        let mut registry = self.registry();
+        registry.next_serial += 1;
+        let serial = registry.next_serial;
+        // Another reconcile may have started one meanwhile: keep the first, drop ours.
+        if let Some(existing) = registry.clusters.get(key) {
+            watch.abort();
+            return Ok(capi_kubeconfig(&key.name, &existing.emulator.base_url()));
+        }
+        registry.clusters.insert(
+            key.clone(),
+            Workload {
+                emulator,
+                client,
+                kubeconfig_path,
+                nodes,
+                watch,
+                serial,
+            },
+        );
+        Ok(kubeconfig)
+    }
+
+    fn node_changed(&self, node: &Node) {
+        let Some(pid) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) else {
+            return;
+        };
+        let machine = self.registry().waiting.get(pid).cloned();
+        if let Some(machine) = machine {
+            let _ = self.wake_tx.unbounded_send(machine);
+        }
+    }
+
+    /// Stops serving `cluster`'s workload API (its Nodes go with it).
+    pub async fn stop(&self, cluster: &ClusterKey) {
+        let removed = self.registry().clusters.remove(cluster);
+        if let Some(w) = removed {
+            w.watch.abort();
+            let _ = std::fs::remove_file(&w.kubeconfig_path);
+            w.emulator.shutdown().await;
+            tracing::info!(%cluster, "workload cluster API stopped");
+        }
+    }
+
+    /// Stops every workload API.
+    pub async fn stop_all(&self) {
+        for cluster in self.clusters() {
+            self.stop(&cluster).await;
+        }
+    }
+}
+
+/// A kubeconfig as CAPI writes it for a Cluster: cluster `<name>`, user `<name>-admin`, context
+/// `<name>-admin@<name>`. The emulator serves plain HTTP without authentication, so the user has
+/// no credentials (CAPI's carries a client certificate).
+pub fn capi_kubeconfig(cluster: &str, server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: {cluster}\n  cluster:\n    server: {server}\ncontexts:\n- name: {cluster}-admin@{cluster}\n  context:\n    cluster: {cluster}\n    user: {cluster}-admin\ncurrent-context: {cluster}-admin@{cluster}\nusers:\n- name: {cluster}-admin\n  user: {{}}\npreferences: {{}}\n"
+    )
+}
+
+fn write_kubeconfig(
+    dir: &Path,
+    key: &ClusterKey,
+    kubeconfig: &str,
+) -> Result<PathBuf, WorkloadError> {
+    let path = dir.join(format!("{}-{}.kubeconfig", key.namespace, key.name));
+    std::fs::create_dir_all(dir)
+        .and_then(|()| std::fs::write(&path, kubeconfig))
+        .map_err(|source| WorkloadError::Kubeconfig {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}
+
+/// The `<cluster>-kubeconfig` Secret as CAPI writes it.
+fn kubeconfig_secret(cluster: &Cluster, name: &str, kubeconfig: &str) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: cluster.namespace(),
+            labels: Some(BTreeMap::from([(
+                CLUSTER_NAME_LABEL.to_string(),
+                cluster.name_any(),
+            )])),
+            owner_references: Some(vec![OwnerReference {
+                api_version: Cluster::api_version(&()).to_string(),
+                kind: Cluster::kind(&()).to_string(),
+                name: cluster.name_any(),
+                uid: cluster.uid().unwrap_or_default(),
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            }]),
+            ..Default::default()
+        },
+        type_: Some(CLUSTER_SECRET_TYPE.to_string()),
+        data: Some(BTreeMap::from([(
+            KUBECONFIG_KEY.to_string(),
+            ByteString(kubeconfig.as_bytes().to_vec()),
+        )])),
+        ..Default::default()
+    }
+}
