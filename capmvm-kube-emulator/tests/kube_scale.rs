@@ -85,8 +85,11 @@ async fn discovery_lists_the_scale_subresource() {
     assert_eq!(scale["kind"], "Scale");
     assert_eq!(scale["verbs"], json!(["get", "patch", "update"]));
     // CAPI's MachineDeployment declares it too.
-    let md =
-        repo_root().join("../shared/capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
+    // shared/ sits beside the repository (CI exports CAPMVM_SHARED_DIR when it is elsewhere).
+    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
     let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
     create_crd(&client, &serde_saphyr::from_str::<Value>(&md).unwrap()).await;
     let doc = get_json(&client, "/apis/cluster.x-k8s.io/v1beta2").await;
