@@ -114,6 +114,10 @@ pub fn decide_pool(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
     let names = new_instance_names(
         &pool.name_any(),
         pool.metadata.uid.as_deref().unwrap_or_default(),
+        pool.metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
         &current,
         &taken,
         progress.to_create,

@@ -35,12 +35,15 @@ const MAX_PREFIX: usize = 57;
 
 /// `count` new instance names `<pool>-<suffix>`, none in `taken`.
 ///
-/// The suffixes derive from the pool's uid, the template hash and a slot number, so a decision made
-/// again from the same observation (a stale cache after a crash) asks for the same names, and the
-/// API server's AlreadyExists stops a second instance instead of the pool growing twice.
+/// The suffixes derive from the pool's uid and resourceVersion, the template hash and a slot number,
+/// so a decision made again from the same observation (a stale cache after a crash) asks for the
+/// same names, and the API server's AlreadyExists stops a second instance instead of the pool
+/// growing twice; once the pool's status records what exists, new names are fresh ones, and the
+/// name of a gone instance (perhaps still a Node's) is not given again.
 pub fn new_instance_names(
     pool_name: &str,
     pool_uid: &str,
+    pool_version: &str,
     template_hash: &str,
     taken: &BTreeSet<String>,
     count: usize,
@@ -52,6 +55,7 @@ pub fn new_instance_names(
     while names.len() < count {
         let hash = fnv1a64(&[
             pool_uid.as_bytes(),
+            pool_version.as_bytes(),
             template_hash.as_bytes(),
             &slot.to_be_bytes(),
         ]);
@@ -82,10 +86,10 @@ mod tests {
     #[test]
     fn names_are_stable_unique_and_avoid_taken_ones() {
         let taken = BTreeSet::new();
-        let first = new_instance_names("workers", "uid-1", "h1", &taken, 3);
+        let first = new_instance_names("workers", "uid-1", "7", "h1", &taken, 3);
         assert_eq!(
             first,
-            new_instance_names("workers", "uid-1", "h1", &taken, 3)
+            new_instance_names("workers", "uid-1", "7", "h1", &taken, 3)
         );
         assert!(
             first
@@ -93,9 +97,9 @@ mod tests {
                 .all(|n| n.starts_with("workers-") && n.len() == 13)
         );
         let taken: BTreeSet<String> = first[..1].iter().cloned().collect();
-        let next = new_instance_names("workers", "uid-1", "h1", &taken, 2);
+        let next = new_instance_names("workers", "uid-1", "7", "h1", &taken, 2);
         assert_eq!(next, first[1..3]);
-        let long = new_instance_names(&"p".repeat(80), "u", "h", &BTreeSet::new(), 1);
+        let long = new_instance_names(&"p".repeat(80), "u", "7", "h", &BTreeSet::new(), 1);
         assert_eq!(long[0].len(), 63);
     }
 }
