@@ -1,4 +1,4 @@
-//! Read-only views of CAPI core `cluster.x-k8s.io/v1beta2` Cluster and Machine.
+//! Read-only views of CAPI core `cluster.x-k8s.io/v1beta2` Cluster, Machine and MachinePool.
 //!
 //! Only the fields the operator reads are modelled (capi-contract.md 2.2, 3.3); everything else is
 //! ignored on read. These views are never written back, so dropping the rest loses nothing.
@@ -186,6 +186,104 @@ pub struct MachineInitialization {
         skip_serializing_if = "Option::is_none"
     )]
     pub infrastructure_provisioned: Option<bool>,
+}
+
+/// `MachinePool.spec` (v1beta2), the fields a MicrovmMachinePool reads.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[kube(
+    group = "cluster.x-k8s.io",
+    version = "v1beta2",
+    kind = "MachinePool",
+    plural = "machinepools",
+    namespaced,
+    status = "MachinePoolStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    schema = "disabled"
+)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePoolSpec {
+    /// Name of the owning Cluster.
+    #[serde(default, deserialize_with = "lenient")]
+    pub cluster_name: String,
+    /// Desired number of instances (CAPI defaults it to 1; the scale subresource writes it).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub replicas: Option<i32>,
+    /// Failure domains to spread instances over; empty means all of the cluster's.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub failure_domains: Vec<String>,
+    /// The Machine template: its bootstrap data is what new instances boot with.
+    #[serde(default, deserialize_with = "lenient")]
+    pub template: MachinePoolTemplate,
+}
+
+/// `MachinePool.spec.template`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+pub struct MachinePoolTemplate {
+    /// `spec.template.spec`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub spec: MachinePoolMachineSpec,
+}
+
+/// `MachinePool.spec.template.spec`, the part a pool reads.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePoolMachineSpec {
+    /// Bootstrap data shared by every instance (one Secret, rewritten when CABPK rotates its token).
+    #[serde(default, deserialize_with = "lenient")]
+    pub bootstrap: Bootstrap,
+}
+
+/// `MachinePool.status` (v1beta2), the fields a pool reads.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachinePoolStatus {
+    /// Instances core counted (copied from the MicrovmMachinePool).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub replicas: Option<i32>,
+    /// Instances whose Node is ready.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ready_replicas: Option<i32>,
+    /// Initialization milestones.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub initialization: Option<MachineInitialization>,
+}
+
+impl MachinePool {
+    /// The desired number of instances: `spec.replicas`, or 1 as CAPI defaults it.
+    pub fn desired_replicas(&self) -> i32 {
+        self.spec.replicas.unwrap_or(1).max(0)
+    }
+
+    /// The bootstrap data Secret every new instance boots with, once CAPI set it.
+    pub fn bootstrap_data_secret_name(&self) -> Option<&str> {
+        self.spec
+            .template
+            .spec
+            .bootstrap
+            .data_secret_name
+            .as_deref()
+    }
 }
 
 impl Machine {

@@ -17,6 +17,14 @@ pub mod types {
     /// MicrovmMachine: whether its microVM runs with what the spec asks (vCPUs, memory, kernel and
     /// root images). A microVM cannot be changed in place: an edit after create is reported here.
     pub const MICROVM_UP_TO_DATE: &str = "MicrovmUpToDate";
+    /// MicrovmMachinePool: fewer instances exist than the MachinePool asks for.
+    pub const SCALING_UP: &str = "ScalingUp";
+    /// MicrovmMachinePool: more instances exist than the MachinePool asks for.
+    pub const SCALING_DOWN: &str = "ScalingDown";
+    /// MicrovmMachinePool: instances made from an older template are being replaced.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// MicrovmMachinePool: failed, vanished or health-check-remediated instances are being replaced.
+    pub const REMEDIATING: &str = "Remediating";
 }
 
 /// Condition reasons.
@@ -95,6 +103,26 @@ pub mod reasons {
     pub const UP_TO_DATE: &str = "UpToDate";
     /// MicrovmUpToDate=False: the spec was edited after the microVM was created.
     pub const SPEC_CHANGED_AFTER_CREATE: &str = "SpecChangedAfterCreate";
+
+    // --- MicrovmMachinePool ---
+    /// Ready=False: fewer ready instances than desired.
+    pub const INSTANCES_NOT_READY: &str = "InstancesNotReady";
+    /// ScalingUp=True.
+    pub const SCALING_UP: &str = "ScalingUp";
+    /// ScalingUp=False.
+    pub const NOT_SCALING_UP: &str = "NotScalingUp";
+    /// ScalingDown=True.
+    pub const SCALING_DOWN: &str = "ScalingDown";
+    /// ScalingDown=False.
+    pub const NOT_SCALING_DOWN: &str = "NotScalingDown";
+    /// RollingOut=True.
+    pub const ROLLING_OUT: &str = "RollingOut";
+    /// RollingOut=False.
+    pub const NOT_ROLLING_OUT: &str = "NotRollingOut";
+    /// Remediating=True.
+    pub const REMEDIATING: &str = "Remediating";
+    /// Remediating=False.
+    pub const NOT_REMEDIATING: &str = "NotRemediating";
 }
 
 /// Condition status values.

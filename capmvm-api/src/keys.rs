@@ -15,6 +15,27 @@ pub const CREDENTIALS_FINALIZER: &str =
 /// Label CAPI sets on infrastructure objects: the owning Cluster's name.
 pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
 
+/// Label on a pool's instances: CAPI's `MustFormatValue` of the MachinePool's name
+/// ([`crate::pool::must_format_label_value`]). Core lists instances by it and this cluster-name label.
+pub const POOL_NAME_LABEL: &str = "cluster.x-k8s.io/pool-name";
+
+/// Annotation cluster-autoscaler (or a person) sets on a Machine to pick it for deletion on scale
+/// down; the pool copies it onto the instance and deletes those first.
+pub const DELETE_MACHINE_ANNOTATION: &str = "cluster.x-k8s.io/delete-machine";
+
+/// Annotation on a pool's instance: the hash of the pool template it was made from
+/// (see `capmvm_reconcile::pool::template_hash`). An instance whose hash differs is outdated.
+pub const TEMPLATE_HASH_ANNOTATION: &str =
+    "microvmmachinepool.infrastructure.cluster.x-k8s.io/template-hash";
+
+/// Annotation on a pool's instance: the failure domain the pool chose for it.
+pub const POOL_FAILURE_DOMAIN_ANNOTATION: &str =
+    "microvmmachinepool.infrastructure.cluster.x-k8s.io/failure-domain";
+
+/// Finalizer on every MicrovmMachinePool: removed once none of its instances exists, so deleting a
+/// pool ends with zero microVMs.
+pub const POOL_FINALIZER: &str = "microvmmachinepool.infrastructure.cluster.x-k8s.io";
+
 /// Label CAPI sets on control-plane Machines (and, by template cloning, on their MicrovmMachines).
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 

@@ -5,6 +5,7 @@
 //! - [`MicrovmCluster`]: the flintlock hosts a cluster may use, grouped into failure domains.
 //! - [`MicrovmMachine`]: one machine's microVM.
 //! - [`MicrovmMachineTemplate`]: what CAPI clones MicrovmMachines from.
+//! - [`MicrovmMachinePool`]: a MachinePool's microVMs, one MicrovmMachine each.
 //!
 //! Plus the names everything else agrees on ([`keys`], [`conditions`]), the providerID format
 //! ([`ProviderId`]), host endpoints ([`HostEndpoint`]), validation as plain functions ([`validation`]) and
@@ -18,6 +19,7 @@ pub mod conditions;
 pub mod endpoint;
 pub mod keys;
 pub mod machine;
+pub mod pool;
 pub mod provider_id;
 mod schema;
 pub mod template;
@@ -31,6 +33,10 @@ pub use endpoint::{EndpointError, HostEndpoint};
 pub use machine::{
     IfaceType, Initrd, Kernel, MachineAddress, MachineAddressType, MicrovmMachine,
     MicrovmMachineSpec, MicrovmMachineStatus, NetworkInterface, VmState, VmmProvider, Volume,
+};
+pub use pool::{
+    DeletePolicy, MicrovmMachinePool, MicrovmMachinePoolSpec, MicrovmMachinePoolStatus,
+    PoolStrategy, PoolStrategyType, RollingUpdate,
 };
 pub use provider_id::{ProviderId, ProviderIdError};
 pub use template::{
@@ -54,5 +60,6 @@ pub fn crds()
         MicrovmCluster::crd(),
         MicrovmMachine::crd(),
         MicrovmMachineTemplate::crd(),
+        MicrovmMachinePool::crd(),
     ]
 }

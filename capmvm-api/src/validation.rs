@@ -21,6 +21,10 @@ use crate::machine::{
     IfaceType, MAX_MEMORY_MB, MAX_VCPU, MIN_MEMORY_MB, MIN_VCPU, MicrovmMachine,
     MicrovmMachineSpec, VmmProvider, Volume,
 };
+use crate::pool::{
+    DEFAULT_MAX_SURGE, DEFAULT_MAX_UNAVAILABLE, MicrovmMachinePool, MicrovmMachinePoolSpec,
+    resolve_limit,
+};
 use crate::provider_id::ProviderId;
 use crate::template::MicrovmMachineTemplate;
 
@@ -123,6 +127,47 @@ pub fn validate_template(template: &MicrovmMachineTemplate) -> Result<(), Valida
             "spec.template.spec.providerID",
             "is set by the provider on each MicrovmMachine; remove it from the template",
         );
+    }
+    errs.finish()
+}
+
+/// Validates a MicrovmMachinePool; template paths start at `spec.template`.
+pub fn validate_pool(pool: &MicrovmMachinePool) -> Result<(), ValidationErrors> {
+    validate_pool_spec(&pool.spec)
+}
+
+/// Validates a MicrovmMachinePool spec: its template as a machine's spec, and its strategy.
+pub fn validate_pool_spec(spec: &MicrovmMachinePoolSpec) -> Result<(), ValidationErrors> {
+    let mut errs = Errors(Vec::new());
+    machine_spec(&spec.template, "spec.template", &mut errs);
+    if spec.template.provider_id.is_some() {
+        errs.add(
+            "spec.template.providerID",
+            "is set by the provider on each instance; remove it from the pool's template",
+        );
+    }
+    if let Some(rolling) = &spec.strategy.rolling_update {
+        // Resolved against 100, so a valid percentage passes whatever the replica count.
+        let surge = resolve_limit(rolling.max_surge.as_ref(), DEFAULT_MAX_SURGE, 100, true);
+        let unavailable = resolve_limit(
+            rolling.max_unavailable.as_ref(),
+            DEFAULT_MAX_UNAVAILABLE,
+            100,
+            false,
+        );
+        if let Err(e) = &surge {
+            errs.add("spec.strategy.rollingUpdate.maxSurge", e.to_string());
+        }
+        if let Err(e) = &unavailable {
+            errs.add("spec.strategy.rollingUpdate.maxUnavailable", e.to_string());
+        }
+        if surge == Ok(0) && unavailable == Ok(0) {
+            errs.add(
+                "spec.strategy.rollingUpdate",
+                "maxSurge and maxUnavailable are both 0, so no instance could ever be replaced; \
+                 set maxSurge to 1 or more (add before removing) or maxUnavailable to 1 or more",
+            );
+        }
     }
     errs.finish()
 }

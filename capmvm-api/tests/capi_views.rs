@@ -6,11 +6,10 @@
 
 use std::path::Path;
 
-use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::capi_fixtures::{
     capi_crd_dir_or_skip, crd_schema, full_object, has_path, schema_paths, with_wrong_shape,
 };
-use kube::core::DynamicObject;
 use serde_json::Value;
 
 const MACHINES: &str = "cluster.x-k8s.io_machines.yaml";
@@ -103,17 +102,51 @@ fn a_cluster_with_every_v1beta2_field_reads() {
     assert!(cluster.infrastructure_provisioned());
 }
 
-/// No MachinePool view exists yet: the generated object reads as a generic object, unchanged.
+/// The MachinePool view reads what a MicrovmMachinePool needs from a MachinePool with every field.
 #[test]
-fn a_machine_pool_with_every_v1beta2_field_reads_as_a_generic_object() {
-    let Some(dir) =
-        capi_crd_dir_or_skip("a_machine_pool_with_every_v1beta2_field_reads_as_a_generic_object")
-    else {
+fn a_machine_pool_with_every_v1beta2_field_reads() {
+    let Some(dir) = capi_crd_dir_or_skip("a_machine_pool_with_every_v1beta2_field_reads") else {
         return;
     };
     let (object, _) = generated(&dir, MACHINE_POOLS);
-    let pool: DynamicObject = serde_json::from_value(object.clone()).unwrap();
-    assert_eq!(serde_json::to_value(&pool).unwrap(), object);
+    let pool: MachinePool = serde_json::from_value(object.clone())
+        .unwrap_or_else(|e| panic!("a full v1beta2 MachinePool does not read: {e}"));
+    let spec = &object["spec"];
+    assert_eq!(pool.spec.cluster_name, spec["clusterName"]);
+    assert_eq!(pool.spec.replicas.map(i64::from), spec["replicas"].as_i64());
+    assert_eq!(
+        pool.desired_replicas(),
+        i32::try_from(spec["replicas"].as_i64().unwrap())
+            .unwrap()
+            .max(0)
+    );
+    let domains: Vec<&str> = spec["failureDomains"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d.as_str().unwrap())
+        .collect();
+    assert!(!domains.is_empty());
+    assert_eq!(pool.spec.failure_domains, domains);
+    assert_eq!(
+        pool.bootstrap_data_secret_name(),
+        spec["template"]["spec"]["bootstrap"]["dataSecretName"].as_str()
+    );
+    let status = pool.status.unwrap();
+    assert_eq!(
+        status.replicas.map(i64::from),
+        object["status"]["replicas"].as_i64()
+    );
+    assert_eq!(
+        status.ready_replicas.map(i64::from),
+        object["status"]["readyReplicas"].as_i64()
+    );
+    assert_eq!(
+        status
+            .initialization
+            .and_then(|i| i.infrastructure_provisioned),
+        object["status"]["initialization"]["infrastructureProvisioned"].as_bool()
+    );
 }
 
 /// Every field, one at a time, in a shape its schema does not allow: the object still reads, and a
@@ -131,6 +164,9 @@ fn a_field_of_any_shape_does_not_fail_the_object() {
         ),
         (CLUSTERS, |v: Value| {
             serde_json::from_value::<Cluster>(v).map(drop)
+        }),
+        (MACHINE_POOLS, |v: Value| {
+            serde_json::from_value::<MachinePool>(v).map(drop)
         }),
     ] {
         let (object, paths) = generated(&dir, file);

@@ -2,8 +2,11 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
-use capmvm_api::validation::{validate_cluster_spec, validate_machine_spec, validate_template};
+use capmvm_api::validation::{
+    validate_cluster_spec, validate_machine_spec, validate_pool_spec, validate_template,
+};
 use capmvm_api::*;
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 fn valid_machine() -> MicrovmMachineSpec {
     MicrovmMachineSpec {
@@ -604,4 +607,65 @@ fn authorized_keys_must_be_openssh_public_keys() {
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHmW0bV5Ckb2wA1X8nN2xY2q8C0Qe4yN6q3yF0z1xk7P",
     ]);
     assert_eq!(validate_machine_spec(&spec), Ok(()));
+}
+
+fn valid_pool() -> MicrovmMachinePoolSpec {
+    MicrovmMachinePoolSpec {
+        template: valid_machine(),
+        strategy: PoolStrategy::default(),
+        provider_id_list: vec![],
+        provider_id: None,
+    }
+}
+
+fn pool_errors(mutate: impl FnOnce(&mut MicrovmMachinePoolSpec)) -> Vec<(String, String)> {
+    let mut spec = valid_pool();
+    mutate(&mut spec);
+    match validate_pool_spec(&spec) {
+        Ok(()) => vec![],
+        Err(e) => e.0.into_iter().map(|f| (f.path, f.message)).collect(),
+    }
+}
+
+#[test]
+fn pool_template_errors_are_prefixed_and_strategy_is_checked() {
+    assert_eq!(pool_errors(|_| {}), vec![]);
+
+    let errs = pool_errors(|s| {
+        s.template.vcpu = 0;
+        s.template.provider_id = Some("microvm://h:9090/x".into());
+    });
+    let paths: Vec<&str> = errs.iter().map(|(p, _)| p.as_str()).collect();
+    assert_eq!(paths, ["spec.template.vcpu", "spec.template.providerID"]);
+
+    let rolling = |surge: Option<IntOrString>, unavailable: Option<IntOrString>| {
+        pool_errors(move |s| {
+            s.strategy.rolling_update = Some(RollingUpdate {
+                max_surge: surge,
+                max_unavailable: unavailable,
+                delete_policy: None,
+            });
+        })
+    };
+    let errs = rolling(Some(IntOrString::Int(0)), Some(IntOrString::Int(0)));
+    assert_eq!(errs.len(), 1, "{errs:?}");
+    assert_eq!(errs[0].0, "spec.strategy.rollingUpdate");
+    assert!(errs[0].1.contains("set maxSurge to 1 or more"), "{errs:?}");
+
+    let errs = rolling(
+        Some(IntOrString::String("many".into())),
+        Some(IntOrString::Int(-2)),
+    );
+    assert_eq!(errs[0].0, "spec.strategy.rollingUpdate.maxSurge");
+    assert!(errs[0].1.contains("\"25%\""), "{errs:?}");
+    assert_eq!(errs[1].0, "spec.strategy.rollingUpdate.maxUnavailable");
+    assert!(errs[1].1.contains("negative"), "{errs:?}");
+
+    assert_eq!(
+        rolling(
+            Some(IntOrString::String("0%".into())),
+            Some(IntOrString::String("20%".into()))
+        ),
+        vec![]
+    );
 }

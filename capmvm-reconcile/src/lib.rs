@@ -6,17 +6,20 @@
 //!
 //! - [`machine::decide`] for MicrovmMachines: gates, placement, exactly-once creation, deletion.
 //! - [`cluster::decide_cluster`] for MicrovmClusters: failure domains, provisioning, host reachability.
+//! - [`pool::decide_pool`] for MicrovmMachinePools: scale, roll, repair, over MicrovmMachine instances.
 //! - [`template::decide_template`] for MicrovmMachineTemplates: capacity for scale from zero.
 
 pub mod cloudinit;
 pub mod cluster;
 pub mod conditions;
+pub mod gates;
 pub mod host_call;
 pub mod machine;
 pub mod microvm;
 pub mod observe;
 pub mod placement;
 pub mod plan;
+pub mod pool;
 pub mod template;
 
 pub use cluster::decide_cluster;
@@ -26,4 +29,5 @@ pub use observe::{
     ObservedMachine, ObservedVm, Reachability, RunningSpec, Sensitive, VmState,
 };
 pub use plan::{Effect, Event, EventKind, Plan, Requeue};
+pub use pool::{PoolPlan, decide_pool};
 pub use template::decide_template;

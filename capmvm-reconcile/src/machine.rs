@@ -22,7 +22,7 @@
 
 use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER, PAUSED_ANNOTATION};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER};
 use capmvm_api::{
     HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus, ProviderId,
     VmState as ApiVmState, validation,
@@ -41,6 +41,7 @@ use report::{addresses, failure_domain_of, starting_message};
 
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
+use crate::gates::{self, Gate, Gates};
 pub use crate::host_call::{
     HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
 };
@@ -132,43 +133,33 @@ impl<'a> Decision<'a> {
             return self.delete();
         }
 
-        let Some(owner) = &self.obs.owner else {
-            return self.wait_for_capi(
-                reasons::WAITING_FOR_OWNER,
-                "waiting for a Cluster API Machine to own this MicrovmMachine",
-            );
+        let cluster_name = self.cluster_name();
+        let gates = Gates {
+            has_owner: self.obs.owner.is_some(),
+            owner_wait: "waiting for a Cluster API Machine to own this MicrovmMachine",
+            cluster_name: &cluster_name,
+            cluster: self.obs.cluster.as_ref(),
+            infra_cluster: self.obs.infra_cluster.as_ref(),
+            paused: paused.as_deref(),
         };
-        let Some(cluster) = &self.obs.cluster else {
-            let name = self.cluster_name(owner);
-            return self.wait_for_capi(
-                reasons::WAITING_FOR_CLUSTER,
-                format!("Cluster {name:?} not found"),
-            );
-        };
-        if let Some(why) = paused {
-            // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
-            if !conditions::is_true(&self.status.conditions, types::READY) {
-                self.not_ready(reasons::PAUSED, why);
+        let (owner, cluster, infra) = match (gates.check(), &self.obs.owner) {
+            (
+                Gate::Open {
+                    cluster,
+                    infra_cluster,
+                },
+                Some(owner),
+            ) => (owner, cluster, infra_cluster),
+            (Gate::Paused(why), _) => {
+                // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
+                if !conditions::is_true(&self.status.conditions, types::READY) {
+                    self.not_ready(reasons::PAUSED, why);
+                }
+                return Requeue::Await;
             }
-            return Requeue::Await;
-        }
-        if !cluster.infrastructure_provisioned() {
-            return self.wait_for_capi(
-                reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
-                format!(
-                    "waiting for the infrastructure of Cluster {:?} to be provisioned",
-                    cluster.name_any()
-                ),
-            );
-        }
-        let Some(infra) = &self.obs.infra_cluster else {
-            return self.wait_for_capi(
-                reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
-                format!(
-                    "the MicrovmCluster of Cluster {:?} was not found",
-                    cluster.name_any()
-                ),
-            );
+            (Gate::Waiting { reason, message }, _) => return self.wait_for_capi(reason, message),
+            // The owner gate opens only with an owner; this arm keeps the match total.
+            (Gate::Open { .. }, None) => return Requeue::Await,
         };
 
         if self.machine.spec.provider_id.is_some() {
@@ -656,21 +647,16 @@ impl<'a> Decision<'a> {
     }
 
     fn paused(&self) -> Option<String> {
-        if self.machine.annotations().contains_key(PAUSED_ANNOTATION) {
-            return Some(format!("annotation {PAUSED_ANNOTATION} is set"));
-        }
-        if self.obs.cluster.as_ref().is_some_and(|c| c.is_paused()) {
-            return Some("Cluster spec.paused is set to true".to_string());
-        }
-        None
+        gates::paused(self.machine.annotations(), self.obs.cluster.as_ref())
     }
 
-    fn cluster_name(&self, owner: &Machine) -> String {
+    fn cluster_name(&self) -> String {
         self.machine
             .labels()
             .get(CLUSTER_NAME_LABEL)
             .cloned()
-            .unwrap_or_else(|| owner.spec.cluster_name.clone())
+            .or_else(|| self.obs.owner.as_ref().map(|o| o.spec.cluster_name.clone()))
+            .unwrap_or_default()
     }
 
     fn condition(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {

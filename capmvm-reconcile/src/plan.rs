@@ -101,9 +101,10 @@ pub enum Effect {
 }
 
 /// When to decide again.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Requeue {
     /// When something watched changes (the object, its owners, its host's microVMs).
+    #[default]
     Await,
     /// At once, after carrying out this plan and observing again: a multi-step action is under way
     /// (record the host, then create, then adopt the created microVM).

@@ -1,0 +1,405 @@
+//! Deciding for one MicrovmMachinePool: how many instances exist, which go, and what to report.
+//!
+//! The pool is the scale set: its instances are MicrovmMachines (MachinePool Machines), whose
+//! microVMs the machine engine creates and deletes. This engine decides, in order:
+//!
+//! 1. the gates shared with machines ([`crate::gates`]); a deleted pool deletes every Machine;
+//! 2. **repair**: the Machine of every failed, vanished or health-check-remediated instance goes;
+//! 3. **scale down**: up-to-date instances beyond the desired count go, in victim order
+//!    ([`select`]); an instance whose Machine core has not created yet is waited for, never deleted
+//!    in its place;
+//! 4. **roll**: outdated instances go while the ready ones left stay at least
+//!    `desired - maxUnavailable`, so replacements are ready before more go;
+//! 5. **create** up-to-date instances up to the desired count, while every instance that exists
+//!    (deleting ones included, until gone) stays within `desired + maxSurge`.
+//!
+//! `spec.providerIDList` is derived from every instance that still exists, so a Node leaves it only
+//! after its Machine drained.
+
+mod naming;
+mod observe;
+mod plan;
+mod select;
+mod status;
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::{
+    CLUSTER_NAME_LABEL, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL,
+    TEMPLATE_HASH_ANNOTATION,
+};
+use capmvm_api::pool::must_format_label_value;
+use capmvm_api::{MicrovmCluster, validation};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt;
+
+pub use naming::{new_instance_names, template_hash};
+pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPool};
+pub use plan::{DeletionReason, MachineDeletion, NewInstance, PoolPlan, events};
+
+use crate::gates::{self, Gate, Gates};
+use crate::plan::{Event, EventKind};
+use select::{Candidate, sort_victims};
+use status::{Progress, Report};
+
+/// Decides what to do for one MicrovmMachinePool.
+pub fn decide_pool(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
+    let pool = &obs.pool;
+    let mut report = Report::new(pool, now);
+    let mut plan = PoolPlan {
+        provider_id_list: derived_provider_id_list(obs),
+        ..PoolPlan::default()
+    };
+    let paused = gates::paused(pool.annotations(), obs.cluster.as_ref());
+    report.paused(paused.as_deref());
+    let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
+
+    if pool.metadata.deletion_timestamp.is_some() {
+        if paused.is_none() {
+            delete_everything(obs, &mut plan, &mut report, has_finalizer);
+        }
+        plan.status = Some(report.finish(obs, None));
+        return plan;
+    }
+
+    let cluster_name = cluster_name(obs);
+    let gate = Gates {
+        has_owner: obs.machine_pool.is_some(),
+        owner_wait: "waiting for a Cluster API MachinePool to own this MicrovmMachinePool",
+        cluster_name: &cluster_name,
+        cluster: obs.cluster.as_ref(),
+        infra_cluster: obs.infra_cluster.as_ref(),
+        paused: paused.as_deref(),
+    }
+    .check();
+    let (Gate::Open { infra_cluster, .. }, Some(machine_pool)) = (gate.clone(), &obs.machine_pool)
+    else {
+        match gate {
+            Gate::Paused(why) => report.waiting_unless_ready(reasons::PAUSED, why),
+            Gate::Waiting { reason, message } => report.waiting(reason, message),
+            Gate::Open { .. } => {}
+        }
+        plan.status = Some(report.finish(obs, None));
+        return plan;
+    };
+    if let Err(errors) = validation::validate_pool_spec(&pool.spec) {
+        report.waiting(reasons::INVALID_SPEC, errors.to_string());
+        plan.status = Some(report.finish(obs, None));
+        return plan;
+    }
+    plan.add_finalizer = !has_finalizer;
+
+    let desired = machine_pool.desired_replicas();
+    let strategy = &pool.spec.strategy;
+    let mut max_surge = strategy.max_surge(desired).unwrap_or(1);
+    let max_unavailable = strategy.max_unavailable(desired).unwrap_or(0);
+    if max_surge == 0 && max_unavailable == 0 {
+        // Percentages can both round to 0 for a small pool; adding one keeps the roll moving.
+        max_surge = 1;
+    }
+    let current = template_hash(&pool.spec.template);
+    let progress = scale_and_roll(
+        obs,
+        &current,
+        desired,
+        max_surge,
+        max_unavailable,
+        &mut plan,
+    );
+
+    let domains = failure_domains(machine_pool.spec.failure_domains.clone(), infra_cluster);
+    let mut taken: BTreeSet<String> = obs.instances.iter().map(|i| i.name.clone()).collect();
+    taken.extend(obs.reserved_names.iter().cloned());
+    let names = new_instance_names(
+        &pool.name_any(),
+        pool.metadata.uid.as_deref().unwrap_or_default(),
+        pool.metadata
+            .resource_version
+            .as_deref()
+            .unwrap_or_default(),
+        &current,
+        &taken,
+        progress.to_create,
+    );
+    let mut per_domain = instances_per_domain(obs, &domains);
+    for name in names {
+        let domain = least_used(&mut per_domain);
+        plan.create_instances.push(new_instance(
+            obs,
+            machine_pool,
+            &cluster_name,
+            &current,
+            name,
+            domain,
+        ));
+    }
+    events_for(&mut plan);
+    plan.status = Some(report.finish(obs, Some((desired, &current, &progress))));
+    plan
+}
+
+/// Scale, roll and repair: fills the plan's Machine deletions and says how many to create.
+fn scale_and_roll(
+    obs: &ObservedPool,
+    current: &str,
+    desired: i32,
+    max_surge: i32,
+    max_unavailable: i32,
+    plan: &mut PoolPlan,
+) -> Progress {
+    let mut progress = Progress::default();
+    let delete = |plan: &mut PoolPlan, c: &Candidate<'_>, reason| {
+        plan.delete_machines.push(MachineDeletion {
+            machine: c.instance.name.clone(),
+            reason,
+        });
+    };
+    let live: Vec<Candidate<'_>> = obs
+        .instances
+        .iter()
+        .filter(|i| !i.leaving())
+        .map(|instance| Candidate {
+            instance,
+            up_to_date: instance.template_hash.as_deref() == Some(current),
+        })
+        .collect();
+
+    // Repair: a broken instance is never counted, and goes through its Machine.
+    let mut healthy = Vec::new();
+    for c in live {
+        match broken(c.instance) {
+            Some(reason) if c.has_machine() => {
+                progress.repaired.push(c.instance.name.clone());
+                delete(plan, &c, reason);
+            }
+            Some(_) => progress.waiting_for_machines.push(c.instance.name.clone()),
+            None => healthy.push(c),
+        }
+    }
+    let policy = obs.pool.spec.strategy.delete_policy();
+    let (mut new, mut old): (Vec<_>, Vec<_>) = healthy.into_iter().partition(|c| c.up_to_date);
+    sort_victims(&mut new, policy);
+    sort_victims(&mut old, policy);
+    let mut available = i32_len(new.iter().chain(&old).filter(|c| c.ready()).count());
+    let min_ready = (desired - max_unavailable).max(0);
+
+    // Scale down: the surplus of up-to-date instances, in victim order, never substituting another
+    // for a victim whose Machine does not exist yet.
+    let surplus = usize::try_from(i32_len(new.len()) - desired).unwrap_or(0);
+    for c in new.iter().take(surplus) {
+        if c.has_machine() {
+            progress.scaled_down.push(c.instance.name.clone());
+            delete(plan, c, DeletionReason::ScaleDown);
+            if c.ready() {
+                available -= 1;
+            }
+        } else {
+            progress.waiting_for_machines.push(c.instance.name.clone());
+        }
+    }
+    let kept_new = i32_len(new.len() - surplus);
+
+    // Roll: outdated instances go while enough ready ones stay.
+    for c in &old {
+        if !c.has_machine() {
+            progress.waiting_for_machines.push(c.instance.name.clone());
+            continue;
+        }
+        if c.ready() {
+            if available - 1 < min_ready {
+                progress.roll_blocked = true;
+                continue;
+            }
+            available -= 1;
+        }
+        progress.rolled.push(c.instance.name.clone());
+        delete(plan, c, DeletionReason::Outdated);
+    }
+    progress.outdated = old.len();
+
+    // Create up to the desired count within the surge: everything that exists counts until gone.
+    let existing = i32_len(obs.instances.len());
+    let room = (desired + max_surge - existing).max(0);
+    let wanted = (desired - kept_new).max(0);
+    progress.to_create = usize::try_from(wanted.min(room)).unwrap_or(0);
+    progress.surge_blocked = wanted > room;
+    progress.max_surge = max_surge;
+    progress.max_unavailable = max_unavailable;
+    progress
+}
+
+/// Why an instance must be replaced, if it must.
+fn broken(instance: &ObservedInstance) -> Option<DeletionReason> {
+    match instance.health {
+        InstanceHealth::Failed => Some(DeletionReason::Failed),
+        InstanceHealth::Vanished => Some(DeletionReason::Vanished),
+        _ if instance
+            .machine
+            .as_ref()
+            .is_some_and(|m| m.owner_remediation_requested) =>
+        {
+            Some(DeletionReason::Remediated)
+        }
+        _ => None,
+    }
+}
+
+fn delete_everything(
+    obs: &ObservedPool,
+    plan: &mut PoolPlan,
+    report: &mut Report,
+    has_finalizer: bool,
+) {
+    for instance in &obs.instances {
+        match &instance.machine {
+            Some(m) if !m.deleting => plan.delete_machines.push(MachineDeletion {
+                machine: instance.name.clone(),
+                reason: DeletionReason::PoolDeleted,
+            }),
+            None if !instance.deleting => plan.delete_instances.push(instance.name.clone()),
+            _ => {}
+        }
+    }
+    if obs.instances.is_empty() {
+        plan.remove_finalizer = has_finalizer;
+    } else {
+        report.waiting(
+            reasons::DELETING,
+            format!(
+                "waiting for {} instance(s) to be deleted",
+                obs.instances.len()
+            ),
+        );
+    }
+}
+
+/// Every providerID of an instance that still exists (deleting ones included), sorted; `None` when
+/// the spec already has exactly these.
+fn derived_provider_id_list(obs: &ObservedPool) -> Option<Vec<String>> {
+    let list: Vec<String> = obs
+        .instances
+        .iter()
+        .filter_map(|i| i.provider_id.clone())
+        .collect::<BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    (list != obs.pool.spec.provider_id_list).then_some(list)
+}
+
+fn cluster_name(obs: &ObservedPool) -> String {
+    obs.pool
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .cloned()
+        .or_else(|| {
+            obs.machine_pool
+                .as_ref()
+                .map(|m| m.spec.cluster_name.clone())
+        })
+        .unwrap_or_default()
+}
+
+/// The MachinePool's failure domains, or all of the cluster's when it names none.
+fn failure_domains(named: Vec<String>, infra: &MicrovmCluster) -> Vec<String> {
+    if !named.is_empty() {
+        return named;
+    }
+    infra
+        .status
+        .as_ref()
+        .map(|s| s.failure_domains.iter().map(|d| d.name.clone()).collect())
+        .unwrap_or_default()
+}
+
+fn instances_per_domain(obs: &ObservedPool, domains: &[String]) -> BTreeMap<String, usize> {
+    let mut counts: BTreeMap<String, usize> = domains.iter().map(|d| (d.clone(), 0)).collect();
+    for instance in obs.instances.iter().filter(|i| !i.leaving()) {
+        if let Some(n) = instance
+            .failure_domain
+            .as_ref()
+            .and_then(|d| counts.get_mut(d))
+        {
+            *n += 1;
+        }
+    }
+    counts
+}
+
+/// The domain with the fewest instances (the first by name among equals), counted as used.
+fn least_used(counts: &mut BTreeMap<String, usize>) -> Option<String> {
+    let (domain, n) = counts.iter_mut().min_by_key(|(_, n)| **n)?;
+    *n += 1;
+    Some(domain.clone())
+}
+
+fn new_instance(
+    obs: &ObservedPool,
+    machine_pool: &capmvm_api::capi::MachinePool,
+    cluster_name: &str,
+    current: &str,
+    name: String,
+    domain: Option<String>,
+) -> NewInstance {
+    let mut annotations =
+        BTreeMap::from([(TEMPLATE_HASH_ANNOTATION.to_string(), current.to_string())]);
+    if let Some(domain) = domain {
+        annotations.insert(POOL_FAILURE_DOMAIN_ANNOTATION.to_string(), domain);
+    }
+    NewInstance {
+        name,
+        labels: BTreeMap::from([
+            (
+                POOL_NAME_LABEL.to_string(),
+                must_format_label_value(&machine_pool.name_any()),
+            ),
+            (CLUSTER_NAME_LABEL.to_string(), cluster_name.to_string()),
+        ]),
+        annotations,
+        spec: obs.pool.spec.template.clone(),
+    }
+}
+
+fn events_for(plan: &mut PoolPlan) {
+    if !plan.create_instances.is_empty() {
+        let names: Vec<&str> = plan
+            .create_instances
+            .iter()
+            .map(|i| i.name.as_str())
+            .collect();
+        plan.events.push(Event {
+            kind: EventKind::Normal,
+            reason: events::INSTANCES_CREATED,
+            action: "Create",
+            note: format!("created instance(s) {}", names.join(", ")),
+        });
+    }
+    let (repairs, others): (Vec<_>, Vec<_>) = plan.delete_machines.iter().partition(|d| {
+        matches!(
+            d.reason,
+            DeletionReason::Failed | DeletionReason::Vanished | DeletionReason::Remediated
+        )
+    });
+    for (deletions, kind, reason) in [
+        (repairs, EventKind::Warning, events::INSTANCES_REPLACED),
+        (others, EventKind::Normal, events::MACHINES_DELETED),
+    ] {
+        if deletions.is_empty() {
+            continue;
+        }
+        let list: Vec<String> = deletions
+            .iter()
+            .map(|d| format!("{} ({})", d.machine, d.reason.describe()))
+            .collect();
+        plan.events.push(Event {
+            kind,
+            reason,
+            action: "DeleteMachine",
+            note: format!("deleting Machine(s) {}", list.join(", ")),
+        });
+    }
+}
+
+fn i32_len(n: usize) -> i32 {
+    i32::try_from(n).unwrap_or(i32::MAX)
+}
