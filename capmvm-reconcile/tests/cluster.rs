@@ -15,29 +15,8 @@ use capmvm_api::{
 use capmvm_reconcile::*;
 use support::*;
 
-pub(crate) fn observed_cluster() -> ObservedCluster {
-    ObservedCluster {
-        microvm_cluster: microvm_cluster(),
-        owner: Some(cluster()),
-        hosts: reachable_hosts(),
-        machines: Vec::new(),
-        known_machine_uids: Default::default(),
-        microvms: Vec::new(),
-        credential_secrets: Vec::new(),
-        unclaimed_secrets: Vec::new(),
-    }
-}
-
 fn condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
-    let c = plan
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == t)
-        .unwrap();
-    (c.status.clone(), c.reason.clone(), c.message.clone())
+    cluster_condition(plan, t)
 }
 
 fn provisioned(plan: &Plan<MicrovmClusterStatus>) -> bool {

@@ -13,31 +13,15 @@ use capmvm_reconcile::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use support::*;
 
+/// The fixture as it stands once the operator has added the finalizer.
 fn observed_cluster() -> ObservedCluster {
-    let mut mc = microvm_cluster();
-    mc.metadata.finalizers = Some(vec![CLUSTER_FINALIZER.into()]);
-    ObservedCluster {
-        microvm_cluster: mc,
-        owner: Some(cluster()),
-        hosts: reachable_hosts(),
-        machines: Vec::new(),
-        known_machine_uids: Default::default(),
-        microvms: Vec::new(),
-        credential_secrets: Vec::new(),
-        unclaimed_secrets: Vec::new(),
-    }
+    let mut obs = support::observed_cluster();
+    obs.microvm_cluster.metadata.finalizers = Some(vec![CLUSTER_FINALIZER.into()]);
+    obs
 }
 
 fn condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
-    let c = plan
-        .status
-        .as_ref()
-        .unwrap()
-        .conditions
-        .iter()
-        .find(|c| c.type_ == t)
-        .unwrap_or_else(|| panic!("no condition {t}"));
-    (c.status.clone(), c.reason.clone(), c.message.clone())
+    cluster_condition(plan, t)
 }
 
 fn warnings(plan: &Plan<MicrovmClusterStatus>) -> Vec<&'static str> {

@@ -305,3 +305,31 @@ pub fn deletes(plan: &Plan<MicrovmMachineStatus>) -> Vec<(String, String)> {
 pub fn event_reasons(plan: &Plan<MicrovmMachineStatus>) -> Vec<&'static str> {
     plan.events().map(|e| e.reason).collect()
 }
+
+/// What the operator gathers for the `microvm_cluster()` fixture: owned, every host reachable, no
+/// machines, microVMs or Secrets.
+pub fn observed_cluster() -> ObservedCluster {
+    ObservedCluster {
+        microvm_cluster: microvm_cluster(),
+        owner: Some(cluster()),
+        hosts: reachable_hosts(),
+        machines: Vec::new(),
+        known_machine_uids: Default::default(),
+        microvms: Vec::new(),
+        credential_secrets: Vec::new(),
+        unclaimed_secrets: Vec::new(),
+    }
+}
+
+/// Condition `t` of a MicrovmCluster plan's status: (status, reason, message).
+pub fn cluster_condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
+    let c = plan
+        .status
+        .as_ref()
+        .expect("a status")
+        .conditions
+        .iter()
+        .find(|c| c.type_ == t)
+        .unwrap_or_else(|| panic!("no condition {t}"));
+    (c.status.clone(), c.reason.clone(), c.message.clone())
+}
