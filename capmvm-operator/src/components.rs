@@ -445,7 +445,11 @@ mod tests {
             .iter()
             .filter(|d| d["kind"] == "CustomResourceDefinition")
             .collect();
-        assert_eq!(crds.len(), capmvm_api::crds().len(), "every CRD of capmvm-api");
+        assert_eq!(
+            crds.len(),
+            capmvm_api::crds().len(),
+            "every CRD of capmvm-api"
+        );
         for crd in crds {
             assert_eq!(
                 crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
