@@ -61,6 +61,8 @@ pub struct WorldOptions {
     pub emulator: EmulatorOptions,
     /// Keep the working directory (kubeconfig, logs) after the world is dropped.
     pub keep_dir: bool,
+    /// How often the stand-in's CABPK rotates a MachinePool's join token (`None`: never).
+    pub bootstrap_token_rotation: Option<Duration>,
 }
 
 impl WorldOptions {
@@ -76,6 +78,7 @@ impl WorldOptions {
             operator_flags: Vec::new(),
             emulator: EmulatorOptions::default(),
             keep_dir: false,
+            bootstrap_token_rotation: Some(capi::DEFAULT_TOKEN_ROTATION),
         }
     }
 }
@@ -238,7 +241,13 @@ impl World {
         }
         // Issue 13: workload clusters served by the stand-in, Nodes registered by hollow kubelets.
         let workloads = WorkloadClusters::new(dir.join("workloads"));
-        let stand_in = capi::run_with(client.clone(), workloads.clone());
+        let stand_in = capi::run_with_options(
+            client.clone(),
+            workloads.clone(),
+            capi::StandInOptions {
+                bootstrap_token_rotation: options.bootstrap_token_rotation,
+            },
+        );
         let kubelets = Kubelets::start(
             client.clone(),
             hosts.iter().map(HollowHandle::control).collect(),

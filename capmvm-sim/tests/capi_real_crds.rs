@@ -130,6 +130,12 @@ async fn every_object_of_templates_and_examples_validates_against_capi_crds() {
             .any(|f| f.ends_with("templates/cluster-template.yaml")),
         "{files:?}"
     );
+    assert!(
+        files
+            .iter()
+            .any(|f| f.ends_with("templates/cluster-template-machinepool.yaml")),
+        "{files:?}"
+    );
     let mut kinds = Vec::new();
     for file in &files {
         // Filled as clusterctl fills them: the defaults.
@@ -166,6 +172,9 @@ async fn every_object_of_templates_and_examples_validates_against_capi_crds() {
         "MicrovmCluster",
         "MicrovmMachineTemplate",
         "MicrovmMachine",
+        "MachinePool",
+        "MicrovmMachinePool",
+        "KubeadmConfig",
     ] {
         assert!(kinds.iter().any(|k| k == kind), "{kind} in {kinds:?}");
     }

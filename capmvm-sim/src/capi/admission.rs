@@ -13,7 +13,8 @@ use super::DEPLOYMENT_NAME_LABEL;
 const AUTOSCALER_MIN: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 const AUTOSCALER_MAX: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
 
-/// Registers the webhooks' effects for MachineDeployment, MachineSet, Machine and KubeadmControlPlane.
+/// Registers the webhooks' effects for MachineDeployment, MachineSet, Machine, MachinePool and
+/// KubeadmControlPlane.
 pub fn register(admission: &Admission) {
     admission.register(
         "cluster.x-k8s.io",
@@ -63,6 +64,21 @@ pub fn register(admission: &Admission) {
         "Machine",
         "validation.machine.cluster.x-k8s.io",
         |obj, _| validate_bootstrap(obj, "/spec/bootstrap", "spec.bootstrap"),
+    );
+    admission.register(
+        "cluster.x-k8s.io",
+        "MachinePool",
+        "default.machinepool.cluster.x-k8s.io",
+        |obj, op| {
+            default_machine_pool(obj, op);
+            Ok(())
+        },
+    );
+    admission.register(
+        "cluster.x-k8s.io",
+        "MachinePool",
+        "validation.machinepool.cluster.x-k8s.io",
+        |obj, _| validate_machine_pool(obj),
     );
     admission.register(
         "controlplane.cluster.x-k8s.io",
@@ -129,6 +145,66 @@ fn normalize_version(obj: &mut Value, pointer: &str) {
     }
 }
 
+/// `replicas` when unset: the autoscaler's min size on create when both its annotations are set,
+/// else 1 (CAPI's `calculate*Replicas`; without the old object, an update defaults like a create
+/// without annotations).
+fn default_replicas(obj: &Value, op: Operation) -> i64 {
+    let annotation = |key: &str| {
+        obj.pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
+            .and_then(Value::as_str)
+            .and_then(|s| s.parse::<i64>().ok())
+    };
+    match (annotation(AUTOSCALER_MIN), annotation(AUTOSCALER_MAX)) {
+        (Some(min), Some(_)) if op == Operation::Create => min,
+        _ => 1,
+    }
+}
+
+/// MachinePool's Default: the `cluster-name` label, `replicas`, the template's version with its `v`.
+fn default_machine_pool(obj: &mut Value, op: Operation) {
+    if !obj["spec"].is_object() {
+        return;
+    }
+    let cluster = str_at(obj, "/spec/clusterName").to_string();
+    set_label(obj, "/metadata", CLUSTER_NAME_LABEL, &cluster);
+    if obj.pointer("/spec/replicas").is_none_or(Value::is_null) {
+        obj["spec"]["replicas"] = json!(default_replicas(obj, op));
+    }
+    normalize_version(obj, "/spec/template/spec/version");
+}
+
+/// MachinePool's validation: bootstrap data for its instances, a semantic version.
+fn validate_machine_pool(obj: &Value) -> Result<(), String> {
+    let name = str_at(obj, "/metadata/name");
+    let invalid = |e: String| format!("MachinePool.cluster.x-k8s.io {name:?} is invalid: {e}");
+    validate_bootstrap(
+        obj,
+        "/spec/template/spec/bootstrap",
+        "spec.template.spec.bootstrap",
+    )
+    .map_err(invalid)?;
+    let version = str_at(obj, "/spec/template/spec/version");
+    if !version.is_empty() && !is_kube_semver(version) {
+        return Err(invalid(format!(
+            "spec.template.spec.version: Invalid value: {version:?}: must be a valid semantic version (such as v1.33.0)"
+        )));
+    }
+    Ok(())
+}
+
+/// `vMAJOR.MINOR.PATCH` with optional `-pre` and `+build` parts, as CAPI's `KubeSemver` accepts.
+fn is_kube_semver(version: &str) -> bool {
+    let Some(rest) = version.strip_prefix('v') else {
+        return false;
+    };
+    let core = rest.split(['-', '+']).next().unwrap_or_default();
+    let parts: Vec<&str> = core.split('.').collect();
+    parts.len() == 3
+        && parts
+            .iter()
+            .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_digit()))
+}
+
 /// MachineDeployment's and MachineSet's Default: cluster-name labels, replicas, and the selector from
 /// the template's labels (the deployment's name when it selects nothing).
 fn default_replica_set(obj: &mut Value, op: Operation, deployment: bool) {
@@ -139,16 +215,7 @@ fn default_replica_set(obj: &mut Value, op: Operation, deployment: bool) {
     let name = str_at(obj, "/metadata/name").to_string();
     set_label(obj, "/metadata", CLUSTER_NAME_LABEL, &cluster);
     if obj.pointer("/spec/replicas").is_none_or(Value::is_null) {
-        let annotation = |key: &str| {
-            obj.pointer(&format!("/metadata/annotations/{}", key.replace('/', "~1")))
-                .and_then(Value::as_str)
-                .and_then(|s| s.parse::<i64>().ok())
-        };
-        let replicas = match (annotation(AUTOSCALER_MIN), annotation(AUTOSCALER_MAX)) {
-            (Some(min), Some(_)) if op == Operation::Create => min,
-            _ => 1,
-        };
-        obj["spec"]["replicas"] = json!(replicas);
+        obj["spec"]["replicas"] = json!(default_replicas(obj, op));
     }
     if !obj["spec"]["template"].is_object() {
         obj["spec"]["template"] = json!({});
@@ -260,5 +327,36 @@ mod tests {
         md["spec"]["template"]["spec"]["bootstrap"] = json!({});
         let e = validate_replica_set(&md, "MachineDeployment").unwrap_err();
         assert!(e.contains("spec.template.spec.bootstrap.configRef"), "{e}");
+    }
+
+    #[test]
+    fn a_machine_pool_gets_its_label_replicas_and_version_and_needs_bootstrap_data() {
+        let mut mp = json!({
+            "metadata": {"name": "demo-mp-0", "annotations": {
+                AUTOSCALER_MIN: "2", AUTOSCALER_MAX: "5"}},
+            "spec": {"clusterName": "demo", "template": {"spec": {"clusterName": "demo", "version": "1.33.0",
+                "bootstrap": {"dataSecretName": "s"}}}},
+        });
+        default_machine_pool(&mut mp, Operation::Create);
+        assert_eq!(mp["metadata"]["labels"][CLUSTER_NAME_LABEL], "demo");
+        assert_eq!(mp["spec"]["replicas"], 2);
+        assert_eq!(mp["spec"]["template"]["spec"]["version"], "v1.33.0");
+        validate_machine_pool(&mp).unwrap();
+
+        mp["spec"]["template"]["spec"]["version"] = json!("v1.33");
+        let e = validate_machine_pool(&mp).unwrap_err();
+        assert!(e.contains("spec.template.spec.version"), "{e}");
+        mp["spec"]["template"]["spec"]["version"] = json!("v1.33.0-rc.1");
+        validate_machine_pool(&mp).unwrap();
+        mp["spec"]["template"]["spec"]["bootstrap"] = json!({});
+        let e = validate_machine_pool(&mp).unwrap_err();
+        assert!(
+            e.contains("spec.template.spec.bootstrap.dataSecretName"),
+            "{e}"
+        );
+        assert!(
+            e.starts_with("MachinePool.cluster.x-k8s.io \"demo-mp-0\""),
+            "{e}"
+        );
     }
 }

@@ -1,7 +1,10 @@
-//! The bootstrap provider's role (CABPK): for each KubeadmConfig owned by a Machine, render a
-//! cloud-config into the bootstrap Secret (`value`, `format: cloud-config`, named as the config) and
-//! report it in `status.dataSecretName`; the Machine controller copies that to the Machine's
-//! `spec.bootstrap.dataSecretName`.
+//! The bootstrap provider's role (CABPK): for each KubeadmConfig owned by a Machine or a MachinePool,
+//! render a cloud-config into the bootstrap Secret (`value`, `format: cloud-config`, named as the
+//! config) and report it in `status.dataSecretName`; the Machine (MachinePool) controller copies that
+//! to the Machine's `spec.bootstrap.dataSecretName` (the pool's `spec.template.spec.bootstrap`). A
+//! MachinePool's config is rendered again with a new join token every
+//! `StandInOptions::bootstrap_token_rotation`, rewriting the same Secret, as CABPK refreshes pool
+//! tokens.
 //!
 //! One difference from CABPK, on purpose: a join configuration is rendered as soon as the Cluster has
 //! its control-plane endpoint, without waiting for the control plane to be initialized (hollow
@@ -10,7 +13,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use capmvm_api::capi::Cluster;
 use capmvm_api::keys::{BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, CLUSTER_NAME_LABEL};
@@ -223,25 +226,45 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
 }
 
 async fn reconcile(config: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if config.metadata.deletion_timestamp.is_some()
-        || config
-            .data
-            .pointer("/status/dataSecretName")
-            .is_some_and(Value::is_string)
-    {
+    if config.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
     let ns = config.namespace().unwrap_or_default();
     let name = config.name_any();
-    // CABPK renders only for a config a Machine owns.
+    // CABPK renders only for a config a Machine or a MachinePool owns.
     let Some(owner) = config
         .owner_references()
         .iter()
-        .find(|o| o.kind == "Machine")
+        .find(|o| o.kind == "Machine" || o.kind == "MachinePool")
         .cloned()
     else {
         return Ok(Action::await_change());
     };
+    let rendered = config
+        .data
+        .pointer("/status/dataSecretName")
+        .is_some_and(Value::is_string);
+    // A MachinePool's config is rendered again with a new join token on an interval (CABPK
+    // refreshes the token of pool configs before it expires and rewrites the Secret).
+    let rotation = (owner.kind == "MachinePool")
+        .then_some(ctx.options.bootstrap_token_rotation)
+        .flatten();
+    let uid = config.uid().unwrap_or_default();
+    if rendered {
+        let Some(every) = rotation else {
+            return Ok(Action::await_change());
+        };
+        let last = *ctx
+            .token_rendered_at
+            .lock()
+            .map_err(|_| Error::Poisoned)?
+            .entry(uid.clone())
+            .or_insert_with(Instant::now);
+        let age = last.elapsed();
+        if age < every {
+            return Ok(Action::requeue(every - age));
+        }
+    }
     let Some(cluster_name) = config.labels().get(CLUSTER_NAME_LABEL).cloned() else {
         warn!(config = %name, "KubeadmConfig has no {CLUSTER_NAME_LABEL} label; waiting");
         return Ok(Action::await_change());
@@ -277,17 +300,7 @@ async fn reconcile(config: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
     } else {
         Role::Init
     };
-    let machines = Api::<DynamicObject>::namespaced_with(
-        ctx.client.clone(),
-        &ns,
-        &ApiResource::erase::<capmvm_api::capi::Machine>(&()),
-    );
-    let version = machines.get_opt(&owner.name).await?.and_then(|m| {
-        m.data
-            .pointer("/spec/version")
-            .and_then(Value::as_str)
-            .map(String::from)
-    });
+    let version = owner_version(&ctx, &ns, &owner).await?;
     let user_data = match render_cloud_config(
         &spec,
         role,
@@ -301,56 +314,99 @@ async fn reconcile(config: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
             return Ok(Action::await_change());
         }
     };
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.clone()),
-            namespace: Some(ns.clone()),
-            labels: Some(BTreeMap::from([(
-                CLUSTER_NAME_LABEL.to_string(),
-                cluster_name,
-            )])),
-            owner_references: Some(vec![OwnerReference {
-                api_version: format!("{BOOTSTRAP_GROUP}/v1beta2"),
-                kind: "KubeadmConfig".into(),
-                name: name.clone(),
-                uid: config.uid().unwrap_or_default(),
-                controller: Some(true),
-                block_owner_deletion: None,
-            }]),
+    let data = BTreeMap::from([
+        (
+            BOOTSTRAP_DATA_KEY.to_string(),
+            ByteString(user_data.into_bytes()),
+        ),
+        (
+            BOOTSTRAP_FORMAT_KEY.to_string(),
+            ByteString(b"cloud-config".to_vec()),
+        ),
+    ]);
+    let secrets = Api::<Secret>::namespaced(ctx.client.clone(), &ns);
+    if rendered {
+        // The rotation: same Secret, new token (its value never reaches a log).
+        let body = json!({"data": data});
+        secrets
+            .patch(&name, &params(), &Patch::Merge(&body))
+            .await?;
+        debug!(config = %name, "rotated the MachinePool's join token and rewrote its bootstrap Secret");
+    } else {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                namespace: Some(ns.clone()),
+                labels: Some(BTreeMap::from([(
+                    CLUSTER_NAME_LABEL.to_string(),
+                    cluster_name,
+                )])),
+                owner_references: Some(vec![OwnerReference {
+                    api_version: format!("{BOOTSTRAP_GROUP}/v1beta2"),
+                    kind: "KubeadmConfig".into(),
+                    name: name.clone(),
+                    uid: uid.clone(),
+                    controller: Some(true),
+                    block_owner_deletion: None,
+                }]),
+                ..Default::default()
+            },
+            type_: Some("cluster.x-k8s.io/secret".to_string()),
+            data: Some(data),
             ..Default::default()
-        },
-        type_: Some("cluster.x-k8s.io/secret".to_string()),
-        data: Some(BTreeMap::from([
-            (
-                BOOTSTRAP_DATA_KEY.to_string(),
-                ByteString(user_data.into_bytes()),
-            ),
-            (
-                BOOTSTRAP_FORMAT_KEY.to_string(),
-                ByteString(b"cloud-config".to_vec()),
-            ),
-        ])),
-        ..Default::default()
-    };
-    match Api::<Secret>::namespaced(ctx.client.clone(), &ns)
-        .create(&PostParams::default(), &secret)
-        .await
-    {
-        Ok(_) => {}
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => return Err(e.into()),
+        };
+        match secrets.create(&PostParams::default(), &secret).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &kubeadm_config_resource())
+            .patch_status(
+                &name,
+                &params(),
+                &Patch::Merge(&json!({"status": {
+                    "dataSecretName": name,
+                    "initialization": {"dataSecretCreated": true},
+                }})),
+            )
+            .await?;
     }
-    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), &ns, &kubeadm_config_resource())
-        .patch_status(
-            &name,
-            &params(),
-            &Patch::Merge(&json!({"status": {
-                "dataSecretName": name,
-                "initialization": {"dataSecretCreated": true},
-            }})),
+    match rotation {
+        Some(every) => {
+            if let Ok(mut at) = ctx.token_rendered_at.lock() {
+                at.insert(uid, Instant::now());
+            }
+            Ok(Action::requeue(every))
+        }
+        None => Ok(Action::await_change()),
+    }
+}
+
+/// The Kubernetes version of a config's owner: a Machine's `spec.version`, a MachinePool's
+/// `spec.template.spec.version`.
+async fn owner_version(
+    ctx: &Ctx,
+    ns: &str,
+    owner: &OwnerReference,
+) -> Result<Option<String>, Error> {
+    let (resource, pointer) = if owner.kind == "MachinePool" {
+        (
+            super::machinepool::machine_pool_resource(),
+            "/spec/template/spec/version",
         )
-        .await?;
-    Ok(Action::await_change())
+    } else {
+        (
+            ApiResource::erase::<capmvm_api::capi::Machine>(&()),
+            "/spec/version",
+        )
+    };
+    let owners = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
+    Ok(owners.get_opt(&owner.name).await?.and_then(|o| {
+        o.data
+            .pointer(pointer)
+            .and_then(Value::as_str)
+            .map(String::from)
+    }))
 }
 
 #[cfg(test)]

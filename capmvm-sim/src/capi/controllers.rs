@@ -42,6 +42,9 @@ pub(crate) enum Error {
     /// A workload cluster could not be served.
     #[error(transparent)]
     Workload(#[from] super::workload::WorkloadError),
+    /// A lock was poisoned by a panic elsewhere.
+    #[error("a stand-in lock was poisoned")]
+    Poisoned,
 }
 
 pub(crate) struct Ctx {
@@ -50,7 +53,32 @@ pub(crate) struct Ctx {
     /// and Machine model only what the provider reads, so the stand-in compares with its own writes.
     written: Mutex<HashMap<String, Value>>,
     /// The Clusters' workload APIs and their Nodes.
-    workloads: WorkloadClusters,
+    pub(crate) workloads: WorkloadClusters,
+    /// Options the stand-in was started with.
+    pub(crate) options: StandInOptions,
+    /// When each MachinePool's bootstrap Secret was last rendered, by KubeadmConfig uid (the join
+    /// token rotation's clock).
+    pub(crate) token_rendered_at: Mutex<HashMap<String, std::time::Instant>>,
+}
+
+/// How the stand-in behaves where CAPI is configurable.
+#[derive(Clone, Debug)]
+pub struct StandInOptions {
+    /// How often CABPK rotates the join token of a MachinePool's KubeadmConfig and rewrites its
+    /// Secret (CABPK's `--bootstrap-token-ttl` refresh); `None` never rotates. Default
+    /// [`DEFAULT_TOKEN_ROTATION`].
+    pub bootstrap_token_rotation: Option<Duration>,
+}
+
+/// CABPK's token refresh, compressed for simulations (CABPK's own TTL is 15 minutes).
+pub const DEFAULT_TOKEN_ROTATION: Duration = Duration::from_secs(60);
+
+impl Default for StandInOptions {
+    fn default() -> Self {
+        Self {
+            bootstrap_token_rotation: Some(DEFAULT_TOKEN_ROTATION),
+        }
+    }
 }
 
 impl Ctx {
@@ -111,10 +139,21 @@ pub fn run(client: kube::Client) -> StandIn {
 
 /// [`run`], serving the Clusters' workload APIs in `workloads`.
 pub fn run_with(client: kube::Client, workloads: WorkloadClusters) -> StandIn {
+    run_with_options(client, workloads, StandInOptions::default())
+}
+
+/// [`run_with`], with `options`.
+pub fn run_with_options(
+    client: kube::Client,
+    workloads: WorkloadClusters,
+    options: StandInOptions,
+) -> StandIn {
     let ctx = Arc::new(Ctx {
         client: client.clone(),
         written: Mutex::default(),
         workloads: workloads.clone(),
+        options,
+        token_rendered_at: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -172,6 +211,7 @@ pub fn run_with(client: kube::Client, workloads: WorkloadClusters) -> StandIn {
             tokio::spawn(machines),
             super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
             tokio::spawn(super::kcp::run(ctx.clone())),
+            tokio::spawn(super::machinepool::run(ctx.clone())),
             tokio::spawn(super::bootstrap::run(ctx)),
         ],
         workloads,
@@ -190,7 +230,10 @@ pub(crate) fn params() -> PatchParams {
     }
 }
 
-fn owner_ref<K: Resource<DynamicType = ()>>(obj: &K, controller: bool) -> OwnerReference {
+pub(crate) fn owner_ref<K: Resource<DynamicType = ()>>(
+    obj: &K,
+    controller: bool,
+) -> OwnerReference {
     OwnerReference {
         api_version: K::api_version(&()).to_string(),
         kind: K::kind(&()).to_string(),
@@ -201,7 +244,11 @@ fn owner_ref<K: Resource<DynamicType = ()>>(obj: &K, controller: bool) -> OwnerR
     }
 }
 
-async fn ensure_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error>
+pub(crate) async fn ensure_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -217,7 +264,11 @@ where
         .map(|_| ())
 }
 
-async fn remove_finalizer<K>(api: &Api<K>, obj: &K, finalizer: &str) -> Result<(), kube::Error>
+pub(crate) async fn remove_finalizer<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizer: &str,
+) -> Result<(), kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
@@ -309,6 +360,7 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
         if let Some(kcp) = &control_plane {
             delete_quietly(&kcps, kcp).await?;
         }
+        let pools_remain = super::machinepool::delete_pools_of(&ctx, &ns, &name).await?;
         let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
         let mine: Vec<Machine> = machines
             .list(&ListParams::default())
@@ -317,11 +369,16 @@ async fn reconcile_cluster(cluster: Arc<Cluster>, ctx: Arc<Ctx>) -> Result<Actio
             .filter(|m| m.spec.cluster_name == name)
             .collect();
         for m in &mine {
-            if m.meta().deletion_timestamp.is_none() {
+            // A MachinePool's Machines are its provider's to delete (it is being deleted above).
+            let pool_owned = m
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "MachinePool" && o.controller == Some(true));
+            if m.meta().deletion_timestamp.is_none() && !pool_owned {
                 delete_quietly(&machines, &m.name_any()).await?;
             }
         }
-        if !mine.is_empty() {
+        if !mine.is_empty() || pools_remain {
             return Ok(Action::requeue(Duration::from_millis(500)));
         }
         if let Some(infra) = &infra_name
@@ -640,8 +697,18 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     });
     if !is_controlled || infra.labels().get(CLUSTER_NAME_LABEL) != Some(&machine.spec.cluster_name)
     {
+        // A pool's instance keeps its owner reference to the pool (capi-contract 5.3), so the
+        // pool's deletion still collects instances whose Machine never appeared.
+        let mut owners = vec![owner_ref(machine.as_ref(), true)];
+        owners.extend(
+            infra
+                .owner_references()
+                .iter()
+                .filter(|o| o.kind == "MicrovmMachinePool" && o.controller != Some(true))
+                .cloned(),
+        );
         let body = json!({"metadata": {
-            "ownerReferences": [owner_ref(machine.as_ref(), true)],
+            "ownerReferences": owners,
             "labels": {CLUSTER_NAME_LABEL: machine.spec.cluster_name},
         }});
         infras

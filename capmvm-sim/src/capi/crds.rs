@@ -105,7 +105,17 @@ struct Builtin {
     plural: &'static str,
     short: &'static str,
     columns: &'static [(&'static str, &'static str)],
-    scale: bool,
+    scale: Scale,
+}
+
+/// A built-in CRD's scale subresource.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Scale {
+    None,
+    /// With `labelSelectorPath: .status.selector`.
+    WithSelector,
+    /// Without a selector (CAPI's MachinePool).
+    WithoutSelector,
 }
 
 const BUILTINS: &[Builtin] = &[
@@ -115,7 +125,7 @@ const BUILTINS: &[Builtin] = &[
         plural: "clusters",
         short: "cl",
         columns: &[("Phase", ".status.phase"), ("Paused", ".spec.paused")],
-        scale: false,
+        scale: Scale::None,
     },
     Builtin {
         group: "cluster.x-k8s.io",
@@ -128,7 +138,7 @@ const BUILTINS: &[Builtin] = &[
             ("ProviderID", ".spec.providerID"),
             ("Phase", ".status.phase"),
         ],
-        scale: false,
+        scale: Scale::None,
     },
     Builtin {
         group: "cluster.x-k8s.io",
@@ -140,7 +150,21 @@ const BUILTINS: &[Builtin] = &[
             ("Replicas", ".spec.replicas"),
             ("Ready", ".status.readyReplicas"),
         ],
-        scale: true,
+        scale: Scale::WithSelector,
+    },
+    Builtin {
+        group: "cluster.x-k8s.io",
+        kind: "MachinePool",
+        plural: "machinepools",
+        short: "mp",
+        columns: &[
+            ("Cluster", ".spec.clusterName"),
+            ("Desired", ".spec.replicas"),
+            ("Current", ".status.replicas"),
+            ("Ready", ".status.readyReplicas"),
+            ("Phase", ".status.phase"),
+        ],
+        scale: Scale::WithoutSelector,
     },
     Builtin {
         group: "cluster.x-k8s.io",
@@ -148,7 +172,7 @@ const BUILTINS: &[Builtin] = &[
         plural: "machinehealthchecks",
         short: "mhc",
         columns: &[("Cluster", ".spec.clusterName")],
-        scale: false,
+        scale: Scale::None,
     },
     Builtin {
         group: "controlplane.cluster.x-k8s.io",
@@ -164,7 +188,7 @@ const BUILTINS: &[Builtin] = &[
             ("Ready", ".status.readyReplicas"),
             ("Version", ".spec.version"),
         ],
-        scale: true,
+        scale: Scale::WithSelector,
     },
     Builtin {
         group: "bootstrap.cluster.x-k8s.io",
@@ -175,7 +199,7 @@ const BUILTINS: &[Builtin] = &[
             "Cluster",
             ".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",
         )],
-        scale: false,
+        scale: Scale::None,
     },
     Builtin {
         group: "bootstrap.cluster.x-k8s.io",
@@ -183,7 +207,7 @@ const BUILTINS: &[Builtin] = &[
         plural: "kubeadmconfigtemplates",
         short: "",
         columns: &[],
-        scale: false,
+        scale: Scale::None,
     },
 ];
 
@@ -276,6 +300,49 @@ pub const TOUCHED: &[(&str, &[&str])] = &[
             "status.replicas integer",
             "status.readyReplicas integer",
             "status.selector string",
+        ],
+    ),
+    (
+        "MachinePool",
+        &[
+            "spec! object",
+            "spec.clusterName! string",
+            "spec.replicas integer",
+            "spec.failureDomains array",
+            "spec.providerIDList array",
+            "spec.template! object",
+            "spec.template.metadata object",
+            "spec.template.metadata.labels object",
+            "spec.template.metadata.annotations object",
+            "spec.template.spec! object",
+            "spec.template.spec.clusterName! string",
+            "spec.template.spec.version string",
+            "spec.template.spec.minReadySeconds integer",
+            "spec.template.spec.bootstrap! object",
+            "spec.template.spec.bootstrap.dataSecretName string",
+            "spec.template.spec.bootstrap.configRef object",
+            "spec.template.spec.bootstrap.configRef.apiGroup! string",
+            "spec.template.spec.bootstrap.configRef.kind! string",
+            "spec.template.spec.bootstrap.configRef.name! string",
+            "spec.template.spec.infrastructureRef! object",
+            "spec.template.spec.infrastructureRef.apiGroup! string",
+            "spec.template.spec.infrastructureRef.kind! string",
+            "spec.template.spec.infrastructureRef.name! string",
+            "spec.template.spec.deletion object",
+            "spec.template.spec.deletion.nodeDeletionTimeoutSeconds integer",
+            "status.phase string",
+            "status.replicas integer",
+            "status.readyReplicas integer",
+            "status.availableReplicas integer",
+            "status.upToDateReplicas integer",
+            "status.nodeRefs array",
+            "status.nodeRefs[].apiVersion string",
+            "status.nodeRefs[].kind string",
+            "status.nodeRefs[].name string",
+            "status.nodeRefs[].uid string",
+            "status.initialization object",
+            "status.initialization.infrastructureProvisioned boolean",
+            "status.initialization.bootstrapDataSecretCreated boolean",
         ],
     ),
     (
@@ -436,12 +503,14 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
             } else {
                 json!({"status": {}})
             };
-            if b.scale {
+            if b.scale != Scale::None {
                 subresources["scale"] = json!({
                     "specReplicasPath": ".spec.replicas",
                     "statusReplicasPath": ".status.replicas",
-                    "labelSelectorPath": ".status.selector",
                 });
+            }
+            if b.scale == Scale::WithSelector {
+                subresources["scale"]["labelSelectorPath"] = json!(".status.selector");
             }
             let mut names = json!({
                 "kind": b.kind,

@@ -20,6 +20,10 @@
 //!   Secret; **hollow kubelets** ([`kubelet`]) register the Nodes; the Machine controller matches
 //!   them by providerID and a **MachineHealthCheck** remediates unhealthy ones ([`nodes`]).
 //!
+//! - **MachinePool** ([`machinepool`], capi-contract 5.2 to 5.6): owns its bootstrap config and
+//!   InfraMachinePool, copies their readiness, `providerIDList` and replicas, creates MachinePool
+//!   Machines for the provider's instances, counts Nodes and deletes retired ones.
+//!
 //! No MachineSets (a MachineDeployment makes its Machines itself) and no rollouts.
 
 pub mod admission;
@@ -29,10 +33,14 @@ mod controllers;
 mod crds;
 pub mod kcp;
 pub mod kubelet;
+pub mod machinepool;
+mod machinepool_machines;
 pub mod nodes;
 pub mod workload;
 
-pub use controllers::{StandIn, run, run_with};
+pub use controllers::{
+    DEFAULT_TOKEN_ROTATION, StandIn, StandInOptions, run, run_with, run_with_options,
+};
 pub use crds::{
     CAPI_CRDS_VERSION, CrdError, LabelSelector, MachineDeployment, MachineDeploymentSpec, TOUCHED,
     capi_crds, crds, parse_touched, read_crds, real_crds_dir, schema_at, v1beta2_schema,
