@@ -161,8 +161,8 @@ pub struct Bootstrap {
     pub data_secret_name: Option<String>,
 }
 
-/// `Machine.status` (v1beta2): only the provisioning milestone (the simulator's CAPI stand-in counts
-/// provisioned Machines with it).
+/// `Machine.status` (v1beta2): the provisioning milestone (the simulator's CAPI stand-in counts
+/// provisioned Machines with it) and the conditions a pool reads (`OwnerRemediated`).
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct MachineStatus {
@@ -173,7 +173,32 @@ pub struct MachineStatus {
         skip_serializing_if = "Option::is_none"
     )]
     pub initialization: Option<MachineInitialization>,
+    /// The Machine's (metav1) conditions: type, status and reason only.
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub conditions: Vec<MachineCondition>,
 }
+
+/// One of `Machine.status.conditions`, the parts a provider reads.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MachineCondition {
+    /// The condition type, for example `OwnerRemediated`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub r#type: String,
+    /// `True`, `False` or `Unknown`.
+    #[serde(default, deserialize_with = "lenient")]
+    pub status: String,
+    /// Why, in CamelCase.
+    #[serde(default, deserialize_with = "lenient")]
+    pub reason: String,
+}
+
+/// The Machine condition a MachineHealthCheck sets to `False` when the Machine's owner must replace it.
+pub const OWNER_REMEDIATED_CONDITION: &str = "OwnerRemediated";
 
 /// `Machine.status.initialization`.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
@@ -287,6 +312,16 @@ impl MachinePool {
 }
 
 impl Machine {
+    /// Whether a MachineHealthCheck asked the Machine's owner to replace it (`OwnerRemediated=False`):
+    /// core leaves the replacement of MachinePool Machines to the pool.
+    pub fn owner_remediation_requested(&self) -> bool {
+        self.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.r#type == OWNER_REMEDIATED_CONDITION && c.status == "False")
+        })
+    }
+
     /// Whether CAPI marks this Machine as a control-plane machine.
     pub fn is_control_plane(&self) -> bool {
         self.metadata

@@ -75,6 +75,37 @@ fn a_machine_with_every_v1beta2_field_reads() {
     );
 }
 
+/// A MachineHealthCheck's `OwnerRemediated=False` reads from a full Machine; the generated
+/// conditions otherwise read as they are.
+#[test]
+fn a_machine_marked_for_owner_remediation_reads() {
+    let Some(dir) = capi_crd_dir_or_skip("a_machine_marked_for_owner_remediation_reads") else {
+        return;
+    };
+    let (mut object, _) = generated(&dir, MACHINES);
+    let conditions = object["status"]["conditions"].as_array().unwrap().clone();
+    assert!(!conditions.is_empty());
+    let machine: Machine = serde_json::from_value(object.clone()).unwrap();
+    let read = &machine.status.as_ref().unwrap().conditions;
+    assert_eq!(read.len(), conditions.len());
+    assert_eq!(read[0].r#type, conditions[0]["type"]);
+    assert_eq!(read[0].status, conditions[0]["status"]);
+    assert_eq!(read[0].reason, conditions[0]["reason"]);
+
+    let mut marked = conditions[0].clone();
+    marked["type"] = "OwnerRemediated".into();
+    marked["status"] = "False".into();
+    marked["reason"] = "WaitingForRemediation".into();
+    object["status"]["conditions"] = Value::Array(vec![marked.clone()]);
+    let machine: Machine = serde_json::from_value(object.clone()).unwrap();
+    assert!(machine.owner_remediation_requested());
+
+    marked["status"] = "True".into();
+    object["status"]["conditions"] = Value::Array(vec![marked]);
+    let machine: Machine = serde_json::from_value(object).unwrap();
+    assert!(!machine.owner_remediation_requested());
+}
+
 #[test]
 fn a_cluster_with_every_v1beta2_field_reads() {
     let Some(dir) = capi_crd_dir_or_skip("a_cluster_with_every_v1beta2_field_reads") else {

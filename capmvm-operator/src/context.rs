@@ -36,6 +36,8 @@ pub struct Ctx {
     pub sync_period: Duration,
     /// Test-only crash points.
     pub fault: Fault,
+    /// What each pool's last reconcile created and deleted, until the caches show it.
+    pub pool_expectations: crate::controllers::pool::Expectations,
 }
 
 /// The resourceVersions each object went through in our last reconcile that wrote to it: the version

@@ -194,9 +194,11 @@ pub async fn run(
     };
     let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
     let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();
+    let (pool_tx, pool_rx) = tokio::sync::mpsc::unbounded_channel();
     let triggers = Triggers {
         machine: machine_tx,
         cluster: cluster_tx,
+        pool: pool_tx,
     };
     let own_writes = Arc::new(context::OwnWrites::default());
     let (stores, watch_tasks) = watch::start(&client, &scope, &triggers, own_writes.clone());
@@ -233,6 +235,7 @@ pub async fn run(
         writes: own_writes.clone(),
         sync_period: flags.sync_period,
         fault: fault::Fault::from_env(),
+        pool_expectations: controllers::pool::Expectations::default(),
     });
 
     info!("waiting for watch caches");
@@ -274,6 +277,16 @@ pub async fn run(
                 ctx.clone(),
             )
             .for_each(|_| async {});
+    let pools = Controller::for_stream(futures::stream::empty(), stores.pools.clone())
+        .with_config(ControllerConfig::default().concurrency(controllers::pool::CONCURRENCY))
+        .reconcile_on(UnboundedReceiverStream::new(pool_rx))
+        .graceful_shutdown_on(shutdown.clone())
+        .run(
+            controllers::pool::reconcile,
+            controllers::error_policy,
+            ctx.clone(),
+        )
+        .for_each(|_| async {});
     let templates = Controller::new(
         scope.api::<MicrovmMachineTemplate>(&client),
         watcher_config(&scope),
@@ -306,7 +319,7 @@ pub async fn run(
         }
     };
     let outcome = tokio::select! {
-        _ = futures::future::join3(machines, clusters, templates) => Ok(()),
+        _ = futures::future::join4(machines, clusters, templates, pools) => Ok(()),
         () = reaper => Ok(()),
         () = lost => Err(anyhow::anyhow!("leadership lost")),
     };

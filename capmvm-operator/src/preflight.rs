@@ -10,10 +10,11 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIGroupList;
 /// The CAPI API version whose Machines and Clusters the operator reads.
 pub const CAPI_VERSION: &str = "v1beta2";
 /// CAPI resources the operator watches.
-pub const CAPI_RESOURCES: [&str; 2] = ["machines", "clusters"];
+pub const CAPI_RESOURCES: [&str; 3] = ["machines", "clusters", "machinepools"];
 /// This provider's resources.
-pub const PROVIDER_RESOURCES: [&str; 3] = [
+pub const PROVIDER_RESOURCES: [&str; 4] = [
     "microvmmachines",
+    "microvmmachinepools",
     "microvmclusters",
     "microvmmachinetemplates",
 ];
@@ -26,7 +27,7 @@ pub enum PreflightError {
     Discovery(#[source] kube::Error),
     /// CAPI core is missing or too old.
     #[error(
-        "Cluster API v1.11 or later is required ({CAPI_GROUP}/{CAPI_VERSION} machines and clusters \
+        "Cluster API v1.11 or later is required ({CAPI_GROUP}/{CAPI_VERSION} machines, clusters and machinepools \
          must be served); found: {found}: install or upgrade it with clusterctl \
          (`clusterctl init`, or `clusterctl upgrade apply --contract v1beta2`)"
     )]

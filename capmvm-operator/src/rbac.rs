@@ -38,14 +38,29 @@ pub const RULES: &[Rule] = &[
     // Watch caches; finalizers, host annotations and providerID (patch).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
-        resources: &["microvmclusters", "microvmmachines"],
+        resources: &["microvmclusters", "microvmmachinepools"],
         verbs: &["list", "patch", "watch"],
+    },
+    // A pool's instances: created and (while the pool is deleted, before core made their Machine)
+    // deleted by the pool; finalizers, host annotations, providerID and the delete mark (patch).
+    Rule {
+        group: "infrastructure.cluster.x-k8s.io",
+        resources: &["microvmmachines"],
+        verbs: &["create", "delete", "list", "patch", "watch"],
+    },
+    // An instance's ownerReference blocks the pool's deletion (blockOwnerDeletion), which the API
+    // server allows only to who may update the pool's finalizers.
+    Rule {
+        group: "infrastructure.cluster.x-k8s.io",
+        resources: &["microvmmachinepools/finalizers"],
+        verbs: &["update"],
     },
     // Status writes (merge patch).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
         resources: &[
             "microvmclusters/status",
+            "microvmmachinepools/status",
             "microvmmachines/status",
             "microvmmachinetemplates/status",
         ],
@@ -54,8 +69,14 @@ pub const RULES: &[Rule] = &[
     // Owners, read from watch caches only.
     Rule {
         group: "cluster.x-k8s.io",
-        resources: &["clusters", "machines"],
+        resources: &["clusters", "machinepools", "machines"],
         verbs: &["list", "watch"],
+    },
+    // A pool scales down, rolls and repairs by deleting its instances' Machines (CAPI drains them).
+    Rule {
+        group: "cluster.x-k8s.io",
+        resources: &["machines"],
+        verbs: &["delete"],
     },
     // Bootstrap data and host credentials, read by name; their metadata watched (a corrected token
     // is picked up at once); the credentials finalizer on the Secrets a MicrovmCluster names.
@@ -165,9 +186,26 @@ mod tests {
             "microvmmachines/status",
             "patch"
         ));
+        assert!(
+            allows(
+                "infrastructure.cluster.x-k8s.io",
+                "microvmmachines",
+                "create"
+            ) && allows(
+                "infrastructure.cluster.x-k8s.io",
+                "microvmmachines",
+                "delete"
+            ),
+            "a pool creates its instances, and deletes those whose Machine never appeared"
+        );
+        assert!(
+            allows("cluster.x-k8s.io", "machines", "delete")
+                && !allows("cluster.x-k8s.io", "machines", "patch"),
+            "a pool deletes Machines and never edits them"
+        );
         assert!(!allows(
             "infrastructure.cluster.x-k8s.io",
-            "microvmmachines",
+            "microvmclusters",
             "delete"
         ));
         assert!(

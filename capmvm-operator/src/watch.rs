@@ -7,7 +7,10 @@
 //! - MicrovmCluster → itself, and its MicrovmMachines when its spec changes;
 //! - a MicrovmMachine gone → the MicrovmClusters of its namespace (a deleted one waits for it);
 //! - Secret metadata → the MicrovmClusters naming it and their MicrovmMachines (credentials changed);
-//! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters.
+//! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters;
+//! - pools: a MicrovmMachinePool → itself; its MachinePool → it and its instances (bootstrap data);
+//!   an instance (spec or status) and its Machine (delete mark, remediation, deletion) → the pool;
+//!   Cluster and MicrovmCluster transitions → the cluster's pools.
 //!
 //! Status-only updates wake nobody: each cache keeps a fingerprint of the parts that matter and
 //! compares. Neither do versions of a MicrovmMachine that our own writes produced.
@@ -16,9 +19,10 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, WATCH_FILTER_LABEL};
-use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
+use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL};
+use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
+use capmvm_reconcile::machine::instance_pool;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
@@ -47,6 +51,10 @@ pub struct Stores {
     pub microvm_clusters: Store<MicrovmCluster>,
     /// Secrets, metadata only: which exist and at which version (credentials are read on change).
     pub secrets: Store<PartialObjectMeta<Secret>>,
+    /// MicrovmMachinePools.
+    pub pools: Store<MicrovmMachinePool>,
+    /// CAPI MachinePools.
+    pub machine_pools: Store<MachinePool>,
 }
 
 impl Stores {
@@ -56,7 +64,46 @@ impl Stores {
         self.capi_machines.wait_until_ready().await?;
         self.clusters.wait_until_ready().await?;
         self.microvm_clusters.wait_until_ready().await?;
+        self.pools.wait_until_ready().await?;
+        self.machine_pools.wait_until_ready().await?;
         self.secrets.wait_until_ready().await
+    }
+
+    /// The MicrovmMachinePools of Cluster `namespace/cluster`.
+    pub fn pools_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachinePool>> {
+        self.pools
+            .state()
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace))
+            .filter(|p| p.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
+            .map(|p| ObjectRef::from_obj(p.as_ref()))
+            .collect()
+    }
+
+    /// The MicrovmMachinePools MachinePool `namespace/name` owns.
+    pub fn pools_owned_by(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmMachinePool>> {
+        self.pools
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace))
+            .filter(|p| {
+                p.owner_references().iter().any(|o| {
+                    o.kind == "MachinePool"
+                        && api_group(&o.api_version) == CAPI_GROUP
+                        && o.name == name
+                })
+            })
+            .collect()
+    }
+
+    /// The instances (MicrovmMachines) of MicrovmMachinePool `namespace/pool`, deleting ones included.
+    pub fn instances_of(&self, namespace: &str, pool: &str) -> Vec<Arc<MicrovmMachine>> {
+        self.machines
+            .state()
+            .into_iter()
+            .filter(|m| m.namespace().as_deref() == Some(namespace))
+            .filter(|m| instance_pool(m) == Some(pool))
+            .collect()
     }
 
     /// The MicrovmClusters of `namespace` that name Secret `name` for credentials.
@@ -88,6 +135,8 @@ pub struct Triggers {
     pub machine: UnboundedSender<ObjectRef<MicrovmMachine>>,
     /// MicrovmClusters to reconcile.
     pub cluster: UnboundedSender<ObjectRef<MicrovmCluster>>,
+    /// MicrovmMachinePools to reconcile.
+    pub pool: UnboundedSender<ObjectRef<MicrovmMachinePool>>,
 }
 
 impl Triggers {
@@ -98,6 +147,10 @@ impl Triggers {
 
     fn cluster(&self, r: ObjectRef<MicrovmCluster>) {
         let _ = self.cluster.send(r);
+    }
+
+    fn pool(&self, r: ObjectRef<MicrovmMachinePool>) {
+        let _ = self.pool.send(r);
     }
 }
 
@@ -148,12 +201,16 @@ pub fn start(
     let (clusters, clusters_w) = reflector::store();
     let (microvm_clusters, microvm_clusters_w) = reflector::store();
     let (secrets, secrets_w) = reflector::store();
+    let (pools, pools_w) = reflector::store();
+    let (machine_pools, machine_pools_w) = reflector::store();
     let stores = Stores {
         machines,
         capi_machines,
         clusters,
         microvm_clusters,
         secrets,
+        pools,
+        machine_pools,
     };
     let mut tasks = Vec::new();
 
@@ -164,12 +221,19 @@ pub fn start(
         let t = triggers.clone();
         let s = stores.clone();
         let seen = Fingerprints::default();
+        let as_instance = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<MicrovmMachine>(client),
             scope.watcher_config(),
             scope,
             machines_w,
             move |m: &MicrovmMachine| {
+                // An instance's spec or status (its health) → its pool.
+                if let Some(pool) = instance_pool(m)
+                    && as_instance.changed(m, fingerprint(m, &["spec", "status"]))
+                {
+                    t.pool(ObjectRef::new(pool).within(&m.namespace().unwrap_or_default()));
+                }
                 if m.meta().deletion_timestamp.is_some() && m.finalizers().is_empty() {
                     let ns = m.namespace().unwrap_or_default();
                     for mc in s.microvm_clusters.state() {
@@ -189,16 +253,34 @@ pub fn start(
             },
         ));
     }
-    // Machine → its MicrovmMachine.
+    // Machine → its MicrovmMachine; a pool instance's Machine → the pool (what it reads of it).
     {
         let t = triggers.clone();
+        let s = stores.clone();
         let seen = Fingerprints::default();
+        let for_pool = Fingerprints::default();
         tasks.push(spawn_watch(
             scope.api::<Machine>(client),
             scope.watcher_config(),
             scope,
             capi_machines_w,
             move |m: &Machine| {
+                let ns = m.namespace().unwrap_or_default();
+                let owning_pool = m
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.kind == "MachinePool" && api_group(&o.api_version) == CAPI_GROUP);
+                if let Some(mp) = owning_pool {
+                    let read = hash_of(&(
+                        m.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
+                        m.owner_remediation_requested(),
+                    ));
+                    if for_pool.changed(m, read) {
+                        for p in s.pools_owned_by(&ns, &mp.name) {
+                            t.pool(ObjectRef::from_obj(p.as_ref()));
+                        }
+                    }
+                }
                 let infra = &m.spec.infrastructure_ref;
                 if infra.api_group == GROUP
                     && infra.kind == "MicrovmMachine"
@@ -240,6 +322,9 @@ pub fn start(
                     for m in s.machines_of(&ns, &c.name_any()) {
                         t.machine(m);
                     }
+                    for p in s.pools_of(&ns, &c.name_any()) {
+                        t.pool(p);
+                    }
                 }
             },
         ));
@@ -262,8 +347,55 @@ pub fn start(
                 if specs.changed(mc, hash_of(&mc.meta().generation))
                     && let Some(cluster) = owner_cluster_name(mc)
                 {
-                    for m in s.machines_of(&mc.namespace().unwrap_or_default(), &cluster) {
+                    let ns = mc.namespace().unwrap_or_default();
+                    for m in s.machines_of(&ns, &cluster) {
                         t.machine(m);
+                    }
+                    for p in s.pools_of(&ns, &cluster) {
+                        t.pool(p);
+                    }
+                }
+            },
+        ));
+    }
+    // MicrovmMachinePool → itself (its spec: a template change rolls; metadata: deletion, pause).
+    {
+        let t = triggers.clone();
+        let seen = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<MicrovmMachinePool>(client),
+            scope.watcher_config(),
+            scope,
+            pools_w,
+            move |p: &MicrovmMachinePool| {
+                if seen.changed(p, fingerprint(p, &["spec"])) {
+                    t.pool(ObjectRef::from_obj(p));
+                }
+            },
+        ));
+    }
+    // MachinePool → the pools it owns (replicas, failure domains), and their instances still to be
+    // created (the bootstrap Secret they boot with).
+    {
+        let t = triggers.clone();
+        let s = stores.clone();
+        let seen = Fingerprints::default();
+        tasks.push(spawn_watch(
+            scope.api::<MachinePool>(client),
+            scope.watcher_config(),
+            scope,
+            machine_pools_w,
+            move |mp: &MachinePool| {
+                if !seen.changed(mp, fingerprint(mp, &["spec"])) {
+                    return;
+                }
+                let ns = mp.namespace().unwrap_or_default();
+                for p in s.pools_owned_by(&ns, &mp.name_any()) {
+                    t.pool(ObjectRef::from_obj(p.as_ref()));
+                    for m in s.instances_of(&ns, &p.name_any()) {
+                        if m.spec.provider_id.is_none() {
+                            t.machine(ObjectRef::from_obj(m.as_ref()));
+                        }
                     }
                 }
             },

@@ -58,6 +58,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut observed = ObservedMachine {
         machine,
         owner: Some(owner),
+        machine_pool: None,
         cluster: Some(provisioned_cluster(&namespace)),
         infra_cluster: Some(infra_cluster),
         bootstrap: BootstrapData::Found {

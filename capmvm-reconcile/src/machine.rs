@@ -20,12 +20,14 @@
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
 //! again: a vanished microVM is reported, not replaced.
 
-use capmvm_api::capi::Machine;
+use capmvm_api::capi::{Machine, MachinePool};
 use capmvm_api::conditions::{reasons, types};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, MACHINE_FINALIZER};
+use capmvm_api::keys::{
+    CLUSTER_NAME_LABEL, MACHINE_FINALIZER, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_NAME_LABEL,
+};
 use capmvm_api::{
-    HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus, ProviderId,
-    VmState as ApiVmState, validation,
+    GROUP, HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus,
+    ProviderId, VmState as ApiVmState, validation,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -76,13 +78,48 @@ pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
 }
 
 /// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
-/// still be created (no providerID, not deleting).
+/// still be created (no providerID, not deleting). For a pool's instance it is always the
+/// MachinePool's (core gives MachinePool Machines an empty `dataSecretName`).
 pub fn wants_bootstrap_data<'a>(
     machine: &MicrovmMachine,
     owner: Option<&'a Machine>,
+    machine_pool: Option<&'a MachinePool>,
 ) -> Option<&'a str> {
     if machine.metadata.deletion_timestamp.is_some() || machine.spec.provider_id.is_some() {
         return None;
+    }
+    bootstrap_secret_name(machine, owner, machine_pool)
+}
+
+/// The MicrovmMachinePool a machine is an instance of: it carries the `cluster.x-k8s.io/pool-name`
+/// label and an ownerReference to a MicrovmMachinePool (the pool made it; core adds its Machine later).
+pub fn instance_pool(machine: &MicrovmMachine) -> Option<&str> {
+    if !machine.labels().contains_key(POOL_NAME_LABEL) {
+        return None;
+    }
+    machine
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| {
+            o.kind == "MicrovmMachinePool"
+                && o.api_version.rsplit_once('/').map(|(g, _)| g) == Some(GROUP)
+        })
+        .map(|o| o.name.as_str())
+}
+
+/// Where a machine's bootstrap data comes from: the MachinePool's Secret for a pool's instance (read
+/// afresh for every create, so a rotated join token reaches new instances), else its Machine's.
+fn bootstrap_secret_name<'a>(
+    machine: &MicrovmMachine,
+    owner: Option<&'a Machine>,
+    machine_pool: Option<&'a MachinePool>,
+) -> Option<&'a str> {
+    if instance_pool(machine).is_some() {
+        return machine_pool
+            .and_then(MachinePool::bootstrap_data_secret_name)
+            .filter(|s| !s.is_empty());
     }
     owner.and_then(|o| o.spec.bootstrap.data_secret_name.as_deref())
 }
@@ -134,38 +171,59 @@ impl<'a> Decision<'a> {
         }
 
         let cluster_name = self.cluster_name();
+        // A pool's instance is owned by its MachinePool until core creates its Machine.
+        let pool = instance_pool(self.machine);
+        let owner_wait = match pool {
+            Some(pool) => format!(
+                "waiting for the Cluster API MachinePool that owns MicrovmMachinePool {pool:?}"
+            ),
+            None => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
+        };
         let gates = Gates {
-            has_owner: self.obs.owner.is_some(),
-            owner_wait: "waiting for a Cluster API Machine to own this MicrovmMachine",
+            has_owner: self.obs.owner.is_some()
+                || (pool.is_some() && self.obs.machine_pool.is_some()),
+            owner_wait: &owner_wait,
             cluster_name: &cluster_name,
             cluster: self.obs.cluster.as_ref(),
             infra_cluster: self.obs.infra_cluster.as_ref(),
             paused: paused.as_deref(),
         };
-        let (owner, cluster, infra) = match (gates.check(), &self.obs.owner) {
-            (
-                Gate::Open {
-                    cluster,
-                    infra_cluster,
-                },
-                Some(owner),
-            ) => (owner, cluster, infra_cluster),
-            (Gate::Paused(why), _) => {
+        let (cluster, infra) = match gates.check() {
+            Gate::Open {
+                cluster,
+                infra_cluster,
+            } => (cluster, infra_cluster),
+            Gate::Paused(why) => {
                 // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
                 if !conditions::is_true(&self.status.conditions, types::READY) {
                     self.not_ready(reasons::PAUSED, why);
                 }
                 return Requeue::Await;
             }
-            (Gate::Waiting { reason, message }, _) => return self.wait_for_capi(reason, message),
-            // The owner gate opens only with an owner; this arm keeps the match total.
-            (Gate::Open { .. }, None) => return Requeue::Await,
+            Gate::Waiting { reason, message } => return self.wait_for_capi(reason, message),
         };
 
         if self.machine.spec.provider_id.is_some() {
             return self.observe_existing(infra);
         }
-        self.create_or_adopt(owner, infra, &cluster.name_any())
+        self.create_or_adopt(infra, &cluster.name_any())
+    }
+
+    /// The failure domain the microVM must be placed in: the one the pool chose for its instance,
+    /// else the Machine's. An empty one (a v1beta1 `*string` set to "") means none.
+    fn failure_domain(&self) -> Option<&'a str> {
+        let chosen = if instance_pool(self.machine).is_some() {
+            self.machine
+                .annotations()
+                .get(POOL_FAILURE_DOMAIN_ANNOTATION)
+                .map(String::as_str)
+        } else {
+            self.obs
+                .owner
+                .as_ref()
+                .and_then(|o| o.spec.failure_domain.as_deref())
+        };
+        chosen.filter(|fd| !fd.is_empty())
     }
 
     // --- the machine has a providerID: observe its microVM ---
@@ -212,12 +270,7 @@ impl<'a> Decision<'a> {
 
     // --- no providerID: place, create exactly once, adopt ---
 
-    fn create_or_adopt(
-        &mut self,
-        owner: &Machine,
-        infra: &MicrovmCluster,
-        cluster_name: &str,
-    ) -> Requeue {
+    fn create_or_adopt(&mut self, infra: &MicrovmCluster, cluster_name: &str) -> Requeue {
         let Some(machine_uid) = origin_uid(self.machine) else {
             // The API server always sets a uid; without one no microVM could be recognised as ours.
             self.not_ready(
@@ -297,11 +350,17 @@ impl<'a> Decision<'a> {
             return Requeue::Await;
         }
 
-        let Some(secret) = owner.spec.bootstrap.data_secret_name.as_deref() else {
-            return self.wait_for_capi(
-                reasons::WAITING_FOR_BOOTSTRAP_DATA,
-                "the Machine has no bootstrap data secret yet",
-            );
+        let Some(secret) = bootstrap_secret_name(
+            self.machine,
+            self.obs.owner.as_ref(),
+            self.obs.machine_pool.as_ref(),
+        ) else {
+            let whose = if instance_pool(self.machine).is_some() {
+                "the MachinePool has no bootstrap data secret yet (spec.template.spec.bootstrap.dataSecretName)"
+            } else {
+                "the Machine has no bootstrap data secret yet"
+            };
+            return self.wait_for_capi(reasons::WAITING_FOR_BOOTSTRAP_DATA, whose);
         };
         let user_data = match &self.obs.bootstrap {
             BootstrapData::NotAsked => {
@@ -365,13 +424,12 @@ impl<'a> Decision<'a> {
         );
         let request = Request {
             machine_key: &key,
-            // An empty failure domain (a v1beta1 `*string` set to "") means none.
-            failure_domain: owner
-                .spec
-                .failure_domain
-                .as_deref()
-                .filter(|fd| !fd.is_empty()),
-            control_plane: owner.is_control_plane(),
+            failure_domain: self.failure_domain(),
+            control_plane: self
+                .obs
+                .owner
+                .as_ref()
+                .is_some_and(Machine::is_control_plane),
         };
         match placement::choose(pool, &self.obs.hosts, &request) {
             Err(no_host) if no_host.only_credentials => {
@@ -656,6 +714,12 @@ impl<'a> Decision<'a> {
             .get(CLUSTER_NAME_LABEL)
             .cloned()
             .or_else(|| self.obs.owner.as_ref().map(|o| o.spec.cluster_name.clone()))
+            .or_else(|| {
+                self.obs
+                    .machine_pool
+                    .as_ref()
+                    .map(|p| p.spec.cluster_name.clone())
+            })
             .unwrap_or_default()
     }
 

@@ -6,7 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 
-use capmvm_api::capi::{Cluster, Machine};
+use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::{MicrovmCluster, MicrovmMachine};
 
 /// Bytes that must never reach a log line, a `Debug` print or an error message (bootstrap data).
@@ -38,6 +38,10 @@ pub struct ObservedMachine {
     pub machine: MicrovmMachine,
     /// The CAPI Machine that owns it (ownerReference kind Machine, group cluster.x-k8s.io), if any.
     pub owner: Option<Machine>,
+    /// For a pool's instance ([`crate::machine::instance_pool`]): the CAPI MachinePool that owns its
+    /// MicrovmMachinePool, if found. It owns the instance until core creates its Machine, and its
+    /// `spec.template.spec.bootstrap.dataSecretName` is where the instance's bootstrap data comes from.
+    pub machine_pool: Option<MachinePool>,
     /// The CAPI Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
     pub cluster: Option<Cluster>,
     /// The MicrovmCluster of that Cluster (by `spec.infrastructureRef`), if it exists.

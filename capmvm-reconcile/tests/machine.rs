@@ -1123,13 +1123,16 @@ fn helpers_tell_the_operator_what_to_gather() {
     assert_eq!(recorded_host(&obs.machine), None);
     assert!(wants_fresh_lookup(&obs.machine));
     assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref()),
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), None),
         Some("m1-bootstrap")
     );
     with_provider_id(&mut obs, HOSTS[2], "01A");
     assert_eq!(recorded_host(&obs.machine).unwrap().to_string(), HOSTS[2]);
     assert!(!wants_fresh_lookup(&obs.machine));
-    assert_eq!(wants_bootstrap_data(&obs.machine, obs.owner.as_ref()), None);
+    assert_eq!(
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), None),
+        None
+    );
     assert!(
         obs.machine
             .finalizers()

@@ -122,6 +122,7 @@ impl World {
                     .unwrap(),
                 provider_id: None,
                 failure_domain: None,
+                delete_annotated: false,
             });
         }
         for d in &plan.delete_machines {
@@ -318,9 +319,19 @@ fn the_autoscalers_annotated_machine_is_the_one_removed() {
         .as_mut()
         .unwrap()
         .delete_requested = true;
-    // The annotation alone removes nothing: the autoscaler lowers the replicas next.
+    // The annotation alone removes nothing: the autoscaler lowers the replicas next. It is copied
+    // down onto the instance, as the contract asks.
     let plan = w.step();
     assert!(plan.delete_machines.is_empty() && plan.create_instances.is_empty());
+    assert_eq!(
+        plan.mark_instances,
+        vec![InstanceMark {
+            instance: pick.clone(),
+            delete_requested: true
+        }]
+    );
+    w.instance_mut(&pick).delete_annotated = true;
+    assert!(w.decide().mark_instances.is_empty(), "copied once");
     w.set_replicas(4);
     let plan = w.step();
     assert_eq!(deleted(&plan), vec![(pick, DeletionReason::ScaleDown)]);
@@ -613,4 +624,36 @@ proptest! {
         w.converge();
         prop_assert_eq!(w.obs.instances.len(), usize::try_from(*sizes.last().unwrap()).unwrap());
     }
+}
+
+#[test]
+fn a_delete_mark_removed_from_the_machine_is_removed_from_the_instance() {
+    let mut w = World::new(2, 1, 0, DeletePolicy::Oldest);
+    w.converge();
+    let name = w.names_by_age()[0].clone();
+    w.instance_mut(&name).delete_annotated = true;
+    assert_eq!(
+        w.decide().mark_instances,
+        vec![InstanceMark {
+            instance: name,
+            delete_requested: false
+        }]
+    );
+}
+
+#[test]
+fn instances_carry_the_pools_watch_filter_label() {
+    use capmvm_api::keys::WATCH_FILTER_LABEL;
+    let mut w = World::new(1, 1, 0, DeletePolicy::Oldest);
+    w.obs
+        .pool
+        .metadata
+        .labels
+        .get_or_insert_default()
+        .insert(WATCH_FILTER_LABEL.into(), "team-a".into());
+    let plan = w.step();
+    assert_eq!(
+        plan.create_instances[0].labels[WATCH_FILTER_LABEL],
+        "team-a"
+    );
 }

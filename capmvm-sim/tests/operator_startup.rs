@@ -326,7 +326,7 @@ async fn without_capi_v1beta2_the_operator_exits_naming_the_capi_version() {
     assert!(
         error.contains("the provider's CRDs are not served")
             && error.contains(
-                "infrastructure.cluster.x-k8s.io/v1alpha2 microvmmachines, microvmclusters, microvmmachinetemplates"
+                "infrastructure.cluster.x-k8s.io/v1alpha2 microvmmachines, microvmmachinepools, microvmclusters, microvmmachinetemplates"
             )
             && error.contains("config/crd/bases"),
         "{error}"

@@ -185,6 +185,10 @@ async fn gather(
         .get(&ObjectRef::new(&cluster_name).within(&ns))
         .map(|c| c.as_ref().clone());
     let infra = infra_cluster(ctx, &ns, &cluster_name, cluster.as_ref());
+    // A pool's instance: its MachinePool owns it until core creates its Machine, and holds its
+    // bootstrap data.
+    let machine_pool = capmvm_reconcile::machine::instance_pool(machine)
+        .and_then(|pool| super::pool::machine_pool_of_instance(ctx, &ns, pool));
 
     // The bootstrap Secret is read only when a microVM may be created now.
     let gates_open = cluster
@@ -192,7 +196,7 @@ async fn gather(
         .is_some_and(|c| c.infrastructure_provisioned() && !c.is_paused())
         && infra.is_some();
     // Right after a create the next round adopts; it needs no bootstrap data.
-    let bootstrap = match wants_bootstrap_data(machine, owner.as_ref()) {
+    let bootstrap = match wants_bootstrap_data(machine, owner.as_ref(), machine_pool.as_ref()) {
         Some(secret) if gates_open && known_after_create.is_none() => {
             credentials::bootstrap_data(&ctx.client, &ns, secret).await?
         }
@@ -242,6 +246,7 @@ async fn gather(
     Ok(ObservedMachine {
         machine: machine.clone(),
         owner,
+        machine_pool,
         cluster,
         infra_cluster: infra,
         bootstrap,
@@ -260,7 +265,7 @@ fn operator_identity() -> &'static str {
 
 /// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is gone, as
 /// during teardown) the one owned by or labelled for that cluster name.
-fn infra_cluster(
+pub(crate) fn infra_cluster(
     ctx: &Ctx,
     ns: &str,
     cluster_name: &str,

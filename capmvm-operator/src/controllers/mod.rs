@@ -2,6 +2,7 @@
 
 pub mod cluster;
 pub mod machine;
+pub mod pool;
 pub mod template;
 
 use std::sync::Arc;

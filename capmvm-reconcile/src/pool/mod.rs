@@ -27,7 +27,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL,
-    TEMPLATE_HASH_ANNOTATION,
+    TEMPLATE_HASH_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use capmvm_api::pool::must_format_label_value;
 use capmvm_api::{MicrovmCluster, validation};
@@ -36,7 +36,7 @@ use kube::ResourceExt;
 
 pub use naming::{new_instance_names, template_hash};
 pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPool};
-pub use plan::{DeletionReason, MachineDeletion, NewInstance, PoolPlan, events};
+pub use plan::{DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, events};
 
 use crate::gates::{self, Gate, Gates};
 use crate::plan::{Event, EventKind};
@@ -51,6 +51,7 @@ pub fn decide_pool(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
         provider_id_list: derived_provider_id_list(obs),
         ..PoolPlan::default()
     };
+    plan.mark_instances = delete_marks(obs);
     let paused = gates::paused(pool.annotations(), obs.cluster.as_ref());
     report.paused(paused.as_deref());
     let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
@@ -274,6 +275,22 @@ fn delete_everything(
     }
 }
 
+/// The instances whose delete-machine annotation differs from their Machine's (cluster-autoscaler
+/// sets it on the Machine; CAPZ #4941 read it from the wrong object).
+fn delete_marks(obs: &ObservedPool) -> Vec<InstanceMark> {
+    obs.instances
+        .iter()
+        .filter(|i| !i.deleting)
+        .filter_map(|i| {
+            let requested = i.machine.as_ref().is_some_and(|m| m.delete_requested);
+            (requested != i.delete_annotated).then(|| InstanceMark {
+                instance: i.name.clone(),
+                delete_requested: requested,
+            })
+        })
+        .collect()
+}
+
 /// Every providerID of an instance that still exists (deleting ones included), sorted; `None` when
 /// the spec already has exactly these.
 fn derived_provider_id_list(obs: &ObservedPool) -> Option<Vec<String>> {
@@ -354,7 +371,16 @@ fn new_instance(
                 must_format_label_value(&machine_pool.name_any()),
             ),
             (CLUSTER_NAME_LABEL.to_string(), cluster_name.to_string()),
-        ]),
+        ])
+        .into_iter()
+        // An operator started with --watch-filter sees only labelled objects: instances too.
+        .chain(
+            obs.pool
+                .labels()
+                .get(WATCH_FILTER_LABEL)
+                .map(|v| (WATCH_FILTER_LABEL.to_string(), v.clone())),
+        )
+        .collect(),
         annotations,
         spec: obs.pool.spec.template.clone(),
     }

@@ -46,6 +46,8 @@ pub struct ObservedInstance {
     pub provider_id: Option<String>,
     /// The failure domain the pool chose for it.
     pub failure_domain: Option<String>,
+    /// The instance itself carries `cluster.x-k8s.io/delete-machine` (copied down from its Machine).
+    pub delete_annotated: bool,
 }
 
 /// What the pool reads from an instance's Machine.

@@ -14,6 +14,9 @@ pub struct PoolPlan {
     pub add_finalizer: bool,
     /// 2. Create these instances (MicrovmMachines, with a non-controller ownerReference to the pool).
     pub create_instances: Vec<NewInstance>,
+    /// 2b. Copy `cluster.x-k8s.io/delete-machine` from these instances' Machines onto them (set, or
+    ///     cleared once the Machine no longer carries it), as the contract asks of pool providers.
+    pub mark_instances: Vec<InstanceMark>,
     /// 3. Delete these Machines (core drains each, then deletes its instance, whose microVM the
     ///    machine engine deletes).
     pub delete_machines: Vec<MachineDeletion>,
@@ -43,6 +46,15 @@ pub struct NewInstance {
     pub annotations: BTreeMap<String, String>,
     /// The pool's template.
     pub spec: MicrovmMachineSpec,
+}
+
+/// The delete-machine annotation an instance must carry, as its Machine does.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InstanceMark {
+    /// The instance's name.
+    pub instance: String,
+    /// Set it (`true`) or remove it (`false`).
+    pub delete_requested: bool,
 }
 
 /// A Machine to delete, and why.

@@ -201,6 +201,7 @@ pub fn observed() -> ObservedMachine {
     ObservedMachine {
         machine: microvm_machine(),
         owner: Some(owner()),
+        machine_pool: None,
         cluster: Some(cluster()),
         infra_cluster: Some(microvm_cluster()),
         bootstrap: bootstrap(),

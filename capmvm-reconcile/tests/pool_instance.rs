@@ -1,0 +1,154 @@
+//! The machine engine for a pool's instance (a MicrovmMachine labelled with a pool name and owned by a
+//! MicrovmMachinePool): its MachinePool owns it until core creates its Machine, its bootstrap data is
+//! always the MachinePool's, and its failure domain is the one the pool chose.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod support;
+
+use capmvm_api::capi::{MachinePool, MachinePoolSpec};
+use capmvm_api::conditions::reasons;
+use capmvm_api::keys::{POOL_FAILURE_DOMAIN_ANNOTATION, POOL_NAME_LABEL};
+use capmvm_reconcile::machine::{instance_pool, wants_bootstrap_data};
+use capmvm_reconcile::*;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use support::*;
+
+const POOL_SECRET: &str = "workers-bootstrap";
+
+fn machine_pool(secret: Option<&str>) -> MachinePool {
+    let mut mp = MachinePool::new(
+        "workers",
+        MachinePoolSpec {
+            cluster_name: "demo".into(),
+            replicas: Some(3),
+            ..Default::default()
+        },
+    );
+    mp.metadata.namespace = Some("default".into());
+    mp.spec.template.spec.bootstrap.data_secret_name = secret.map(str::to_string);
+    mp
+}
+
+/// An instance the pool just created: no Machine yet, owned by its MachinePool.
+fn instance() -> ObservedMachine {
+    let mut obs = observed();
+    let meta = &mut obs.machine.metadata;
+    meta.labels
+        .get_or_insert_default()
+        .insert(POOL_NAME_LABEL.into(), "workers".into());
+    meta.owner_references = Some(vec![OwnerReference {
+        api_version: "infrastructure.cluster.x-k8s.io/v1alpha2".into(),
+        kind: "MicrovmMachinePool".into(),
+        name: "workers".into(),
+        uid: "pool-uid".into(),
+        ..Default::default()
+    }]);
+    obs.owner = None;
+    obs.machine_pool = Some(machine_pool(Some(POOL_SECRET)));
+    obs
+}
+
+/// The Machine core creates for an instance: `dataSecretName: ""` (bootstrap treated as done).
+fn with_core_machine(obs: &mut ObservedMachine) {
+    let mut m = owner();
+    m.spec.bootstrap.data_secret_name = Some(String::new());
+    obs.owner = Some(m);
+}
+
+#[test]
+fn an_instance_is_recognised_by_label_and_pool_owner() {
+    let obs = instance();
+    assert_eq!(instance_pool(&obs.machine), Some("workers"));
+    // The label alone is not enough (a person may copy labels), nor an ownerReference alone.
+    let mut unlabelled = instance();
+    unlabelled.machine.metadata.labels = None;
+    assert_eq!(instance_pool(&unlabelled.machine), None);
+    assert_eq!(instance_pool(&observed().machine), None);
+}
+
+#[test]
+fn an_instance_without_its_machine_is_created_with_the_machine_pools_bootstrap_data() {
+    let obs = instance();
+    assert_eq!(
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
+        Some(POOL_SECRET)
+    );
+    let plan = decide(&obs, now());
+    assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
+}
+
+#[test]
+fn an_instance_with_its_machine_still_reads_the_machine_pools_secret() {
+    let mut obs = instance();
+    with_core_machine(&mut obs);
+    assert_eq!(
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
+        Some(POOL_SECRET),
+        "core's empty dataSecretName is never the source"
+    );
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+}
+
+#[test]
+fn an_instance_without_a_machine_pool_waits_for_its_owner() {
+    let mut obs = instance();
+    obs.machine_pool = None;
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty());
+    let (_, reason, message) = ready(&plan);
+    assert_eq!(reason, reasons::WAITING_FOR_OWNER);
+    assert!(
+        message.contains("MicrovmMachinePool \"workers\""),
+        "{message}"
+    );
+}
+
+#[test]
+fn an_instance_waits_for_the_machine_pools_bootstrap_secret() {
+    for secret in [None, Some("")] {
+        let mut obs = instance();
+        with_core_machine(&mut obs);
+        obs.machine_pool = Some(machine_pool(secret));
+        assert_eq!(
+            wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
+            None
+        );
+        let plan = decide(&obs, now());
+        assert!(creates(&plan).is_empty());
+        let (_, reason, message) = ready(&plan);
+        assert_eq!(reason, reasons::WAITING_FOR_BOOTSTRAP_DATA);
+        assert!(message.contains("MachinePool"), "{message}");
+    }
+}
+
+#[test]
+fn an_instance_is_placed_in_the_failure_domain_the_pool_chose() {
+    let mut obs = instance();
+    // host-c (no failure domain) is the least allocated: without the pool's choice it would win.
+    obs.hosts.get_mut(HOSTS[0]).unwrap().allocated_vcpu = 8;
+    obs.hosts.get_mut(HOSTS[1]).unwrap().allocated_vcpu = 4;
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[2]);
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_default()
+        .insert(POOL_FAILURE_DOMAIN_ANNOTATION.into(), "r1".into());
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
+    // The Machine's failure domain (core sets none for MachinePool Machines) does not override it.
+    with_core_machine(&mut obs);
+    obs.owner.as_mut().unwrap().spec.failure_domain = Some("elsewhere".into());
+    assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
+}
+
+#[test]
+fn a_plain_machine_ignores_a_machine_pool() {
+    let mut obs = observed();
+    obs.machine_pool = Some(machine_pool(Some(POOL_SECRET)));
+    assert_eq!(
+        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
+        Some("m1-bootstrap")
+    );
+    obs.owner = None;
+    assert!(creates(&decide(&obs, now())).is_empty());
+}
