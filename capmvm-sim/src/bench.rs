@@ -50,6 +50,9 @@ pub struct BenchArgs {
     /// Give up after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub timeout_secs: u64,
+    /// Measure a MachinePool instead (`bench_pool`: 0 -> 200 -> 20 -> 200 and a roll).
+    #[arg(long)]
+    pub pool: bool,
 }
 
 /// What a run measured.
@@ -73,6 +76,9 @@ pub struct Report {
 
 /// Runs the benchmark and prints its report.
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    if args.pool {
+        return crate::bench_pool::main(args);
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

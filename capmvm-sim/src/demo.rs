@@ -1,8 +1,9 @@
 //! `capmvm-sim demo`: the whole system on one machine. Starts the API emulator, three hollow flintlock
 //! hosts, the CAPI stand-in and the operator (its own process, through a kubeconfig); creates a cluster
 //! of 1 control plane (KubeadmControlPlane) and 3 workers from `templates/cluster-template.yaml`, applied
-//! unchanged with clusterctl-style variables; shows progress as a live table;
-//! deletes the cluster and checks every microVM is gone. Exits 0 only if all of that worked.
+//! unchanged with clusterctl-style variables, and beside them a MachinePool of 2 from the `machinepool`
+//! flavor; scales the pool up and down and rolls it to a new template; shows each step as a live
+//! table; deletes the cluster and checks every microVM is gone. Exits 0 only if all of that worked.
 
 use std::collections::BTreeMap;
 use std::io::{IsTerminal as _, Write as _};
@@ -11,12 +12,16 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use capmvm_api::capi::{Cluster, Machine};
 use capmvm_api::conditions::types::READY;
-use capmvm_api::{MicrovmMachine, VmState};
-use kube::api::{DeleteParams, ListParams};
+use capmvm_api::keys::{CONTROL_PLANE_LABEL, POOL_NAME_LABEL};
+use capmvm_api::{MicrovmMachine, MicrovmMachinePool, VmState};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use serde_json::json;
 
+use crate::capi::DEPLOYMENT_NAME_LABEL;
+use crate::capi::machinepool::machine_pool_resource;
 use crate::kube::CounterSnapshot;
-use crate::world::{World, WorldOptions};
+use crate::world::{MACHINEPOOL_CLUSTER, World, WorldOptions};
 
 /// Options of `capmvm-sim demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -35,7 +40,14 @@ pub struct DemoArgs {
 
 const NAMESPACE: &str = "default";
 const CLUSTER: &str = "demo";
-const MACHINES: usize = 4;
+/// The control plane and the MachineDeployment's workers.
+const DEPLOYED: usize = 4;
+/// The MachinePool (from the `machinepool` flavor).
+const POOL: &str = "demo-mp-0";
+/// The pool's sizes: created, scaled up to, scaled down to.
+const POOL_SIZES: [usize; 3] = [2, 4, 2];
+/// The pool's memory before and after the roll.
+const POOL_MEMORY_MB: [i64; 2] = [2048, 3072];
 
 /// Runs the demo; the process exit code is 0 only on success.
 pub fn main(args: DemoArgs) -> anyhow::Result<()> {
@@ -84,7 +96,7 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
     if args.keep && result.is_ok() {
         println!("\nEverything keeps running. Try:");
         println!(
-            "  kubectl --kubeconfig {} get mvmc,mvmm,mvmmt",
+            "  kubectl --kubeconfig {} get mvmc,mvmm,mvmmt,mvmmp,mp",
             world.kubeconfig.display()
         );
         println!(
@@ -114,42 +126,45 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         .emulator
         .counters_of_agent(capmvm_operator::USER_AGENT);
     let started = Instant::now();
-    let applied = world.apply_demo_cluster(&[], |_| {}).await?;
+    let mut applied = world.apply_demo_cluster(&[], |_| {}).await?;
+    // Beside the MachineDeployment, the machinepool flavor's pool (its Cluster is the same).
+    applied.extend(
+        world
+            .apply_template(
+                MACHINEPOOL_CLUSTER,
+                &[("WORKER_MACHINE_COUNT", POOL_SIZES[0].to_string())],
+                |objects| {
+                    objects.retain(|o| {
+                        o.types.as_ref().is_some_and(|t| {
+                            matches!(
+                                t.kind.as_str(),
+                                "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
+                            )
+                        })
+                    })
+                },
+            )
+            .await?,
+    );
     println!("\ncreated {}", applied.join(", "));
     println!();
 
     let mut table = LiveTable::new();
-    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), NAMESPACE);
-    let capi_machines: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
     let deadline = Instant::now() + timeout;
-    loop {
-        let list = machines.list(&ListParams::default()).await?.items;
-        let nodes = node_names(world, &list);
-        table.show(&list, &nodes);
-        let capi_ready = capi_machines
-            .list(&ListParams::default())
-            .await?
-            .items
-            .iter()
-            .filter(|m| m.spec.provider_id.is_some())
-            .count();
-        if list.len() == MACHINES
-            && list.iter().all(is_ready)
-            && capi_ready == MACHINES
-            && nodes.len() == MACHINES
-        {
-            break;
-        }
-        if Instant::now() > deadline {
-            bail!("the cluster was not ready within {timeout:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+    let total = DEPLOYED + POOL_SIZES[0];
+    wait_until(
+        world,
+        &mut table,
+        deadline,
+        "the cluster to be ready",
+        |s| s.settled(total, POOL_MEMORY_MB[0]),
+    )
+    .await?;
     let time_to_ready = started.elapsed();
     let api_to_ready = world.emulator.counters().since(&api_before);
     let flintlock_to_ready = world.flintlock_calls();
     println!(
-        "\nall {MACHINES} machines ready in {:.1}s (provisioning takes {:.1}s on the hosts)",
+        "\nall {total} machines ready in {:.1}s (provisioning takes {:.1}s on the hosts)",
         time_to_ready.as_secs_f64(),
         args.provision_ms as f64 / 1000.0
     );
@@ -168,12 +183,15 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         return Ok(());
     }
 
+    pool_steps(world, &mut table, timeout).await?;
+
     println!("\ndeleting Cluster {CLUSTER}");
     let deleted_at = Instant::now();
     Api::<Cluster>::namespaced(world.client.clone(), NAMESPACE)
         .delete(CLUSTER, &DeleteParams::default())
         .await
         .context("deleting the Cluster")?;
+    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), NAMESPACE);
     loop {
         let list = machines.list(&ListParams::default()).await?.items;
         table.show(&list, &node_names(world, &list));
@@ -210,6 +228,125 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         &world.flintlock_calls(),
     );
     Ok(())
+}
+
+/// The pool's steps: scaled up and down through the scale subresource (as `kubectl scale mp` and
+/// cluster-autoscaler do), then rolled to a new memory size.
+async fn pool_steps(world: &World, table: &mut LiveTable, timeout: Duration) -> anyhow::Result<()> {
+    let pools = Api::<kube::api::DynamicObject>::namespaced_with(
+        world.client.clone(),
+        NAMESPACE,
+        &machine_pool_resource(),
+    );
+    for size in &POOL_SIZES[1..] {
+        println!(
+            "\nscaling MachinePool {POOL} to {size} (kubectl scale mp {POOL} --replicas={size})"
+        );
+        let step = Instant::now();
+        pools
+            .patch_scale(
+                POOL,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": size}})),
+            )
+            .await
+            .context("scaling the MachinePool")?;
+        let total = DEPLOYED + size;
+        wait_until(
+            world,
+            table,
+            Instant::now() + timeout,
+            &format!("the pool to reach {size}"),
+            |s| s.settled(total, POOL_MEMORY_MB[0]),
+        )
+        .await?;
+        println!(
+            "\nthe pool has {size} ready instances ({:.1}s)",
+            step.elapsed().as_secs_f64()
+        );
+    }
+    let memory = POOL_MEMORY_MB[1];
+    println!(
+        "\nrolling MicrovmMachinePool {POOL} to memoryMb {memory} (maxSurge 1, maxUnavailable 0)"
+    );
+    let step = Instant::now();
+    Api::<MicrovmMachinePool>::namespaced(world.client.clone(), NAMESPACE)
+        .patch(
+            POOL,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"memoryMb": memory}}})),
+        )
+        .await
+        .context("changing the pool's template")?;
+    let total = DEPLOYED + POOL_SIZES[2];
+    wait_until(world, table, Instant::now() + timeout, "the roll", |s| {
+        s.settled(total, memory)
+    })
+    .await?;
+    println!(
+        "\nevery instance of the pool runs the new template ({:.1}s)",
+        step.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What the demo waits on: the MicrovmMachines, their Nodes and the Machines with a providerID.
+struct Snapshot {
+    machines: Vec<MicrovmMachine>,
+    nodes: BTreeMap<String, String>,
+    capi_with_provider_id: usize,
+}
+
+impl Snapshot {
+    /// Exactly `total` machines, all ready with a Node and a Machine that has their providerID, and
+    /// the pool's instances all of `memory_mb`.
+    fn settled(&self, total: usize, memory_mb: i64) -> bool {
+        self.machines.len() == total
+            && self.machines.iter().all(is_ready)
+            && self.nodes.len() == total
+            && self.capi_with_provider_id == total
+            && self
+                .machines
+                .iter()
+                .filter(|m| m.labels().contains_key(POOL_NAME_LABEL))
+                .all(|m| m.spec.memory_mb == memory_mb)
+    }
+}
+
+/// Shows the table until `done` holds, or fails at `deadline` naming `what`.
+async fn wait_until(
+    world: &World,
+    table: &mut LiveTable,
+    deadline: Instant,
+    what: &str,
+    done: impl Fn(&Snapshot) -> bool,
+) -> anyhow::Result<()> {
+    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let capi_machines: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    loop {
+        let list = machines.list(&ListParams::default()).await?.items;
+        let nodes = node_names(world, &list);
+        table.show(&list, &nodes);
+        let capi_with_provider_id = capi_machines
+            .list(&ListParams::default())
+            .await?
+            .items
+            .iter()
+            .filter(|m| m.spec.provider_id.is_some())
+            .count();
+        let snapshot = Snapshot {
+            machines: list,
+            nodes,
+            capi_with_provider_id,
+        };
+        if done(&snapshot) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!("timed out waiting for {what}");
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 fn is_ready(m: &MicrovmMachine) -> bool {
@@ -279,13 +416,16 @@ impl LiveTable {
     }
 
     fn show(&mut self, machines: &[MicrovmMachine], nodes: &BTreeMap<String, String>) {
-        let mut rows: Vec<[String; 6]> = machines
+        let mut rows: Vec<[String; 8]> = machines
             .iter()
             .map(|m| {
                 let status = m.status.clone().unwrap_or_default();
                 let ready = status.conditions.iter().find(|c| c.type_ == READY);
+                let deleting = m.metadata.deletion_timestamp.is_some();
                 [
+                    group_of(m),
                     m.name_any(),
+                    format!("{}Mi", m.spec.memory_mb),
                     status.host.unwrap_or_else(|| "-".into()),
                     status.vm_state.map(state_name).unwrap_or("-").to_string(),
                     ready
@@ -295,13 +435,20 @@ impl LiveTable {
                         .get(&m.name_any())
                         .cloned()
                         .unwrap_or_else(|| "-".into()),
-                    ready.map(|c| c.reason.clone()).unwrap_or_default(),
+                    if deleting {
+                        "Deleting".to_string()
+                    } else {
+                        ready.map(|c| c.reason.clone()).unwrap_or_default()
+                    },
                 ]
             })
             .collect();
         rows.sort();
-        let header = ["MACHINE", "HOST", "STATE", "READY", "NODE", "REASON"].map(String::from);
-        let widths: Vec<usize> = (0..6)
+        let header = [
+            "POOL", "MACHINE", "MEMORY", "HOST", "STATE", "READY", "NODE", "REASON",
+        ]
+        .map(String::from);
+        let widths: Vec<usize> = (0..8)
             .map(|i| {
                 rows.iter()
                     .chain([&header])
@@ -334,6 +481,20 @@ impl LiveTable {
         let _ = out.flush();
         self.lines = text.lines().count();
         self.last = text;
+    }
+}
+
+/// What a machine belongs to: the MachinePool, the MachineDeployment or the control plane.
+fn group_of(m: &MicrovmMachine) -> String {
+    let labels = m.labels();
+    if let Some(pool) = labels.get(POOL_NAME_LABEL) {
+        format!("mp/{pool}")
+    } else if let Some(md) = labels.get(DEPLOYMENT_NAME_LABEL) {
+        format!("md/{md}")
+    } else if labels.contains_key(CONTROL_PLANE_LABEL) {
+        "control-plane".to_string()
+    } else {
+        "-".to_string()
     }
 }
 

@@ -6,6 +6,7 @@
 //! - [`hosts`]: serving hollow flintlock hosts (the simulated flintlock of `capmvm-flintlock`).
 
 pub mod bench;
+pub mod bench_pool;
 pub mod capi;
 pub mod demo;
 pub mod hosts;

@@ -459,6 +459,17 @@ impl World {
         vars: &[(&str, String)],
         edit: impl FnOnce(&mut Vec<DynamicObject>),
     ) -> anyhow::Result<Vec<String>> {
+        self.apply_template(DEMO_CLUSTER, vars, edit).await
+    }
+
+    /// [`World::apply_demo_cluster`] for another cluster template (such as
+    /// [`MACHINEPOOL_CLUSTER`], the `machinepool` flavor).
+    pub async fn apply_template(
+        &self,
+        template: &str,
+        vars: &[(&str, String)],
+        edit: impl FnOnce(&mut Vec<DynamicObject>),
+    ) -> anyhow::Result<Vec<String>> {
         let mut all: BTreeMap<String, String> = vars
             .iter()
             .map(|(k, v)| (k.to_string(), v.clone()))
@@ -466,7 +477,7 @@ impl World {
         for (letter, endpoint) in ["HOST_A", "HOST_B", "HOST_C"].iter().zip(self.endpoints()) {
             all.entry(letter.to_string()).or_insert(endpoint);
         }
-        let mut objects = manifest::parse(&manifest::envsubst(DEMO_CLUSTER, &all)?)?;
+        let mut objects = manifest::parse(&manifest::envsubst(template, &all)?)?;
         if all.get("CONTROL_PLANE_MACHINE_COUNT").map(String::as_str) == Some("0") {
             objects.retain(|o| {
                 o.types
@@ -575,6 +586,10 @@ impl World {
 
 /// The shipped cluster template the demo applies, compiled in so the demo runs from any directory.
 pub const DEMO_CLUSTER: &str = include_str!("../../templates/cluster-template.yaml");
+
+/// The `machinepool` flavor (`templates/cluster-template-machinepool.yaml`), compiled in likewise.
+pub const MACHINEPOOL_CLUSTER: &str =
+    include_str!("../../templates/cluster-template-machinepool.yaml");
 
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(

@@ -1,0 +1,53 @@
+//! `capmvm-sim bench --pool` at CI size: every step converges (exact size, all ready, the roll to
+//! the new template) and the report names each step with its budget and counts.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use capmvm_sim::bench::BenchArgs;
+use capmvm_sim::bench_pool::PoolPlan;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_pool_scales_rolls_and_is_reported() {
+    let args = BenchArgs {
+        hosts: 3,
+        machines: 1,
+        provision_ms: 500,
+        poll_secs: 2,
+        steady_secs: 0,
+        timeout_secs: 120,
+        pool: true,
+    };
+    let plan = PoolPlan {
+        peak: 6,
+        low: 2,
+        max_surge: 2,
+    };
+    let report = run_with_sim(args, plan).await;
+    let names: Vec<&str> = report.steps.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(
+        names,
+        vec![
+            "scale 0 -> 6",
+            "scale 6 -> 2",
+            "scale 2 -> 6",
+            "roll 6 (maxSurge 2)"
+        ]
+    );
+    assert_eq!(report.steps[0].created, 6);
+    assert_eq!(report.steps[1].deleted, 4);
+    // The roll's ideal: 6/2 waves of (provision + poll).
+    assert_eq!(report.steps[3].budget.as_millis(), 3 * 2500);
+    assert!(report.steps[0].writes_per_created().unwrap() > 0.0);
+    let text = report.render();
+    assert!(text.contains("| roll 6 (maxSurge 2) |"), "{text}");
+    assert!(report.operator_usage.is_some());
+}
+
+async fn run_with_sim(args: BenchArgs, plan: PoolPlan) -> capmvm_sim::bench_pool::PoolReport {
+    capmvm_sim::bench_pool::run_with_exe(
+        args,
+        plan,
+        std::path::PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
+    )
+    .await
+    .unwrap()
+}
