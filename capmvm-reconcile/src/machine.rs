@@ -501,12 +501,17 @@ impl<'a> Decision<'a> {
             spec: Box::new(spec),
         });
         // Events are published after the host calls succeed, so this one records a done create.
-        self.event(
-            EventKind::Normal,
-            events::MICROVM_CREATED,
-            "Create",
-            format!("created a microVM on host {host}"),
-        );
+        // A pool's instances are announced by the pool's `InstancesCreated` event and show their
+        // host in status: an Event each would be one more write per instance, and a flood of
+        // Events when an autoscaler grows a pool.
+        if instance_pool(self.machine).is_none() {
+            self.event(
+                EventKind::Normal,
+                events::MICROVM_CREATED,
+                "Create",
+                format!("created a microVM on host {host}"),
+            );
+        }
         // The status is written once the created microVM is adopted, right after, together with
         // the providerID's new generation: one status write instead of two.
         self.quiet = true;

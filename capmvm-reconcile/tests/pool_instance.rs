@@ -152,3 +152,20 @@ fn a_plain_machine_ignores_a_machine_pool() {
     obs.owner = None;
     assert!(creates(&decide(&obs, now())).is_empty());
 }
+
+#[test]
+fn an_instance_create_is_announced_by_its_pool_not_by_an_event_of_its_own() {
+    // The pool's `InstancesCreated` event names its new instances; an Event per instance would be a
+    // fifth write per instance and a flood when an autoscaler grows the pool.
+    let plan = decide(&instance(), now());
+    assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
+    assert!(
+        !event_reasons(&plan).contains(&plan::reasons::MICROVM_CREATED),
+        "{:?}",
+        event_reasons(&plan)
+    );
+    // A machine of a MachineDeployment still records its create.
+    let plan = decide(&observed(), now());
+    assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
+    assert!(event_reasons(&plan).contains(&plan::reasons::MICROVM_CREATED));
+}
