@@ -16,6 +16,7 @@ use capmvm_api::MicrovmMachineTemplate;
 use capmvm_api::capi::Cluster;
 use capmvm_sim::world::wait_for;
 use e2e_support::*;
+use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{Node, Secret};
 use kube::api::{
     ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams,
@@ -188,39 +189,40 @@ async fn nodes_register_machines_get_their_node_and_the_cluster_takes_them_along
         .workloads()
         .url(&capmvm_sim::capi::workload::ClusterKey::new(NS, "demo"))
         .unwrap();
+    // Watch the workload's Nodes from before the delete until the API stops: every Node must be
+    // seen deleted on that watch (a poll could miss the moment between the last deletion and the
+    // API stopping on a busy machine).
+    let nodes = Api::<Node>::all(workload.clone());
+    let before = nodes.list(&ListParams::default()).await.unwrap();
+    let names: BTreeSet<String> = before.items.iter().map(|n| n.name_any()).collect();
+    assert_eq!(names.len(), 4, "{names:?}");
+    let version = before.metadata.resource_version.unwrap_or_default();
+    let mut stream = nodes
+        .watch(&kube::api::WatchParams::default().timeout(290), &version)
+        .await
+        .unwrap()
+        .boxed();
     Api::<Cluster>::namespaced(w.client.clone(), NS)
         .delete("demo", &DeleteParams::default())
         .await
         .unwrap();
-    let saw_no_nodes = std::sync::atomic::AtomicBool::new(false);
-    wait_for(
-        "the workload API to stop",
-        WAIT,
-        Duration::from_millis(50),
-        || {
-            let workload = workload.clone();
-            let saw = &saw_no_nodes;
-            async move {
-                match Api::<Node>::all(workload)
-                    .list(&ListParams::default())
-                    .await
-                {
-                    Ok(list) => {
-                        if list.items.is_empty() {
-                            saw.store(true, std::sync::atomic::Ordering::Relaxed);
-                        }
-                        Ok(None)
-                    }
-                    Err(_) => Ok(Some(())),
+    let mut deleted = BTreeSet::new();
+    let watched = tokio::time::timeout(WAIT, async {
+        while let Some(event) = stream.next().await {
+            match event {
+                Ok(kube::api::WatchEvent::Deleted(node)) => {
+                    deleted.insert(node.name_any());
                 }
+                Ok(_) => {}
+                Err(_) => break,
             }
-        },
-    )
-    .await
-    .unwrap();
-    assert!(
-        saw_no_nodes.into_inner(),
-        "every Node was deleted before the workload API stopped"
+        }
+    })
+    .await;
+    assert!(watched.is_ok(), "the workload API did not stop");
+    assert_eq!(
+        deleted, names,
+        "every Node is deleted while the workload API still serves"
     );
     assert!(w.workload_client(NS, "demo").is_none());
     assert!(std::net::TcpStream::connect(url.trim_start_matches("http://")).is_err());
