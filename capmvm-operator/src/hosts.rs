@@ -59,7 +59,49 @@ pub struct Snapshot {
     /// Whether the last list answered.
     pub reachability: Reachability,
     /// Every microVM on the host (all namespaces), as of the last successful list.
-    pub vms: Arc<Vec<HostVm>>,
+    pub vms: Arc<ListedVms>,
+}
+
+/// The microVMs one list showed, with the totals placement reads. The totals are computed once per
+/// list (or per create or delete recorded), not per placement decision: a decision reads every
+/// host's allocation, and summing each host's microVMs there made placing M machines cost O(M²).
+#[derive(Clone, Debug, Default)]
+pub struct ListedVms {
+    vms: Vec<HostVm>,
+    /// vCPUs and MiB held by the microVMs not being deleted.
+    vcpu: i64,
+    memory_mb: i64,
+    /// The machine uids those microVMs carry (their reservations are counted through them).
+    machine_uids: HashSet<String>,
+}
+
+impl ListedVms {
+    /// The microVMs `vms`, with their totals.
+    pub fn new(vms: Vec<HostVm>) -> Self {
+        let (mut vcpu, mut memory_mb) = (0, 0);
+        let mut machine_uids = HashSet::new();
+        for hv in vms.iter().filter(|hv| hv.vm.state != VmState::Deleting) {
+            vcpu += hv.vcpu;
+            memory_mb += hv.memory_mb;
+            if let Some(uid) = &hv.vm.machine_uid {
+                machine_uids.insert(uid.clone());
+            }
+        }
+        Self {
+            vms,
+            vcpu,
+            memory_mb,
+            machine_uids,
+        }
+    }
+}
+
+impl std::ops::Deref for ListedVms {
+    type Target = [HostVm];
+
+    fn deref(&self) -> &[HostVm] {
+        &self.vms
+    }
 }
 
 struct HostState {
@@ -106,7 +148,9 @@ pub struct Hosts {
     wake: Arc<dyn Wake>,
     poll: Duration,
     busy_poll: Duration,
-    entries: Mutex<HashMap<HostConfig, HostEntry>>,
+    /// Observers by endpoint, then by config: allocation and updates are per endpoint, and a
+    /// decision reads every pool host's, so finding them must not scan all observers.
+    entries: Mutex<HashMap<String, HashMap<HostConfig, HostEntry>>>,
     /// Which configs each MicrovmCluster (`namespace/name`) uses.
     declared: Mutex<HashMap<String, HashSet<HostConfig>>>,
     /// Machines placed on a host whose microVM the host does not list yet: endpoint → machine uid →
@@ -148,7 +192,8 @@ impl Hosts {
         let Ok(mut entries) = self.entries.lock() else {
             return;
         };
-        if let Some(entry) = entries.get_mut(config) {
+        let by_config = entries.entry(config.endpoint.clone()).or_default();
+        if let Some(entry) = by_config.get_mut(config) {
             entry.wanted_at = Instant::now();
             return;
         }
@@ -159,7 +204,7 @@ impl Hosts {
         });
         let task = self.spawn(config.clone(), state.clone());
         debug!(host = %config.endpoint, "observing host");
-        entries.insert(
+        by_config.insert(
             config.clone(),
             HostEntry {
                 state,
@@ -206,16 +251,19 @@ impl Hosts {
             return;
         };
         let mut stopped = Vec::new();
-        entries.retain(|config, entry| {
-            let keep = wanted.contains(config) || entry.wanted_at.elapsed() < grace;
-            if !keep {
-                entry.task.abort();
-                stopped.push(config.endpoint.clone());
-            }
-            keep
-        });
+        for by_config in entries.values_mut() {
+            by_config.retain(|config, entry| {
+                let keep = wanted.contains(config) || entry.wanted_at.elapsed() < grace;
+                if !keep {
+                    entry.task.abort();
+                    stopped.push(config.endpoint.clone());
+                }
+                keep
+            });
+        }
+        entries.retain(|_, by_config| !by_config.is_empty());
         for endpoint in stopped {
-            if !entries.keys().any(|c| c.endpoint == endpoint) {
+            if !entries.contains_key(&endpoint) {
                 info!(host = %endpoint, "no longer observing host: no MicrovmCluster names it");
                 self.metrics.host_forgotten(&endpoint);
                 if let Ok(mut reservations) = self.reservations.lock() {
@@ -228,7 +276,7 @@ impl Hosts {
     /// The last answer of the host under `config`, if it is observed.
     pub fn snapshot(&self, config: &HostConfig) -> Option<Snapshot> {
         let entries = self.entries.lock().ok()?;
-        let entry = entries.get(config)?;
+        let entry = entries.get(&config.endpoint)?.get(config)?;
         entry.state.snapshot.read().ok().map(|s| s.clone())
     }
 
@@ -251,27 +299,20 @@ impl Hosts {
     /// credentials that could list it: capacity is physical, and only numbers leave this function)
     /// plus the placements not listed yet.
     pub fn allocation(&self, endpoint: &str) -> (i64, i64) {
-        let listed: Option<Arc<Vec<HostVm>>> = self.entries.lock().ok().and_then(|entries| {
-            entries
-                .iter()
-                .filter(|(c, _)| c.endpoint == endpoint)
-                .filter_map(|(_, e)| e.state.snapshot.read().ok().map(|s| s.clone()))
-                .find(|s| s.reachability == Reachability::Reachable)
-                .map(|s| s.vms)
-        });
-        let (mut vcpu, mut memory_mb) = (0, 0);
-        let mut listed_machines = HashSet::new();
-        for hv in listed
-            .iter()
-            .flat_map(|v| v.iter())
-            .filter(|hv| hv.vm.state != VmState::Deleting)
-        {
-            vcpu += hv.vcpu;
-            memory_mb += hv.memory_mb;
-            if let Some(uid) = &hv.vm.machine_uid {
-                listed_machines.insert(uid.clone());
-            }
-        }
+        let listed: Arc<ListedVms> = self
+            .entries
+            .lock()
+            .ok()
+            .and_then(|entries| {
+                entries
+                    .get(endpoint)?
+                    .values()
+                    .filter_map(|e| e.state.snapshot.read().ok().map(|s| s.clone()))
+                    .find(|s| s.reachability == Reachability::Reachable)
+                    .map(|s| s.vms)
+            })
+            .unwrap_or_default();
+        let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
@@ -280,11 +321,11 @@ impl Hosts {
             host.retain(|uid, r| {
                 let age = r.since.elapsed();
                 age < RESERVATION_TTL
-                    && (age < RESERVATION_SETTLE || !listed_machines.contains(uid))
+                    && (age < RESERVATION_SETTLE || !listed.machine_uids.contains(uid))
             });
             for (_, r) in host
                 .iter()
-                .filter(|(uid, _)| !listed_machines.contains(*uid))
+                .filter(|(uid, _)| !listed.machine_uids.contains(*uid))
             {
                 vcpu += r.vcpu;
                 memory_mb += r.memory_mb;
@@ -362,13 +403,13 @@ impl Hosts {
         let Ok(entries) = self.entries.lock() else {
             return;
         };
-        for (_, entry) in entries.iter().filter(|(c, _)| c.endpoint == endpoint) {
+        for entry in entries.get(endpoint).into_iter().flat_map(HashMap::values) {
             if let Ok(mut snapshot) = entry.state.snapshot.write()
                 && snapshot.reachability == Reachability::Reachable
             {
-                let mut vms = snapshot.vms.as_ref().clone();
+                let mut vms = snapshot.vms.vms.clone();
                 change(&mut vms);
-                snapshot.vms = Arc::new(vms);
+                snapshot.vms = Arc::new(ListedVms::new(vms));
             }
             if let Ok(mut busy) = entry.state.busy_until.lock() {
                 *busy = Instant::now() + BUSY_AFTER_CALL;
@@ -510,7 +551,7 @@ impl Hosts {
             }
             s.reachability = reachability;
             if let Some(vms) = vms {
-                s.vms = Arc::new(vms);
+                s.vms = Arc::new(ListedVms::new(vms));
             }
         }
         changed.sort();
@@ -532,9 +573,11 @@ impl Hosts {
             return false;
         };
         entries
-            .iter()
-            .filter(|(c, e)| c.endpoint == endpoint && !std::ptr::eq(e.state.as_ref(), state))
-            .any(|(_, e)| {
+            .get(endpoint)
+            .into_iter()
+            .flat_map(HashMap::values)
+            .filter(|e| !std::ptr::eq(e.state.as_ref(), state))
+            .any(|e| {
                 e.state
                     .snapshot
                     .read()
@@ -546,7 +589,7 @@ impl Hosts {
 impl Drop for Hosts {
     fn drop(&mut self) {
         if let Ok(entries) = self.entries.lock() {
-            for entry in entries.values() {
+            for entry in entries.values().flat_map(HashMap::values) {
                 entry.task.abort();
             }
         }
@@ -605,6 +648,7 @@ mod reservation_tests {
 
     use super::*;
     use capmvm_flintlock::PoolOptions;
+    use capmvm_reconcile::ObservedVm;
 
     struct NoWake;
 
@@ -684,6 +728,66 @@ mod reservation_tests {
         assert_eq!(hosts.allocation(&chosen).0, 0);
     }
 
+    fn vm(uid: &str, machine_uid: &str, state: VmState) -> HostVm {
+        HostVm {
+            vm: ObservedVm {
+                uid: uid.to_string(),
+                namespace: "ns".to_string(),
+                name: uid.to_string(),
+                state,
+                retry: 0,
+                machine_uid: Some(machine_uid.to_string()),
+                running: None,
+            },
+            vcpu: 2,
+            memory_mb: 2048,
+        }
+    }
+
+    /// The totals a list carries follow every change recorded on the snapshot: a created microVM is
+    /// counted once (not again through its placement's reservation), a deleting one no more.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn allocation_follows_listed_and_recorded_microvms() {
+        let hosts = hosts();
+        let endpoint = ENDPOINTS[0];
+        // The observer's first list (nothing listens there) must not overwrite what is set below.
+        let config = HostConfig::new(endpoint);
+        for _ in 0..250 {
+            if hosts.snapshot(&config).unwrap().reachability != Reachability::Unknown {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        {
+            let entries = hosts.entries.lock().unwrap();
+            let entry = entries[endpoint].values().next().unwrap();
+            let mut snapshot = entry.state.snapshot.write().unwrap();
+            snapshot.reachability = Reachability::Reachable;
+            snapshot.vms = Arc::new(ListedVms::new(vec![
+                vm("vm-a", "uid-a", VmState::Created),
+                vm("vm-b", "uid-b", VmState::Deleting),
+            ]));
+        }
+        assert_eq!(
+            hosts.allocation(endpoint),
+            (2, 2048),
+            "deleting holds nothing"
+        );
+        hosts.reserve(endpoint, "uid-c", 2, 2048);
+        assert_eq!(hosts.allocation(endpoint), (4, 4096));
+        hosts.update(endpoint, |vms| {
+            vms.push(vm("vm-c", "uid-c", VmState::Pending))
+        });
+        assert_eq!(
+            hosts.allocation(endpoint),
+            (4, 4096),
+            "listed and reserved count once"
+        );
+        hosts.update(endpoint, |vms| vms[0].vm.state = VmState::Deleting);
+        assert_eq!(hosts.allocation(endpoint), (2, 2048));
+        assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
+    }
+
     /// Observers are per credentials: two configs of one endpoint are two observers, and one no
     /// MicrovmCluster declares any more stops, with its gauges.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -701,7 +805,7 @@ mod reservation_tests {
         b.basic_auth_token = Some(capmvm_flintlock::SecretString::new("token-b".to_string()));
         hosts.declare("ns/a", [a.clone()]);
         hosts.declare("ns/b", [b.clone()]);
-        assert_eq!(hosts.entries.lock().unwrap().len(), 2);
+        assert_eq!(hosts.entries.lock().unwrap()[ENDPOINTS[0]].len(), 2);
         // The first list (nothing listens there) publishes the endpoint's gauge.
         let gauge = format!("capmvm_host_reachable{{host=\"{}\"}}", ENDPOINTS[0]);
         for _ in 0..100 {
