@@ -22,8 +22,8 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 
-/// How long after a create or delete a host is polled at the busy interval, even if its list shows
-/// nothing in flight (the snapshot already holds the new state; this covers a list that raced it).
+/// How long a microVM just created or deleted here stays in the host's in-flight set even if a list
+/// does not show it (a list that was under way when the call returned may miss it).
 const BUSY_AFTER_CALL: Duration = Duration::from_secs(5);
 
 /// How long a placement not yet visible on its host counts towards the host's allocation.
@@ -106,7 +106,11 @@ impl std::ops::Deref for ListedVms {
 
 struct HostState {
     snapshot: RwLock<Snapshot>,
-    busy_until: Mutex<Instant>,
+    /// The microVMs in flight (pending or deleting), by uid, with when this operator last created
+    /// or deleted them (`None`: seen in flight in a list). While any is, the observer asks the host
+    /// about these alone at the busy interval (a Get each) and lists the whole host at the poll
+    /// interval only: listing a busy host whole every second cost O(microVMs on it) per second.
+    in_flight: Mutex<HashMap<String, Option<Instant>>>,
     kick: Notify,
 }
 
@@ -199,7 +203,7 @@ impl Hosts {
         }
         let state = Arc::new(HostState {
             snapshot: RwLock::new(Snapshot::default()),
-            busy_until: Mutex::new(Instant::now()),
+            in_flight: Mutex::new(HashMap::new()),
             kick: Notify::new(),
         });
         let task = self.spawn(config.clone(), state.clone());
@@ -382,7 +386,7 @@ impl Hosts {
     /// polls the host fast while it starts.
     pub fn record_created(&self, endpoint: &str, vm: &Microvm) {
         let hv = host_vm(vm, machine_uid_from_metadata(&vm.spec.metadata));
-        self.update(endpoint, |vms| {
+        self.update(endpoint, &hv.vm.uid, |vms| {
             vms.retain(|v| v.vm.uid != hv.vm.uid);
             vms.push(hv.clone());
         });
@@ -390,7 +394,7 @@ impl Hosts {
 
     /// Records a delete this operator just asked for.
     pub fn record_deleting(&self, endpoint: &str, uid: &str) {
-        self.update(endpoint, |vms| {
+        self.update(endpoint, uid, |vms| {
             for v in vms.iter_mut().filter(|v| v.vm.uid == uid) {
                 v.vm.state = VmState::Deleting;
             }
@@ -398,8 +402,9 @@ impl Hosts {
     }
 
     /// Applies `change` to the snapshots of `endpoint` whose credentials could list it (their last
-    /// list answered): an observer refused by the host never shows what it could not list.
-    fn update(&self, endpoint: &str, change: impl Fn(&mut Vec<HostVm>)) {
+    /// list answered): an observer refused by the host never shows what it could not list. `uid` is
+    /// in flight: the observers ask the host about it at the busy interval until it settles.
+    fn update(&self, endpoint: &str, uid: &str, change: impl Fn(&mut Vec<HostVm>)) {
         let Ok(entries) = self.entries.lock() else {
             return;
         };
@@ -411,10 +416,13 @@ impl Hosts {
                 change(&mut vms);
                 snapshot.vms = Arc::new(ListedVms::new(vms));
             }
-            if let Ok(mut busy) = entry.state.busy_until.lock() {
-                *busy = Instant::now() + BUSY_AFTER_CALL;
+            if let Ok(mut in_flight) = entry.state.in_flight.lock() {
+                // A host already busy is asked at the busy interval anyway: no kick per create.
+                if in_flight.is_empty() {
+                    entry.state.kick.notify_one();
+                }
+                in_flight.insert(uid.to_string(), Some(Instant::now()));
             }
-            entry.state.kick.notify_one();
         }
     }
 
@@ -427,30 +435,39 @@ impl Hosts {
         let endpoint = config.endpoint.clone();
         // The machine uid a microVM carries never changes: parse each microVM's meta-data once.
         let mut machine_uids: HashMap<String, Option<String>> = HashMap::new();
-        let mut first = true;
+        let mut last_list: Option<Instant> = None;
         loop {
-            if !first {
-                let busy = state
-                    .busy_until
-                    .lock()
-                    .map(|b| Instant::now() < *b)
-                    .unwrap_or(false)
-                    || state.snapshot.read().is_ok_and(|s| {
-                        s.vms
-                            .iter()
-                            .any(|v| matches!(v.vm.state, VmState::Pending | VmState::Deleting))
-                    });
-                let interval = if busy { self.busy_poll } else { self.poll };
+            if let Some(listed_at) = last_list {
+                let busy = state.in_flight.lock().is_ok_and(|f| !f.is_empty());
+                let until_list = self.poll.saturating_sub(listed_at.elapsed());
+                let interval = if busy {
+                    self.busy_poll.min(until_list)
+                } else {
+                    until_list
+                };
                 tokio::select! {
                     () = tokio::time::sleep(interval) => {}
                     () = state.kick.notified() => {
-                        // Let a burst of creates land before listing again.
+                        // Let a burst of creates land before asking.
                         tokio::time::sleep(self.busy_poll.min(Duration::from_millis(200))).await;
                     }
                 }
             }
-            first = false;
-            let listed = match self.pool.client(&config) {
+            let list_due = last_list.is_none_or(|t| t.elapsed() >= self.poll)
+                || state
+                    .snapshot
+                    .read()
+                    .map_or(true, |s| s.reachability != Reachability::Reachable);
+            let client = self.pool.client(&config);
+            if !list_due
+                && let Ok(client) = &client
+                && let Some(vms) = self.ask_in_flight(client, &state, &mut machine_uids).await
+            {
+                self.publish(&endpoint, &state, Reachability::Reachable, Some(vms));
+                continue;
+            }
+            last_list = Some(Instant::now());
+            let listed = match client {
                 Ok(client) => client.list("", None).await,
                 Err(e) => Err(e),
             };
@@ -469,6 +486,7 @@ impl Hosts {
                         })
                         .collect();
                     machine_uids.retain(|uid, _| seen.contains(uid));
+                    track_in_flight(&state, &vms);
                     (Reachability::Reachable, Some(vms))
                 }
                 Err(e) if e.kind() == ErrorKind::Unauthenticated => {
@@ -482,6 +500,59 @@ impl Hosts {
             };
             self.publish(&endpoint, &state, reachability, vms);
         }
+    }
+
+    /// Asks the host about each microVM in flight (a Get each) and returns the snapshot's microVMs
+    /// with the answers applied: a settled one leaves the in-flight set, a gone one the snapshot.
+    /// `None` when a call failed otherwise than NotFound: the caller lists the host instead, which
+    /// reports reachability.
+    async fn ask_in_flight(
+        &self,
+        client: &FlintlockClient,
+        state: &HostState,
+        machine_uids: &mut HashMap<String, Option<String>>,
+    ) -> Option<Vec<HostVm>> {
+        let uids: Vec<String> = state.in_flight.lock().ok()?.keys().cloned().collect();
+        if uids.is_empty() {
+            return None;
+        }
+        let mut answers: HashMap<String, Option<HostVm>> = HashMap::new();
+        for uid in uids {
+            match client.get(&uid).await {
+                Ok(vm) => {
+                    let machine_uid = machine_uids
+                        .entry(uid.clone())
+                        .or_insert_with(|| machine_uid_from_metadata(&vm.spec.metadata))
+                        .clone();
+                    answers.insert(uid, Some(host_vm(&vm, machine_uid)));
+                }
+                Err(e) if e.kind() == ErrorKind::NotFound => {
+                    machine_uids.remove(&uid);
+                    answers.insert(uid, None);
+                }
+                Err(_) => return None,
+            }
+        }
+        if let Ok(mut in_flight) = state.in_flight.lock() {
+            for (uid, answer) in &answers {
+                let settled = answer
+                    .as_ref()
+                    .is_none_or(|hv| !matches!(hv.vm.state, VmState::Pending | VmState::Deleting));
+                if settled {
+                    in_flight.remove(uid);
+                }
+            }
+        }
+        // Applied to the snapshot as it is now: a create recorded meanwhile stays in it.
+        let mut vms: Vec<HostVm> = state.snapshot.read().ok()?.vms.to_vec();
+        vms.retain(|hv| !matches!(answers.get(&hv.vm.uid), Some(None)));
+        for hv in &mut vms {
+            if let Some(Some(answer)) = answers.remove(&hv.vm.uid) {
+                *hv = answer;
+            }
+        }
+        vms.extend(answers.into_values().flatten());
+        Some(vms)
     }
 
     /// Stores a list result and wakes whoever it concerns.
@@ -632,6 +703,28 @@ fn host_vm(vm: &Microvm, machine_uid: Option<String>) -> HostVm {
     }
 }
 
+/// After a whole list: the microVMs it shows pending or deleting are in flight; one it shows settled
+/// is not; one it does not show stays only if this operator created or deleted it moments ago (the
+/// list may have raced the call).
+fn track_in_flight(state: &HostState, vms: &[HostVm]) {
+    let Ok(mut in_flight) = state.in_flight.lock() else {
+        return;
+    };
+    let listed: HashMap<&str, VmState> = vms
+        .iter()
+        .map(|hv| (hv.vm.uid.as_str(), hv.vm.state))
+        .collect();
+    in_flight.retain(|uid, called_at| match listed.get(uid.as_str()) {
+        Some(state) => matches!(state, VmState::Pending | VmState::Deleting),
+        None => called_at.is_some_and(|t| t.elapsed() < BUSY_AFTER_CALL),
+    });
+    for hv in vms {
+        if matches!(hv.vm.state, VmState::Pending | VmState::Deleting) {
+            in_flight.entry(hv.vm.uid.clone()).or_insert(None);
+        }
+    }
+}
+
 fn state_label(state: VmState) -> &'static str {
     match state {
         VmState::Pending => "pending",
@@ -775,7 +868,7 @@ mod reservation_tests {
         );
         hosts.reserve(endpoint, "uid-c", 2, 2048);
         assert_eq!(hosts.allocation(endpoint), (4, 4096));
-        hosts.update(endpoint, |vms| {
+        hosts.update(endpoint, "vm-c", |vms| {
             vms.push(vm("vm-c", "uid-c", VmState::Pending))
         });
         assert_eq!(
@@ -783,9 +876,94 @@ mod reservation_tests {
             (4, 4096),
             "listed and reserved count once"
         );
-        hosts.update(endpoint, |vms| vms[0].vm.state = VmState::Deleting);
+        hosts.update(endpoint, "vm-a", |vms| vms[0].vm.state = VmState::Deleting);
         assert_eq!(hosts.allocation(endpoint), (2, 2048));
         assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
+    }
+
+    /// A busy host is asked about its microVMs in flight alone (a Get each), and listed whole only
+    /// at the poll interval: a microVM created here is seen CREATED without another list.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_host_is_asked_about_its_microvms_in_flight_not_listed_whole() {
+        use capmvm_flintlock::hollow::{HollowConfig, HollowHost};
+        let host = HollowHost::start(HollowConfig {
+            provision_time: Duration::from_millis(300),
+            ..HollowConfig::default()
+        })
+        .await
+        .unwrap();
+        let config = HostConfig::new(host.endpoint());
+        let hosts = Hosts::new(
+            ClientPool::new(PoolOptions::default()),
+            Metrics::new(),
+            Arc::new(NoWake),
+            Duration::from_secs(3600),
+            Duration::from_millis(50),
+        );
+        hosts.ensure(&config);
+        for _ in 0..250 {
+            if hosts.snapshot(&config).unwrap().reachability == Reachability::Reachable {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            host.control().counters().of(capmvm_flintlock::Method::List),
+            1
+        );
+
+        let client = hosts.client(&config).unwrap();
+        let spec = capmvm_flintlock::MicrovmSpec {
+            id: "m1".to_string(),
+            namespace: "ns".to_string(),
+            vcpu: 2,
+            memory_mb: 2048,
+            kernel: capmvm_flintlock::Kernel {
+                image: "ghcr.io/liquidmetal-dev/flintlock-kernel:5.10.77".to_string(),
+                filename: Some("boot/vmlinux".to_string()),
+                ..Default::default()
+            },
+            root_volume: Some(capmvm_flintlock::Volume {
+                id: "root".to_string(),
+                source: capmvm_flintlock::VolumeSource {
+                    container_source: Some("ghcr.io/liquidmetal-dev/ubuntu:22.04".to_string()),
+                    virtiofs_source: None,
+                },
+                ..Default::default()
+            }),
+            interfaces: vec![capmvm_flintlock::NetworkInterface {
+                device_id: "eth1".to_string(),
+                iface_type: capmvm_flintlock::IfaceType::Tap,
+                guest_mac: None,
+                address: None,
+            }],
+            ..Default::default()
+        };
+        let vm = client.create(spec).await.unwrap();
+        hosts.record_created(&config.endpoint, &vm);
+        let mut state = VmState::Pending;
+        for _ in 0..100 {
+            let snapshot = hosts.snapshot(&config).unwrap();
+            state = snapshot
+                .vms
+                .iter()
+                .find(|hv| hv.vm.uid == vm.uid())
+                .unwrap()
+                .vm
+                .state;
+            if state == VmState::Created {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(state, VmState::Created);
+        let counters = host.control().counters();
+        assert_eq!(
+            counters.of(capmvm_flintlock::Method::List),
+            1,
+            "no list while busy"
+        );
+        assert!(counters.of(capmvm_flintlock::Method::Get) >= 1);
     }
 
     /// Observers are per credentials: two configs of one endpoint are two observers, and one no
