@@ -77,6 +77,13 @@ pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
     machine.spec.provider_id.is_none()
 }
 
+/// Whether the decision reads the facts of every host of the pool (to choose one) rather than only
+/// the recorded host's: true while no host is recorded. Gathering a whole pool for every reconcile of
+/// a placed machine cost O(hosts) each for nothing.
+pub fn wants_pool_facts(machine: &MicrovmMachine) -> bool {
+    recorded_host(machine).is_none()
+}
+
 /// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
 /// still be created (no providerID, not deleting). For a pool's instance it is always the
 /// MachinePool's (core gives MachinePool Machines an empty `dataSecretName`).

@@ -48,7 +48,9 @@ pub struct ObservedMachine {
     pub infra_cluster: Option<MicrovmCluster>,
     /// The bootstrap data Secret, when the operator fetched it (see [`crate::machine::wants_bootstrap_data`]).
     pub bootstrap: BootstrapData,
-    /// Facts about every host of the MicrovmCluster's static pool, keyed by canonical endpoint.
+    /// Facts about every host of the MicrovmCluster's static pool while the machine is to be placed
+    /// (see [`crate::machine::wants_pool_facts`]), else about its recorded host, keyed by canonical
+    /// endpoint.
     pub hosts: BTreeMap<String, HostFacts>,
     /// What the machine's recorded host answered (see [`crate::machine::recorded_host`]).
     pub recorded_host: HostLookup,

@@ -224,8 +224,15 @@ async fn nodes_register_machines_get_their_node_and_the_cluster_takes_them_along
         deleted, names,
         "every Node is deleted while the workload API still serves"
     );
+    // The watch ends as the API shuts down; its listener closes right after.
+    let addr = url.trim_start_matches("http://").to_string();
+    wait_for("the workload API to stop listening", WAIT, POLL, || {
+        let addr = addr.clone();
+        async move { Ok(std::net::TcpStream::connect(&addr).is_err().then_some(())) }
+    })
+    .await
+    .unwrap();
     assert!(w.workload_client(NS, "demo").is_none());
-    assert!(std::net::TcpStream::connect(url.trim_start_matches("http://")).is_err());
     wait_for("the kubeconfig Secret to go", WAIT, POLL, || async {
         let gone = Api::<Secret>::namespaced(w.client.clone(), NS)
             .get_opt("demo-kubeconfig")

@@ -447,6 +447,17 @@ impl HostControl {
         self.host.state().vms.values().map(Vm::snapshot).collect()
     }
 
+    /// Every stored microVM's uid and state, in uid (creation) order: what a poller reads to find
+    /// the few it needs whole ([`HostControl::vm`]) without copying every record's spec.
+    pub fn vm_states(&self) -> Vec<(String, MicrovmState)> {
+        self.host
+            .state()
+            .vms
+            .iter()
+            .map(|(uid, vm)| (uid.clone(), vm.state()))
+            .collect()
+    }
+
     /// One stored microVM.
     pub fn vm(&self, uid: &str) -> Option<VmSnapshot> {
         self.host.state().vms.get(uid).map(Vm::snapshot)

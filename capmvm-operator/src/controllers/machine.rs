@@ -13,7 +13,7 @@ use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMac
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
     HostCallFailure, provider_id, record_host_call_failure, recorded_host, wants_bootstrap_data,
-    wants_fresh_lookup,
+    wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
     BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
@@ -207,7 +207,12 @@ async fn gather(
     let mut hosts = BTreeMap::new();
     let mut recorded_config = None;
     if let Some(mc) = &infra {
-        let mut configs = ctx.credentials.host_configs(mc).await?;
+        // A placed machine's decision reads its recorded host only.
+        let mut configs = if wants_pool_facts(machine) {
+            ctx.credentials.host_configs(mc).await?
+        } else {
+            BTreeMap::new()
+        };
         if let Some(host) = &recorded
             && !configs.contains_key(&host.to_string())
         {

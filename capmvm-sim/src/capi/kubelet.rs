@@ -200,21 +200,24 @@ async fn run(
         let mut to_boot = Vec::new();
         {
             let state = control.state();
+            // States only: copying every record (and its cloud-init) each tick cost O(microVMs).
             for host in &hosts {
-                for vm in host.vms() {
-                    if vm.state() != MicrovmState::Created {
+                for (uid, vm_state) in host.vm_states() {
+                    if vm_state != MicrovmState::Created {
                         continue;
                     }
-                    let uid = vm.uid().to_string();
-                    running.insert(uid.clone());
                     let due = match progress.get(&uid) {
                         Some(Progress::NoKubelet) => false,
                         Some(Progress::RetryAt(at)) => *at <= now,
                         None => true,
                     };
-                    if due && !state.registered.contains_key(&uid) {
+                    if due
+                        && !state.registered.contains_key(&uid)
+                        && let Some(vm) = host.vm(&uid)
+                    {
                         to_boot.push(vm);
                     }
+                    running.insert(uid);
                 }
             }
         }
