@@ -97,9 +97,9 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Runs one measurement.
-pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
-    let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
+/// The world both benchmarks run in: the operator polling as `args` say (1 s while busy), and an
+/// emulator with room for a large cluster's changes.
+pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldOptions {
     let mut options = WorldOptions::new(args.hosts, Duration::from_millis(args.provision_ms), exe);
     options.operator_flags = vec![
         format!("--host-poll-interval={}s", args.poll_secs),
@@ -113,6 +113,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // A large cluster makes many changes at once; keep enough history for watches to resume.
     options.emulator = options.emulator.history_limit(50_000).watch_buffer(20_000);
     options.keep_dir = std::env::var("CAPMVM_BENCH_LOG").is_ok();
+    options
+}
+
+/// Runs one measurement.
+pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
+    let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
+    let options = world_options(&args, exe);
     let own_cpu_before = own_cpu();
     let mut world = World::start(options).await?;
     world.start_operator(&[])?;

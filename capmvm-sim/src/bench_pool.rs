@@ -30,7 +30,7 @@ use serde_json::json;
 use crate::bench::BenchArgs;
 use crate::capi::machinepool::machine_pool_resource;
 use crate::kube::{CounterSnapshot, Verb};
-use crate::world::{MACHINEPOOL_CLUSTER, World, WorldOptions};
+use crate::world::{MACHINEPOOL_CLUSTER, World};
 
 const NAMESPACE: &str = "default";
 /// The flavor's MachinePool and MicrovmMachinePool (cluster `demo`).
@@ -175,17 +175,7 @@ pub async fn run_with_exe(
     if plan.max_surge == 0 || plan.low > plan.peak {
         bail!("the pool plan needs maxSurge >= 1 and low <= peak, got {plan:?}");
     }
-    let mut options = WorldOptions::new(args.hosts, Duration::from_millis(args.provision_ms), exe);
-    options.operator_flags = vec![
-        format!("--host-poll-interval={}s", args.poll_secs),
-        "--host-poll-interval-busy=1s".to_string(),
-        format!(
-            "--log-level={}",
-            std::env::var("CAPMVM_BENCH_LOG").unwrap_or_else(|_| "warn".to_string())
-        ),
-    ];
-    options.emulator = options.emulator.history_limit(50_000).watch_buffer(20_000);
-    options.keep_dir = std::env::var("CAPMVM_BENCH_LOG").is_ok();
+    let options = crate::bench::world_options(&args, exe);
     let mut world = World::start(options).await?;
     world.start_operator(&[])?;
     let result = measure(&world, &args, plan).await;
