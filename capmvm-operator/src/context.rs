@@ -4,8 +4,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use kube::runtime::events::Recorder;
-
 use crate::credentials::Credentials;
 use crate::fault::Fault;
 use crate::hosts::Hosts;
@@ -25,7 +23,7 @@ pub struct Ctx {
     /// Secret-backed host credentials.
     pub credentials: Credentials,
     /// Publishes events.k8s.io/v1 Events.
-    pub recorder: Recorder,
+    pub recorder: crate::events::EventRecorder,
     /// Prometheus metrics.
     pub metrics: Arc<Metrics>,
     /// Per-object error backoff.
@@ -49,10 +47,21 @@ pub struct Ctx {
 /// precondition. Versions are compared for equality only (they are opaque), against ones this process
 /// saw itself.
 #[derive(Default)]
-pub struct OwnWrites(Mutex<HashMap<String, (Instant, Vec<String>)>>);
+pub struct OwnWrites(Mutex<OwnWriteLog>);
+
+#[derive(Default)]
+struct OwnWriteLog {
+    by_key: HashMap<String, (Instant, Vec<String>)>,
+    /// When expired records were last dropped: at most once per [`OWN_WRITES_PRUNE`], since a scan
+    /// of every record on every write made M writes cost O(M²).
+    pruned_at: Option<Instant>,
+}
 
 /// How long a record is kept (objects deleted meanwhile must not be remembered forever).
 const OWN_WRITES_TTL: Duration = Duration::from_secs(600);
+
+/// How often expired records are dropped (they live up to TTL + this).
+const OWN_WRITES_PRUNE: Duration = Duration::from_secs(60);
 
 impl OwnWrites {
     /// Records that a reconcile took `key` through `versions` (the one read first, then ours).
@@ -60,24 +69,34 @@ impl OwnWrites {
         if versions.len() < 2 {
             return;
         }
-        if let Ok(mut map) = self.0.lock() {
-            map.retain(|_, (at, _)| at.elapsed() < OWN_WRITES_TTL);
-            map.insert(key.to_string(), (Instant::now(), versions.to_vec()));
+        if let Ok(mut log) = self.0.lock() {
+            let now = Instant::now();
+            if log
+                .pruned_at
+                .is_none_or(|at| now.duration_since(at) >= OWN_WRITES_PRUNE)
+            {
+                log.by_key
+                    .retain(|_, (at, _)| now.duration_since(*at) < OWN_WRITES_TTL);
+                log.pruned_at = Some(now);
+            }
+            log.by_key.insert(key.to_string(), (now, versions.to_vec()));
         }
     }
 
     /// Whether `version` of `key` is one our own writes already replaced (the cache is behind).
     pub fn is_stale(&self, key: &str, version: &str) -> bool {
-        self.0.lock().is_ok_and(|map| {
-            map.get(key)
+        self.0.lock().is_ok_and(|log| {
+            log.by_key
+                .get(key)
                 .is_some_and(|(_, v)| v[..v.len() - 1].iter().any(|x| x == version))
         })
     }
 
     /// Whether `version` of `key` was produced by one of our own writes.
     pub fn is_own(&self, key: &str, version: &str) -> bool {
-        self.0.lock().is_ok_and(|map| {
-            map.get(key)
+        self.0.lock().is_ok_and(|log| {
+            log.by_key
+                .get(key)
                 .is_some_and(|(_, v)| v[1..].iter().any(|x| x == version))
         })
     }

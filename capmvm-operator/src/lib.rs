@@ -10,6 +10,7 @@ pub mod context;
 pub mod controllers;
 pub mod convert;
 pub mod credentials;
+pub mod events;
 pub mod fault;
 pub mod hosts;
 pub mod leader;
@@ -30,7 +31,6 @@ use capmvm_flintlock::{ClientPool, PoolOptions};
 use futures::StreamExt;
 use kube::runtime::Controller;
 use kube::runtime::controller::Config as ControllerConfig;
-use kube::runtime::events::{Recorder, Reporter};
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{info, warn};
 
@@ -223,9 +223,9 @@ pub async fn run(
         stores: stores.clone(),
         hosts: hosts.clone(),
         credentials: credentials::Credentials::new(client.clone(), stores.secrets.clone()),
-        recorder: Recorder::new(
+        recorder: events::EventRecorder::new(
             client.clone(),
-            Reporter {
+            events::Reporter {
                 controller: "capmvm-operator".into(),
                 instance: std::env::var("POD_NAME").ok(),
             },

@@ -524,7 +524,12 @@ where
     let kind = K::kind(&Default::default()).to_string();
     let readiness = scope.readiness.clone();
     readiness.cache_started(&kind);
-    let stream = watcher(api, config).default_backoff().reflect(writer);
+    // managedFields are read by nothing here; dropping them before the cache keeps the caches
+    // smaller (a MicrovmMachine carries an entry per writer) and every clone of a cached object cheaper.
+    let stream = watcher(api, config)
+        .default_backoff()
+        .modify(|obj| obj.meta_mut().managed_fields = None)
+        .reflect(writer);
     tokio::spawn(async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {

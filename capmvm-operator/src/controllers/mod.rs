@@ -8,7 +8,6 @@ pub mod template;
 use std::sync::Arc;
 
 use kube::runtime::controller::Action;
-use kube::runtime::events::{Event, EventType};
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
@@ -66,15 +65,14 @@ pub async fn publish<K>(ctx: &Ctx, obj: &K, event: &capmvm_reconcile::Event)
 where
     K: Resource<DynamicType = ()>,
 {
-    let ev = Event {
+    let ev = crate::events::EventSpec {
         type_: match event.kind {
-            capmvm_reconcile::EventKind::Normal => EventType::Normal,
-            capmvm_reconcile::EventKind::Warning => EventType::Warning,
+            capmvm_reconcile::EventKind::Normal => "Normal",
+            capmvm_reconcile::EventKind::Warning => "Warning",
         },
         reason: event.reason.to_string(),
-        note: Some(event.note.clone()),
+        note: event.note.clone(),
         action: event.action.to_string(),
-        secondary: None,
     };
     if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
         debug!(object = %obj.name_any(), error = %e, "could not publish event");

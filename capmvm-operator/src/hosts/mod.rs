@@ -22,17 +22,13 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 
+mod reservations;
+
+use reservations::HostReservations;
+
 /// How long a microVM just created or deleted here stays in the host's in-flight set even if a list
 /// does not show it (a list that was under way when the call returned may miss it).
 const BUSY_AFTER_CALL: Duration = Duration::from_secs(5);
-
-/// How long a placement not yet visible on its host counts towards the host's allocation.
-const RESERVATION_TTL: Duration = Duration::from_secs(300);
-
-/// How long a reservation is kept after its microVM first shows in the host's snapshot (where it is
-/// counted instead): a list that was under way when the create returned may still publish a
-/// snapshot without it, and the placement must not vanish from the allocation meanwhile.
-const RESERVATION_SETTLE: Duration = BUSY_AFTER_CALL;
 
 /// Who to wake when a host's microVMs or reachability change.
 pub trait Wake: Send + Sync {
@@ -125,13 +121,6 @@ struct HostEntry {
 /// (a machine reconciled before its cluster declared, a rotated Secret's old config).
 const UNDECLARED_GRACE: Duration = Duration::from_secs(60);
 
-/// A machine placed on a host, counted towards its allocation until its microVM is listed.
-struct Reservation {
-    vcpu: i64,
-    memory_mb: i64,
-    since: Instant,
-}
-
 /// A host chosen for a machine, reserved at the moment of choosing (see [`Hosts::place`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Claim {
@@ -157,9 +146,9 @@ pub struct Hosts {
     entries: Mutex<HashMap<String, HashMap<HostConfig, HostEntry>>>,
     /// Which configs each MicrovmCluster (`namespace/name`) uses.
     declared: Mutex<HashMap<String, HashSet<HostConfig>>>,
-    /// Machines placed on a host whose microVM the host does not list yet: endpoint → machine uid →
-    /// (vcpu, memory, since). Keeps a burst of placements from piling onto one host.
-    reservations: Mutex<HashMap<String, HashMap<String, Reservation>>>,
+    /// Machines placed on a host whose microVM the host does not list yet, by endpoint. Keeps a
+    /// burst of placements from piling onto one host.
+    reservations: Mutex<HashMap<String, HostReservations>>,
     /// Held while one placement reads the allocation, decides and reserves (see [`Hosts::place`]).
     placing: Mutex<()>,
 }
@@ -322,18 +311,9 @@ impl Hosts {
         {
             // A listed microVM is counted above; its reservation is kept a little longer in case a
             // list that raced the create publishes a snapshot without it.
-            host.retain(|uid, r| {
-                let age = r.since.elapsed();
-                age < RESERVATION_TTL
-                    && (age < RESERVATION_SETTLE || !listed.machine_uids.contains(uid))
-            });
-            for (_, r) in host
-                .iter()
-                .filter(|(uid, _)| !listed.machine_uids.contains(*uid))
-            {
-                vcpu += r.vcpu;
-                memory_mb += r.memory_mb;
-            }
+            let (v, m) = host.unlisted(&listed, Instant::now());
+            vcpu += v;
+            memory_mb += m;
         }
         (vcpu, memory_mb)
     }
@@ -361,7 +341,7 @@ impl Hosts {
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
-            host.remove(machine_uid);
+            host.release(machine_uid);
         }
     }
 
@@ -371,14 +351,7 @@ impl Hosts {
             reservations
                 .entry(endpoint.to_string())
                 .or_default()
-                .insert(
-                    machine_uid.to_string(),
-                    Reservation {
-                        vcpu,
-                        memory_mb,
-                        since: Instant::now(),
-                    },
-                );
+                .reserve(machine_uid, vcpu, memory_mb, Instant::now());
         }
     }
 
@@ -821,7 +794,7 @@ mod reservation_tests {
         assert_eq!(hosts.allocation(&chosen).0, 0);
     }
 
-    fn vm(uid: &str, machine_uid: &str, state: VmState) -> HostVm {
+    pub(super) fn vm(uid: &str, machine_uid: &str, state: VmState) -> HostVm {
         HostVm {
             vm: ObservedVm {
                 uid: uid.to_string(),
