@@ -692,7 +692,9 @@ fn image_ref(image: &str, path: &str, errs: &mut Errors) {
 /// registry part has been split off.
 static IMAGE_REMAINDER: LazyLock<Regex> = LazyLock::new(|| {
     let path_component = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*";
-    let tag = r"[\w][\w.-]{0,127}";
+    // Go's `\w` (distribution's grammar) is ASCII; Rust's is Unicode, which also made this one
+    // pattern's automaton several MiB.
+    let tag = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}";
     let digest = r"[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}";
     let pattern = format!(
         r"^{pc}(?:/{pc})*(?::{tag})?(?:@{digest})?$",

@@ -302,7 +302,17 @@ fn image_references_follow_the_distribution_grammar() {
     ] {
         assert!(is_image_reference(ok), "{ok}");
     }
-    for bad in ["", "UPPER", "a b", "a/:tag", "a:ta g", "-a"] {
+    // Tags are ASCII, as in Go's `\w`: containerd refuses a non-ASCII tag.
+    for bad in [
+        "",
+        "UPPER",
+        "a b",
+        "a/:tag",
+        "a:ta g",
+        "-a",
+        "ghcr.io/org/image:tä",
+        "a:日本",
+    ] {
         assert!(!is_image_reference(bad), "{bad}");
     }
 }

@@ -526,34 +526,60 @@ where
     readiness.cache_started(&kind);
     // managedFields are read by nothing here; dropping them before the cache keeps the caches
     // smaller (a MicrovmMachine carries an entry per writer) and every clone of a cached object cheaper.
+    let cache = writer.as_reader();
     let stream = watcher(api, config)
         .default_backoff()
         .modify(|obj| obj.meta_mut().managed_fields = None)
         .reflect(writer);
-    tokio::spawn(async move {
-        let mut stream = std::pin::pin!(stream);
-        while let Some(item) = stream.next().await {
-            match item {
-                Ok(
-                    watcher::Event::Apply(obj)
-                    | watcher::Event::InitApply(obj)
-                    | watcher::Event::Delete(obj),
-                ) => on_change(&obj),
-                Ok(watcher::Event::InitDone) => readiness.cache_synced(&kind),
-                Ok(watcher::Event::Init) => {}
-                // The watcher retries with backoff. Before the first list, the first error is worth a
-                // line and the start-up reporter repeats why once per interval; after it, each one is.
-                Err(e) => {
-                    let before = readiness.cache_error(&kind, e.to_string());
-                    if before.synced || before.last_error.is_none() {
-                        warn!(%kind, error = %e, "watch error");
-                    } else {
-                        debug!(%kind, error = %e, "watch error");
+    tokio::spawn(follow(stream, cache, kind, readiness, on_change))
+}
+
+/// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it.
+///
+/// A (re)list fills a buffer that the cache swaps in only at `InitDone`: an object woken at its
+/// `InitApply` would be reconciled against the cache as it was before the list, which may not hold
+/// it yet (a Machine created while the watch was down). Its reconcile would then wait for a change
+/// that never comes. So the objects of a list are woken when the list is done.
+async fn follow<K, S>(
+    stream: S,
+    cache: Store<K>,
+    kind: String,
+    readiness: crate::server::Readiness,
+    on_change: impl Fn(&K),
+) where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone,
+    S: futures::Stream<Item = Result<watcher::Event<K>, watcher::Error>>,
+{
+    let mut stream = std::pin::pin!(stream);
+    let mut listed: Vec<ObjectRef<K>> = Vec::new();
+    while let Some(item) = stream.next().await {
+        match item {
+            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => on_change(&obj),
+            Ok(watcher::Event::Init) => listed.clear(),
+            Ok(watcher::Event::InitApply(obj)) => {
+                listed.push(ObjectRef::from_obj_with(&obj, Default::default()));
+            }
+            Ok(watcher::Event::InitDone) => {
+                readiness.cache_synced(&kind);
+                for r in listed.drain(..) {
+                    if let Some(obj) = cache.get(&r) {
+                        on_change(&obj);
                     }
                 }
             }
+            // The watcher retries with backoff. Before the first list, the first error is worth a
+            // line and the start-up reporter repeats why once per interval; after it, each one is.
+            Err(e) => {
+                let before = readiness.cache_error(&kind, e.to_string());
+                if before.synced || before.last_error.is_none() {
+                    warn!(%kind, error = %e, "watch error");
+                } else {
+                    debug!(%kind, error = %e, "watch error");
+                }
+            }
         }
-    })
+    }
 }
 
 /// Fingerprints of what matters about each object, to skip changes that do not.
@@ -613,4 +639,67 @@ fn hash_of<T: Hash>(value: &T) -> u64 {
     let mut h = DefaultHasher::new();
     value.hash(&mut h);
     h.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::sync::Mutex;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::ObjectMeta;
+
+    use super::*;
+
+    fn config_map(name: &str) -> ConfigMap {
+        ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                namespace: Some("ns".to_string()),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    /// Every wake-up, a relist's included, finds its object in the cache: a reconcile it starts reads
+    /// what woke it.
+    #[tokio::test]
+    async fn objects_are_woken_once_the_cache_shows_them() {
+        let (cache, writer) = reflector::store::<ConfigMap>();
+        let events = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(config_map("a"))),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Apply(config_map("b"))),
+            // The watch expired and relists: "c" was created meanwhile.
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitApply(config_map("a"))),
+            Ok(watcher::Event::InitApply(config_map("b"))),
+            Ok(watcher::Event::InitApply(config_map("c"))),
+            Ok(watcher::Event::InitDone),
+        ];
+        let stream = futures::stream::iter(events).reflect(writer);
+        let woken = Mutex::new(Vec::new());
+        let reader = cache.clone();
+        follow(
+            stream,
+            cache,
+            "ConfigMap".to_string(),
+            crate::server::Readiness::default(),
+            |cm: &ConfigMap| {
+                let cached = reader.get(&ObjectRef::from_obj(cm)).is_some();
+                woken.lock().unwrap().push((cm.name_any(), cached));
+            },
+        )
+        .await;
+        let woken = woken.into_inner().unwrap();
+        let names: Vec<&str> = woken.iter().map(|(n, _)| n.as_str()).collect();
+        assert_eq!(names, ["a", "b", "a", "b", "c"]);
+        assert!(
+            woken.iter().all(|(_, cached)| *cached),
+            "woken before the cache showed it: {woken:?}"
+        );
+    }
 }

@@ -60,7 +60,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         owner: Some(owner),
         machine_pool: None,
         cluster: Some(provisioned_cluster(&namespace)),
-        infra_cluster: Some(infra_cluster),
+        infra_cluster: Some(std::sync::Arc::new(infra_cluster)),
         bootstrap: BootstrapData::Found {
             value: Some(Sensitive::new(
                 b"#cloud-config\nruncmd: [kubeadm init]\n".to_vec(),

@@ -192,7 +192,7 @@ impl<'a> Decision<'a> {
             owner_wait: &owner_wait,
             cluster_name: &cluster_name,
             cluster: self.obs.cluster.as_ref(),
-            infra_cluster: self.obs.infra_cluster.as_ref(),
+            infra_cluster: self.obs.infra_cluster.as_deref(),
             paused: paused.as_deref(),
         };
         let (cluster, infra) = match gates.check() {

@@ -5,6 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
+use std::sync::Arc;
 
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::{MicrovmCluster, MicrovmMachine};
@@ -44,8 +45,9 @@ pub struct ObservedMachine {
     pub machine_pool: Option<MachinePool>,
     /// The CAPI Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
     pub cluster: Option<Cluster>,
-    /// The MicrovmCluster of that Cluster (by `spec.infrastructureRef`), if it exists.
-    pub infra_cluster: Option<MicrovmCluster>,
+    /// The MicrovmCluster of that Cluster (by `spec.infrastructureRef`), if it exists. Shared with
+    /// the cache it was read from: every machine of a cluster reads the same one.
+    pub infra_cluster: Option<Arc<MicrovmCluster>>,
     /// The bootstrap data Secret, when the operator fetched it (see [`crate::machine::wants_bootstrap_data`]).
     pub bootstrap: BootstrapData,
     /// Facts about every host of the MicrovmCluster's static pool while the machine is to be placed

@@ -76,7 +76,7 @@ impl World {
                 pool: pool(surge, unavailable, policy),
                 machine_pool: Some(machine_pool(replicas)),
                 cluster: Some(cluster()),
-                infra_cluster: Some(microvm_cluster()),
+                infra_cluster: Some(std::sync::Arc::new(microvm_cluster())),
                 instances: vec![],
                 reserved_names: BTreeSet::new(),
             },

@@ -113,6 +113,18 @@ pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldO
     // A large cluster makes many changes at once; keep enough history for watches to resume.
     options.emulator = options.emulator.history_limit(50_000).watch_buffer(20_000);
     options.keep_dir = std::env::var("CAPMVM_BENCH_LOG").is_ok();
+    // CAPMVM_BENCH_OPERATOR_WRAPPER=heaptrack (or `perf record ...`) runs the operator under a
+    // profiler: the wrapper is given the operator's command line.
+    if let Ok(wrapper) = std::env::var("CAPMVM_BENCH_OPERATOR_WRAPPER") {
+        let mut words = wrapper.split_whitespace().map(String::from);
+        if let Some(program) = words.next() {
+            let (exe, prefix) = options.operator_command.clone();
+            let mut args: Vec<String> = words.collect();
+            args.push(exe.display().to_string());
+            args.extend(prefix);
+            options.operator_command = (program.into(), args);
+        }
+    }
     options
 }
 

@@ -275,7 +275,7 @@ pub(crate) fn infra_cluster(
     ns: &str,
     cluster_name: &str,
     cluster: Option<&Cluster>,
-) -> Option<MicrovmCluster> {
+) -> Option<Arc<MicrovmCluster>> {
     if let Some(r) = cluster.and_then(|c| c.spec.infrastructure_ref.as_ref())
         && r.api_group == GROUP
         && r.kind == "MicrovmCluster"
@@ -283,18 +283,12 @@ pub(crate) fn infra_cluster(
         return ctx
             .stores
             .microvm_clusters
-            .get(&ObjectRef::new(&r.name).within(ns))
-            .map(|mc| mc.as_ref().clone());
+            .get(&ObjectRef::new(&r.name).within(ns));
     }
-    ctx.stores
-        .microvm_clusters
-        .state()
-        .into_iter()
-        .find(|mc| {
-            mc.namespace().as_deref() == Some(ns)
-                && crate::watch::owner_cluster_name(mc).as_deref() == Some(cluster_name)
-        })
-        .map(|mc| mc.as_ref().clone())
+    ctx.stores.microvm_clusters.state().into_iter().find(|mc| {
+        mc.namespace().as_deref() == Some(ns)
+            && crate::watch::owner_cluster_name(mc).as_deref() == Some(cluster_name)
+    })
 }
 
 /// Asks the recorded host about this machine's microVMs: freshly while it has no providerID (that

@@ -70,7 +70,7 @@ pub fn decide_pool(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
         owner_wait: "waiting for a Cluster API MachinePool to own this MicrovmMachinePool",
         cluster_name: &cluster_name,
         cluster: obs.cluster.as_ref(),
-        infra_cluster: obs.infra_cluster.as_ref(),
+        infra_cluster: obs.infra_cluster.as_deref(),
         paused: paused.as_deref(),
     }
     .check();

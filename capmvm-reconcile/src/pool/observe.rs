@@ -1,6 +1,7 @@
 //! What the operator saw for one MicrovmMachinePool and its instances.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 
 use capmvm_api::capi::{Cluster, MachinePool};
 use capmvm_api::conditions::{reasons, types};
@@ -18,8 +19,8 @@ pub struct ObservedPool {
     pub machine_pool: Option<MachinePool>,
     /// The Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
     pub cluster: Option<Cluster>,
-    /// The Cluster's MicrovmCluster, if it exists.
-    pub infra_cluster: Option<MicrovmCluster>,
+    /// The Cluster's MicrovmCluster, if it exists (shared with the cache it was read from).
+    pub infra_cluster: Option<Arc<MicrovmCluster>>,
     /// Every instance of the pool (MicrovmMachines labelled with its pool name), deleting ones included.
     pub instances: Vec<ObservedInstance>,
     /// Names a new instance must not take: Machines of the MachinePool whose instance is gone but

@@ -203,7 +203,7 @@ pub fn observed() -> ObservedMachine {
         owner: Some(owner()),
         machine_pool: None,
         cluster: Some(cluster()),
-        infra_cluster: Some(microvm_cluster()),
+        infra_cluster: Some(std::sync::Arc::new(microvm_cluster())),
         bootstrap: bootstrap(),
         hosts: reachable_hosts(),
         recorded_host: HostLookup::NotAsked,
