@@ -6,7 +6,7 @@
 //! Problems are reported as text naming the Secret and key, never their content.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use capmvm_api::keys::{
     BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
@@ -21,6 +21,20 @@ use kube::{Api, ResourceExt};
 
 type SecretKey = (String, String);
 
+/// The connection config of each valid host endpoint of a MicrovmCluster's pool, by canonical
+/// endpoint, or why it cannot be built.
+pub type HostConfigs = BTreeMap<String, Result<HostConfig, String>>;
+
+/// What a MicrovmCluster's host configs were built from: its spec (generation) and the versions of
+/// the Secrets it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct ConfigStamp {
+    uid: Option<String>,
+    generation: Option<i64>,
+    basic_auth: Option<String>,
+    tls: Option<String>,
+}
+
 /// Reads and caches the Secrets named by MicrovmClusters.
 pub struct Credentials {
     client: kube::Client,
@@ -28,6 +42,9 @@ pub struct Credentials {
     index: Store<PartialObjectMeta<Secret>>,
     /// Content read per Secret, with the resourceVersion it was read at.
     cache: Mutex<HashMap<SecretKey, (String, Secret)>>,
+    /// Host configs per MicrovmCluster (`namespace`, `name`), with what they were built from: every
+    /// placement reads its whole pool's, and building them is O(hosts).
+    configs: Mutex<HashMap<SecretKey, (ConfigStamp, Arc<HostConfigs>)>>,
 }
 
 impl Credentials {
@@ -37,25 +54,52 @@ impl Credentials {
             client,
             index,
             cache: Mutex::new(HashMap::new()),
+            configs: Mutex::new(HashMap::new()),
         }
     }
 
-    /// The connection config of every valid host endpoint of `mc`'s pool, or why it cannot be built.
-    pub async fn host_configs(
-        &self,
-        mc: &MicrovmCluster,
-    ) -> Result<BTreeMap<String, Result<HostConfig, String>>, kube::Error> {
-        let mut out = BTreeMap::new();
-        let Some(pool) = &mc.spec.placement.static_pool else {
-            return Ok(out);
+    /// The connection config of every valid host endpoint of `mc`'s pool, or why it cannot be built;
+    /// built again only when `mc`'s spec or a Secret it names changed.
+    pub async fn host_configs(&self, mc: &MicrovmCluster) -> Result<Arc<HostConfigs>, kube::Error> {
+        let ns = mc.namespace().unwrap_or_default();
+        let key = (ns.clone(), mc.name_any());
+        let version = |name: Option<&String>| {
+            name.and_then(|n| self.index.get(&ObjectRef::new(n).within(&ns)))
+                .and_then(|meta| meta.resource_version())
         };
-        for host in &pool.hosts {
-            if let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>() {
-                let config = self.host_config(mc, &endpoint).await?;
-                out.insert(endpoint.to_string(), config);
+        let stamp = ConfigStamp {
+            uid: mc.uid(),
+            generation: mc.metadata.generation,
+            basic_auth: version(
+                mc.spec
+                    .placement
+                    .static_pool
+                    .as_ref()
+                    .and_then(|p| p.basic_auth_secret.as_ref()),
+            ),
+            tls: version(mc.spec.tls_secret_ref.as_ref()),
+        };
+        if stamp.generation.is_some()
+            && let Ok(configs) = self.configs.lock()
+            && let Some((built_from, built)) = configs.get(&key)
+            && *built_from == stamp
+        {
+            return Ok(built.clone());
+        }
+        let mut out = BTreeMap::new();
+        if let Some(pool) = &mc.spec.placement.static_pool {
+            for host in &pool.hosts {
+                if let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>() {
+                    let config = self.host_config(mc, &endpoint).await?;
+                    out.insert(endpoint.to_string(), config);
+                }
             }
         }
-        Ok(out)
+        let built = Arc::new(out);
+        if let Ok(mut configs) = self.configs.lock() {
+            configs.insert(key, (stamp, built.clone()));
+        }
+        Ok(built)
     }
 
     /// The connection config for `endpoint` under `mc`'s credentials (the host need not be in the pool

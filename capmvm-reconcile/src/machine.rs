@@ -78,10 +78,69 @@ pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
 }
 
 /// Whether the decision reads the facts of every host of the pool (to choose one) rather than only
-/// the recorded host's: true while no host is recorded. Gathering a whole pool for every reconcile of
-/// a placed machine cost O(hosts) each for nothing.
-pub fn wants_pool_facts(machine: &MicrovmMachine) -> bool {
-    recorded_host(machine).is_none()
+/// the recorded host's: only when it may place the machine now, that is no host is recorded yet, it
+/// is not being deleted and the gates before placement (owner, Cluster, MicrovmCluster, pause) are
+/// open in `obs` (gathered without hosts). Gathering a whole pool for every reconcile of a placed
+/// machine, or of one still waiting for its owner, cost O(hosts) each for nothing.
+pub fn wants_pool_facts(obs: &ObservedMachine) -> bool {
+    let machine = &obs.machine;
+    if recorded_host(machine).is_some()
+        || machine.spec.provider_id.is_some()
+        || machine.metadata.deletion_timestamp.is_some()
+    {
+        return false;
+    }
+    let paused = gates::paused(machine.annotations(), obs.cluster.as_ref());
+    let cluster_name = cluster_name(obs);
+    let owner_wait = owner_wait(machine);
+    matches!(
+        gates(obs, &owner_wait, &cluster_name, paused.as_deref()).check(),
+        Gate::Open { .. }
+    )
+}
+
+/// What the gates see of a machine.
+fn gates<'a>(
+    obs: &'a ObservedMachine,
+    owner_wait: &'a str,
+    cluster_name: &'a str,
+    paused: Option<&'a str>,
+) -> Gates<'a> {
+    Gates {
+        // A pool's instance is owned by its MachinePool until core creates its Machine.
+        has_owner: obs.owner.is_some()
+            || (instance_pool(&obs.machine).is_some() && obs.machine_pool.is_some()),
+        owner_wait,
+        cluster_name,
+        cluster: obs.cluster.as_ref(),
+        infra_cluster: obs.infra_cluster.as_deref(),
+        paused,
+    }
+}
+
+/// What a machine without its owner says it waits for.
+fn owner_wait(machine: &MicrovmMachine) -> String {
+    match instance_pool(machine) {
+        Some(pool) => {
+            format!("waiting for the Cluster API MachinePool that owns MicrovmMachinePool {pool:?}")
+        }
+        None => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
+    }
+}
+
+/// The machine's cluster: its cluster-name label, else its owner's.
+fn cluster_name(obs: &ObservedMachine) -> String {
+    obs.machine
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .cloned()
+        .or_else(|| obs.owner.as_ref().map(|o| o.spec.cluster_name.clone()))
+        .or_else(|| {
+            obs.machine_pool
+                .as_ref()
+                .map(|p| p.spec.cluster_name.clone())
+        })
+        .unwrap_or_default()
 }
 
 /// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
@@ -177,24 +236,9 @@ impl<'a> Decision<'a> {
             return self.delete();
         }
 
-        let cluster_name = self.cluster_name();
-        // A pool's instance is owned by its MachinePool until core creates its Machine.
-        let pool = instance_pool(self.machine);
-        let owner_wait = match pool {
-            Some(pool) => format!(
-                "waiting for the Cluster API MachinePool that owns MicrovmMachinePool {pool:?}"
-            ),
-            None => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
-        };
-        let gates = Gates {
-            has_owner: self.obs.owner.is_some()
-                || (pool.is_some() && self.obs.machine_pool.is_some()),
-            owner_wait: &owner_wait,
-            cluster_name: &cluster_name,
-            cluster: self.obs.cluster.as_ref(),
-            infra_cluster: self.obs.infra_cluster.as_deref(),
-            paused: paused.as_deref(),
-        };
+        let cluster_name = cluster_name(self.obs);
+        let owner_wait = owner_wait(self.machine);
+        let gates = gates(self.obs, &owner_wait, &cluster_name, paused.as_deref());
         let (cluster, infra) = match gates.check() {
             Gate::Open {
                 cluster,
@@ -718,21 +762,6 @@ impl<'a> Decision<'a> {
 
     fn paused(&self) -> Option<String> {
         gates::paused(self.machine.annotations(), self.obs.cluster.as_ref())
-    }
-
-    fn cluster_name(&self) -> String {
-        self.machine
-            .labels()
-            .get(CLUSTER_NAME_LABEL)
-            .cloned()
-            .or_else(|| self.obs.owner.as_ref().map(|o| o.spec.cluster_name.clone()))
-            .or_else(|| {
-                self.obs
-                    .machine_pool
-                    .as_ref()
-                    .map(|p| p.spec.cluster_name.clone())
-            })
-            .unwrap_or_default()
     }
 
     fn condition(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {

@@ -1140,6 +1140,41 @@ fn helpers_tell_the_operator_what_to_gather() {
     );
 }
 
+/// The whole pool's facts are gathered only when the decision may place the machine: a machine still
+/// waiting for its owner, its Cluster or a pause to lift, or one already placed, needs none.
+#[test]
+fn pool_facts_are_wanted_only_when_the_machine_may_be_placed() {
+    use capmvm_reconcile::machine::wants_pool_facts;
+    let cases: [(&str, fn(&mut ObservedMachine), bool); 6] = [
+        ("gates open, no host recorded", |_| {}, true),
+        ("no owner yet", |o| o.owner = None, false),
+        ("no Cluster", |o| o.cluster = None, false),
+        ("no MicrovmCluster", |o| o.infra_cluster = None, false),
+        (
+            "paused",
+            |o| {
+                o.machine
+                    .annotations_mut()
+                    .insert("cluster.x-k8s.io/paused".into(), String::new());
+            },
+            false,
+        ),
+        ("host recorded", |o| with_recorded_host(o, HOSTS[1]), false),
+    ];
+    for (case, change, wanted) in cases {
+        let mut obs = observed();
+        obs.hosts.clear();
+        change(&mut obs);
+        assert_eq!(wants_pool_facts(&obs), wanted, "{case}");
+    }
+    // What the decision does without them when it may not place: the same as with them.
+    let mut waiting = observed();
+    waiting.owner = None;
+    let with_hosts = decide(&waiting, now());
+    waiting.hosts.clear();
+    assert_eq!(decide(&waiting, now()), with_hosts);
+}
+
 use kube::ResourceExt as _;
 
 #[test]

@@ -157,7 +157,7 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
 
     // The pool's hosts, and the hosts its machines live on (a host removed from the pool still holds
     // their microVMs), each observed through this cluster's own credentials.
-    let mut configs = ctx.credentials.host_configs(mc).await?;
+    let mut configs = ctx.credentials.host_configs(mc).await?.as_ref().clone();
     let recorded: BTreeSet<HostEndpoint> = own_machines
         .iter()
         .filter_map(|m| recorded_host(m))

@@ -203,43 +203,43 @@ async fn gather(
         _ => BootstrapData::NotAsked,
     };
 
-    let recorded = recorded_host(machine);
-    let mut hosts = BTreeMap::new();
+    let mut obs = ObservedMachine {
+        machine: machine.clone(),
+        owner,
+        machine_pool,
+        cluster,
+        infra_cluster: infra,
+        bootstrap,
+        hosts: BTreeMap::new(),
+        recorded_host: HostLookup::NotAsked,
+        operator: operator_identity().to_string(),
+    };
+    let Some(mc) = obs.infra_cluster.clone() else {
+        return Ok(obs);
+    };
+    let recorded = recorded_host(machine).map(|h| h.to_string());
     let mut recorded_config = None;
-    if let Some(mc) = &infra {
-        // A placed machine's decision reads its recorded host only.
-        let mut configs = if wants_pool_facts(machine) {
-            ctx.credentials.host_configs(mc).await?
-        } else {
-            BTreeMap::new()
-        };
-        if let Some(host) = &recorded
-            && !configs.contains_key(&host.to_string())
-        {
-            configs.insert(
-                host.to_string(),
-                ctx.credentials.host_config(mc, host).await?,
-            );
-        }
-        for (endpoint, config) in configs {
-            let facts = match &config {
-                Ok(c) => {
-                    ctx.hosts.ensure(c);
-                    ctx.hosts.facts(c)
-                }
-                Err(problem) => HostFacts {
-                    credentials_problem: Some(problem.clone()),
-                    ..HostFacts::default()
-                },
-            };
-            if recorded.as_ref().is_some_and(|h| h.to_string() == endpoint) {
-                recorded_config = Some(config);
+    // The whole pool only when the engine may place the machine now; else its recorded host.
+    if wants_pool_facts(&obs) {
+        let configs = ctx.credentials.host_configs(&mc).await?;
+        for (endpoint, config) in configs.iter() {
+            obs.hosts
+                .insert(endpoint.clone(), facts_of(ctx, config.as_ref()));
+            if recorded.as_deref() == Some(endpoint) {
+                recorded_config = Some(config.clone());
             }
-            hosts.insert(endpoint, facts);
         }
     }
+    if let Some(host) = recorded_host(machine)
+        && recorded_config.is_none()
+    {
+        let config = ctx.credentials.host_config(&mc, &host).await?;
+        obs.hosts
+            .insert(host.to_string(), facts_of(ctx, config.as_ref()));
+        recorded_config = Some(config);
+    }
 
-    let recorded_host = match (&recorded, recorded_config) {
+    obs.recorded_host = match (&recorded, recorded_config) {
         (None, _) | (Some(_), None) => HostLookup::NotAsked,
         (Some(_), Some(Err(problem))) => HostLookup::Unreachable(problem),
         (Some(_), Some(Ok(config))) => match known_after_create {
@@ -247,18 +247,18 @@ async fn gather(
             None => lookup(ctx, machine, &config).await,
         },
     };
+    Ok(obs)
+}
 
-    Ok(ObservedMachine {
-        machine: machine.clone(),
-        owner,
-        machine_pool,
-        cluster,
-        infra_cluster: infra,
-        bootstrap,
-        hosts,
-        recorded_host,
-        operator: operator_identity().to_string(),
-    })
+/// A host's facts, or the problem with its credentials.
+fn facts_of(ctx: &Ctx, config: Result<&HostConfig, &String>) -> HostFacts {
+    match config {
+        Ok(c) => ctx.hosts.observed_facts(c),
+        Err(problem) => HostFacts {
+            credentials_problem: Some(problem.clone()),
+            ..HostFacts::default()
+        },
+    }
 }
 
 /// This process's identity in placement claims: fixed for its lifetime, different after a restart

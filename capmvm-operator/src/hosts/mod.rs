@@ -117,6 +117,18 @@ struct HostEntry {
     wanted_at: Instant,
 }
 
+/// The microVMs of a host as the first of its observers whose last list answered saw them.
+fn listed_of(by_config: &HashMap<HostConfig, HostEntry>) -> Arc<ListedVms> {
+    by_config
+        .values()
+        .filter_map(|e| {
+            let snapshot = e.state.snapshot.read().ok()?;
+            (snapshot.reachability == Reachability::Reachable).then(|| snapshot.vms.clone())
+        })
+        .next()
+        .unwrap_or_default()
+}
+
 /// How long an observer that no MicrovmCluster declares is kept after a reconcile last asked for it
 /// (a machine reconciled before its cluster declared, a rotated Secret's old config).
 const UNDECLARED_GRACE: Duration = Duration::from_secs(60);
@@ -288,6 +300,42 @@ impl Hosts {
         }
     }
 
+    /// Makes sure `config` is observed ([`Hosts::ensure`]) and returns what [`Hosts::facts`] does,
+    /// under one look at the observers: a placement gathers this for every host of its pool.
+    pub fn observed_facts(self: &Arc<Self>, config: &HostConfig) -> HostFacts {
+        let (reachability, listed) = {
+            let Ok(mut entries) = self.entries.lock() else {
+                return HostFacts::default();
+            };
+            match entries
+                .get_mut(&config.endpoint)
+                .and_then(|by_config| by_config.get_mut(config))
+            {
+                Some(entry) => entry.wanted_at = Instant::now(),
+                None => {
+                    drop(entries);
+                    self.ensure(config);
+                    return self.facts(config);
+                }
+            }
+            let Some(by_config) = entries.get(&config.endpoint) else {
+                return HostFacts::default();
+            };
+            let reachability = by_config
+                .get(config)
+                .and_then(|e| e.state.snapshot.read().ok().map(|s| s.reachability.clone()))
+                .unwrap_or_default();
+            (reachability, listed_of(by_config))
+        };
+        let (allocated_vcpu, allocated_memory_mb) = self.allocation_with(&config.endpoint, &listed);
+        HostFacts {
+            reachability,
+            allocated_vcpu,
+            allocated_memory_mb,
+            ..Default::default()
+        }
+    }
+
     /// vCPUs and MiB allocated on `endpoint`: the microVMs its last answered list showed (under any
     /// credentials that could list it: capacity is physical, and only numbers leave this function)
     /// plus the placements not listed yet.
@@ -296,22 +344,19 @@ impl Hosts {
             .entries
             .lock()
             .ok()
-            .and_then(|entries| {
-                entries
-                    .get(endpoint)?
-                    .values()
-                    .filter_map(|e| e.state.snapshot.read().ok().map(|s| s.clone()))
-                    .find(|s| s.reachability == Reachability::Reachable)
-                    .map(|s| s.vms)
-            })
+            .and_then(|entries| entries.get(endpoint).map(listed_of))
             .unwrap_or_default();
+        self.allocation_with(endpoint, &listed)
+    }
+
+    fn allocation_with(&self, endpoint: &str, listed: &Arc<ListedVms>) -> (i64, i64) {
         let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
             // A listed microVM is counted above; its reservation is kept a little longer in case a
             // list that raced the create publishes a snapshot without it.
-            let (v, m) = host.unlisted(&listed, Instant::now());
+            let (v, m) = host.unlisted(listed, Instant::now());
             vcpu += v;
             memory_mb += m;
         }
