@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
+use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool, OWNER_REMEDIATED_CONDITION};
 use capmvm_api::keys::{CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::machine::instance_pool;
@@ -259,11 +259,19 @@ pub fn start(
         let s = stores.clone();
         let seen = Fingerprints::default();
         let for_pool = Fingerprints::default();
-        tasks.push(spawn_watch(
+        tasks.push(spawn_trimmed_watch(
             scope.api::<Machine>(client),
             scope.watcher_config(),
             scope,
             capi_machines_w,
+            // Of a Machine's conditions (core writes about ten) only OwnerRemediated is read.
+            |m| {
+                if let Some(status) = &mut m.status {
+                    status
+                        .conditions
+                        .retain(|c| c.r#type == OWNER_REMEDIATED_CONDITION);
+                }
+            },
             move |m: &Machine| {
                 let ns = m.namespace().unwrap_or_default();
                 let owning_pool = m
@@ -407,11 +415,21 @@ pub fn start(
         let t = triggers.clone();
         let s = stores.clone();
         let seen = Fingerprints::default();
-        tasks.push(spawn_watch(
+        tasks.push(spawn_trimmed_watch(
             scope.api::<PartialObjectMeta<Secret>>(client),
             watcher::Config::default().any_semantic(),
             scope,
             secrets_w,
+            // Every Secret in scope is here (each machine's bootstrap data among them), and only the
+            // credential Secrets' versions and finalizers are read: keep just those.
+            |secret| {
+                let meta = &mut secret.metadata;
+                meta.labels = None;
+                meta.annotations = None;
+                meta.owner_references = None;
+                meta.creation_timestamp = None;
+                meta.generation = None;
+            },
             move |secret: &PartialObjectMeta<Secret>| {
                 if !seen.changed(secret, hash_of(&secret.resource_version())) {
                     return;
@@ -521,6 +539,22 @@ where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
     K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
 {
+    spawn_trimmed_watch(api, config, scope, writer, |_| {}, on_change)
+}
+
+/// [`spawn_watch`], with `trim` applied to each object before the cache keeps it.
+fn spawn_trimmed_watch<K>(
+    api: Api<K>,
+    config: watcher::Config,
+    scope: &Scope,
+    writer: reflector::store::Writer<K>,
+    trim: impl Fn(&mut K) + Send + Sync + 'static,
+    on_change: impl Fn(&K) + Send + 'static,
+) -> JoinHandle<()>
+where
+    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
+{
     let kind = K::kind(&Default::default()).to_string();
     let readiness = scope.readiness.clone();
     readiness.cache_started(&kind);
@@ -529,7 +563,10 @@ where
     let cache = writer.as_reader();
     let stream = watcher(api, config)
         .default_backoff()
-        .modify(|obj| obj.meta_mut().managed_fields = None)
+        .modify(move |obj| {
+            obj.meta_mut().managed_fields = None;
+            trim(obj);
+        })
         .reflect(writer);
     tokio::spawn(follow(stream, cache, kind, readiness, on_change))
 }

@@ -5,7 +5,7 @@
 //! counted again only when that snapshot, the reservations or an expiry change them.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::ListedVms;
@@ -27,7 +27,9 @@ struct Reservation {
 
 /// The totals of the reservations a snapshot does not show.
 struct Counted {
-    against: Arc<ListedVms>,
+    /// Weak: the count must not keep a replaced snapshot (every microVM of the host) alive. While it
+    /// is held, its address is not reused, so a pointer match is that snapshot.
+    against: Weak<ListedVms>,
     vcpu: i64,
     memory_mb: i64,
     /// When the first of the counted reservations expires (the totals change then).
@@ -67,7 +69,7 @@ impl HostReservations {
     /// or that `listed` has shown for long enough.
     pub(super) fn unlisted(&mut self, listed: &Arc<ListedVms>, now: Instant) -> (i64, i64) {
         if let Some(c) = &self.counted
-            && Arc::ptr_eq(&c.against, listed)
+            && std::ptr::eq(c.against.as_ptr(), Arc::as_ptr(listed))
             && now < c.until
         {
             return (c.vcpu, c.memory_mb);
@@ -89,7 +91,7 @@ impl HostReservations {
             until = until.min(r.since + RESERVATION_TTL);
         }
         self.counted = Some(Counted {
-            against: listed.clone(),
+            against: Arc::downgrade(listed),
             vcpu,
             memory_mb,
             until,
