@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! What the CAPI stand-in costs the API: it reads through watch caches, as CAPI's controllers read
 //! through informers (a MachineDeployment's Machines are created without reading templates or
-//! listing Machines live).
+//! listing Machines live), and writes a Machine's status once per reconcile, as CAPI does.
 
 mod e2e_support;
 
@@ -10,7 +10,7 @@ use capmvm_api::capi::Machine;
 use capmvm_sim::kube::Verb;
 use capmvm_sim::world::{World, wait_for};
 use e2e_support::*;
-use kube::api::ListParams;
+use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -92,5 +92,39 @@ async fn a_machine_deployment_creates_its_machines_from_cached_templates() {
             .get(Verb::Watch, "cluster.x-k8s.io/machines"),
         1
     );
+    w.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_waiting_for_its_bootstrap_data_is_not_rewritten_in_a_loop() {
+    // No operator: the cluster gets no endpoint, so the bootstrap data never comes and the
+    // Machines stay Pending.
+    let w = World::start(options(1)).await.expect("world starts");
+    w.apply_demo_cluster(&counts(0, 4), |_| {}).await.unwrap();
+    let raw: Api<DynamicObject> =
+        Api::namespaced_with(w.client.clone(), NS, &ApiResource::erase::<Machine>(&()));
+    let phases = wait_for("4 Pending Machines", WAIT, POLL, || async {
+        let phases: Vec<String> = raw
+            .list(&ListParams::default())
+            .await?
+            .iter()
+            .filter_map(|m| m.data.pointer("/status/phase")?.as_str().map(String::from))
+            .collect();
+        Ok((phases.len() == 4).then_some(phases))
+    })
+    .await
+    .unwrap();
+    assert!(phases.iter().all(|p| p == "Pending"), "{phases:?}");
+    // Settled: nothing changes any more, so nothing is written.
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let before = w.emulator.counters();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let spent = w.emulator.counters().since(&before);
+    assert_eq!(
+        spent.get(Verb::Patch, "cluster.x-k8s.io/machines/status"),
+        0,
+        "status writes to Machines that do not change"
+    );
+    assert_eq!(spent.get(Verb::Get, "cluster.x-k8s.io/machines"), 0);
     w.shutdown().await;
 }

@@ -778,10 +778,6 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         Some(_) => true,
         None => adopt_bootstrap_config(&ctx, &machine, &ns).await?,
     };
-    if !bootstrap_ready {
-        ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
-            .await?;
-    }
 
     let Some(infra) = ctx.caches.microvm_machines.get(&ns, &infra_name).await else {
         ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
@@ -839,7 +835,16 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
             ctx.write_status(&api, machine.as_ref(), want).await?;
         }
         _ => {
-            ctx.write_status(&api, machine.as_ref(), json!({"phase": "Provisioning"}))
+            // CAPI's phases: Provisioning once the bootstrap data is there, Pending before. One
+            // status write per reconcile, as CAPI's patch helper makes: writing Pending and then
+            // Provisioning in the same reconcile changed the Machine twice, and each change
+            // triggered another reconcile until the bootstrap data came.
+            let phase = if bootstrap_ready {
+                "Provisioning"
+            } else {
+                "Pending"
+            };
+            ctx.write_status(&api, machine.as_ref(), json!({"phase": phase}))
                 .await?;
         }
     }
@@ -882,6 +887,10 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
     else {
         return Ok(false);
     };
+    if raw.data.pointer("/spec/bootstrap/dataSecretName") == Some(&json!(secret)) {
+        // Copied already; the Machine this reconcile started from was older.
+        return Ok(true);
+    }
     let body = json!({"spec": {"bootstrap": {"dataSecretName": secret}}});
     Api::<Machine>::namespaced(ctx.client.clone(), ns)
         .patch(&machine.name_any(), &params(), &Patch::Merge(&body))
