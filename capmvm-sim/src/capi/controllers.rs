@@ -62,6 +62,25 @@ pub(crate) struct Ctx {
     pub(crate) token_rendered_at: Mutex<HashMap<String, std::time::Instant>>,
     /// The watch caches the controllers share.
     pub(crate) caches: Caches,
+    /// What each Machine's `spec.bootstrap.configRef` names, by Machine uid, until its bootstrap
+    /// data is copied.
+    bootstrap_refs: Mutex<HashMap<String, BootstrapRef>>,
+}
+
+/// A Machine's bootstrap config, as far as the Machine controller is concerned.
+#[derive(Clone, Debug)]
+enum BootstrapRef {
+    /// The KubeadmConfig of this name.
+    Kubeadm(String),
+    /// Another provider's config.
+    Other,
+    /// Its Secret's name is copied to the Machine.
+    Copied,
+}
+
+/// A plain map behind a lock a panic may have poisoned: still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// The watch caches the controllers share (CAPI's informers): Machines and their infrastructure
@@ -197,6 +216,7 @@ pub fn run_with_options(
         options,
         token_rendered_at: Mutex::default(),
         caches: Caches::new(&client),
+        bootstrap_refs: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -769,6 +789,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         // Issue 13: the Node goes once the InfraMachine is gone.
         super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
+        lock(&ctx.bootstrap_refs).remove(&machine.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     ensure_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
@@ -855,19 +876,39 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
 /// and copies its `status.dataSecretName` to the Machine's `spec.bootstrap.dataSecretName`. True once
 /// the Machine has its bootstrap data.
 async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Result<bool, Error> {
-    let resource = ApiResource::erase::<Machine>(&());
-    let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
-    let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
-        return Ok(false);
+    let uid = machine.uid().unwrap_or_default();
+    let known = lock(&ctx.bootstrap_refs).get(&uid).cloned();
+    let name = match known {
+        Some(BootstrapRef::Copied) => return Ok(true),
+        Some(BootstrapRef::Other) => return Ok(false),
+        Some(BootstrapRef::Kubeadm(name)) => name,
+        None => {
+            // The operator's Machine view does not model `spec.bootstrap.configRef`: read it once
+            // (CAPI does not let it change).
+            let resource = ApiResource::erase::<Machine>(&());
+            let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
+            let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
+                return Ok(false);
+            };
+            let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
+                return Ok(false);
+            };
+            let known = if config_ref["apiGroup"] == BOOTSTRAP_GROUP
+                && config_ref["kind"] == "KubeadmConfig"
+            {
+                BootstrapRef::Kubeadm(config_ref["name"].as_str().unwrap_or_default().to_string())
+            } else {
+                // Another bootstrap provider's object: nothing in this stand-in renders it.
+                BootstrapRef::Other
+            };
+            lock(&ctx.bootstrap_refs).insert(uid.clone(), known.clone());
+            match known {
+                BootstrapRef::Kubeadm(name) => name,
+                _ => return Ok(false),
+            }
+        }
     };
-    let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
-        return Ok(false);
-    };
-    if config_ref["apiGroup"] != BOOTSTRAP_GROUP || config_ref["kind"] != "KubeadmConfig" {
-        // Another bootstrap provider's object: nothing in this stand-in renders it.
-        return Ok(false);
-    }
-    let name = config_ref["name"].as_str().unwrap_or_default();
+    let name = name.as_str();
     let configs =
         Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
     let Some(config) = ctx.caches.kubeadm_configs.get(ns, name).await else {
@@ -887,13 +928,11 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
     else {
         return Ok(false);
     };
-    if raw.data.pointer("/spec/bootstrap/dataSecretName") == Some(&json!(secret)) {
-        // Copied already; the Machine this reconcile started from was older.
-        return Ok(true);
-    }
     let body = json!({"spec": {"bootstrap": {"dataSecretName": secret}}});
     Api::<Machine>::namespaced(ctx.client.clone(), ns)
         .patch(&machine.name_any(), &params(), &Patch::Merge(&body))
         .await?;
+    // Reconciles that start from a Machine the cache has not updated yet need not copy it again.
+    lock(&ctx.bootstrap_refs).insert(uid, BootstrapRef::Copied);
     Ok(true)
 }
