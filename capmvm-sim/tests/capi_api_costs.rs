@@ -100,6 +100,7 @@ async fn a_machine_waiting_for_its_bootstrap_data_is_not_rewritten_in_a_loop() {
     // No operator: the cluster gets no endpoint, so the bootstrap data never comes and the
     // Machines stay Pending.
     let w = World::start(options(1)).await.expect("world starts");
+    let at_start = w.emulator.counters();
     w.apply_demo_cluster(&counts(0, 4), |_| {}).await.unwrap();
     let raw: Api<DynamicObject> =
         Api::namespaced_with(w.client.clone(), NS, &ApiResource::erase::<Machine>(&()));
@@ -126,5 +127,13 @@ async fn a_machine_waiting_for_its_bootstrap_data_is_not_rewritten_in_a_loop() {
         "status writes to Machines that do not change"
     );
     assert_eq!(spent.get(Verb::Get, "cluster.x-k8s.io/machines"), 0);
+    // Each Machine's bootstrap configRef (which the typed view lacks) was read once in all.
+    assert_eq!(
+        w.emulator
+            .counters()
+            .since(&at_start)
+            .get(Verb::Get, "cluster.x-k8s.io/machines"),
+        4
+    );
     w.shutdown().await;
 }
