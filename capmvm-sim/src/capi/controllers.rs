@@ -611,11 +611,18 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
                 break;
             };
             let machine_name = new.name.clone();
-            if !create_machine(&ctx, new).await? {
-                retry_soon = true;
-                break;
+            match create_machine(&ctx, new).await {
+                Ok(true) => created.push(machine_name),
+                Ok(false) => {
+                    retry_soon = true;
+                    break;
+                }
+                Err(e) => {
+                    // The retry counts from the cache: it must show what was created so far.
+                    wait_for_cache(&ctx.caches.machines, &ns, &created).await;
+                    return Err(e);
+                }
             }
-            created.push(machine_name);
         }
         wait_for_cache(&ctx.caches.machines, &ns, &created).await;
     } else if mine.len() > want {
