@@ -259,17 +259,19 @@ fn apply_schema(
     }
 }
 
-fn without(v: &Value, skip_status: bool) -> Map<String, Value> {
-    v.as_object()
-        .map(|m| {
-            m.iter()
-                .filter(|(k, _)| {
-                    k.as_str() != "metadata" && !(skip_status && k.as_str() == "status")
-                })
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect()
-        })
-        .unwrap_or_default()
+/// Whether `a` and `b` are equal apart from `metadata` (and `status` when `skip_status`), compared
+/// in place (a spec can be large; copying both for each update was a share of the write's cost).
+fn same_apart_from_metadata(a: &Value, b: &Value, skip_status: bool) -> bool {
+    let counted = |k: &String| k.as_str() != "metadata" && !(skip_status && k.as_str() == "status");
+    let empty = Map::new();
+    let (a, b) = (
+        a.as_object().unwrap_or(&empty),
+        b.as_object().unwrap_or(&empty),
+    );
+    a.keys().filter(|k| counted(k)).count() == b.keys().filter(|k| counted(k)).count()
+        && a.iter()
+            .filter(|(k, _)| counted(k))
+            .all(|(k, v)| b.get(k) == Some(v))
 }
 
 /// CRD-specific work on create and update: validation, defaults, the served status.
@@ -593,7 +595,8 @@ pub(crate) fn prepare_update(
     warnings: &mut Vec<String>,
 ) -> Result<Value, ApiError> {
     unknown_fields(def, &mut new, &mut unknown);
-    let old = view(def, current.value()).into_owned();
+    let old_view = view(def, current.value());
+    let old: &Value = &old_view;
     if def.status_subresource || sub == Sub::Status {
         match sub {
             Sub::Main => {
@@ -617,7 +620,7 @@ pub(crate) fn prepare_update(
         }
     }
     {
-        let old_meta = meta::metadata(&old).cloned().unwrap_or_default();
+        let old_meta = meta::metadata(old);
         let m = meta::metadata_mut(&mut new);
         for f in [
             "uid",
@@ -629,15 +632,15 @@ pub(crate) fn prepare_update(
             "namespace",
             "name",
         ] {
-            match old_meta.get(f) {
+            match old_meta.and_then(|o| o.get(f)) {
                 Some(v) => m.insert(f.into(), v.clone()),
                 None => m.remove(f),
             };
         }
         m.remove("selfLink");
     }
-    if meta::is_deleting(&old) {
-        let old_fins = meta::finalizers(&old);
+    if meta::is_deleting(old) {
+        let old_fins = meta::finalizers(old);
         let added: Vec<String> = meta::finalizers(&new)
             .into_iter()
             .filter(|f| !old_fins.contains(f))
@@ -652,13 +655,13 @@ pub(crate) fn prepare_update(
             return Err(ApiError::invalid(
                 &def.kind,
                 &def.group,
-                meta::meta_str(&old, "name"),
+                meta::meta_str(old, "name"),
                 &errs,
             ));
         }
     }
     if let Some(b) = def.builtin {
-        builtin::prepare(b, &mut new, Some(&old))?;
+        builtin::prepare(b, &mut new, Some(old))?;
     }
     if sub == Sub::Main {
         shared
@@ -668,30 +671,28 @@ pub(crate) fn prepare_update(
     apply_schema(
         def,
         &mut new,
-        Some(&old),
+        Some(old),
         unknown,
         params.field_validation,
         warnings,
     )?;
     if let Some(b) = def.builtin {
-        let errs = builtin::validate_update(b, &new, &old);
+        let errs = builtin::validate_update(b, &new, old);
         if !errs.is_empty() {
             return Err(ApiError::invalid(
                 &def.kind,
                 &def.group,
-                meta::meta_str(&old, "name"),
+                meta::meta_str(old, "name"),
                 &errs,
             ));
         }
     }
     if def.builtin == Some(Builtin::Crd) {
         if sub == Sub::Main {
-            prepare_crd(&mut new, Some(&old), warnings)?;
+            prepare_crd(&mut new, Some(old), warnings)?;
         }
-    } else if def.has_generation
-        && without(&new, def.status_subresource) != without(&old, def.status_subresource)
-    {
-        let g = meta::metadata(&old)
+    } else if def.has_generation && !same_apart_from_metadata(&new, old, def.status_subresource) {
+        let g = meta::metadata(old)
             .and_then(|m| m.get("generation"))
             .and_then(Value::as_i64)
             .unwrap_or(0);
@@ -699,9 +700,9 @@ pub(crate) fn prepare_update(
     }
     if def.builtin == Some(Builtin::Crd)
         && sub == Sub::Main
-        && without(&new, true) != without(&old, true)
+        && !same_apart_from_metadata(&new, old, true)
     {
-        let g = meta::metadata(&old)
+        let g = meta::metadata(old)
             .and_then(|m| m.get("generation"))
             .and_then(Value::as_i64)
             .unwrap_or(0);

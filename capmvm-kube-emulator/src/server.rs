@@ -1,7 +1,6 @@
 //! HTTP: routing of the Kubernetes API paths, content negotiation (JSON, Table, PartialObjectMetadata),
 //! request decoding and `Status` error answers, and the watch streams.
 
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -10,12 +9,11 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::Response;
 use serde_json::{Value, json};
-use tokio::sync::mpsc;
 
 use super::counters::Verb;
 use super::discovery;
 use super::error::{ApiError, FieldError};
-use super::faults::{CutCounter, FaultKind, FaultRequest, Injected};
+use super::faults::{FaultKind, FaultRequest, Injected};
 use super::meta;
 use super::ops::{
     self, DeleteOpts, FieldValidation, ListOpts, Shared, Sub, WatchOpts, WatchStart, WriteParams,
@@ -23,8 +21,11 @@ use super::ops::{
 use super::patch::PatchType;
 use super::registry::{Builtin, ResourceDef};
 use super::selector::{FieldSelector, LabelSelector};
-use super::store::{self, EventType, Filter, Propagation, WatchMsg, Written};
+use super::store::{self, Filter, Propagation, Written};
 use super::table::{self, IncludeObject};
+
+mod watch_stream;
+use watch_stream::{WatchCut, WatchStream};
 
 /// The largest request body accepted, as the real server's 3 MiB.
 const MAX_BODY: usize = 3 * 1024 * 1024;
@@ -931,12 +932,6 @@ fn fault_answer(
     })
 }
 
-/// A watch to be cut: its connection ends abruptly after `after` events.
-struct WatchCut {
-    after: usize,
-    counter: Option<CutCounter>,
-}
-
 fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response {
     match written {
         // Built-in registries other than namespaces answer an immediate deletion with a Status.
@@ -1202,22 +1197,16 @@ async fn start_watch(
     };
     match ops::watch(shared, def, filter, &opts).await? {
         WatchStart::Stream(backlog, rx) => {
-            let stream = WatchStream {
-                shared: shared.clone(),
-                def: def.clone(),
-                backlog: backlog.into(),
+            let stream = WatchStream::new(
+                shared.clone(),
+                def.clone(),
+                backlog,
                 rx,
-                deadline: tokio::time::Instant::now() + timeout,
-                format,
-                include,
-                first: true,
+                tokio::time::Instant::now() + timeout,
+                (format, include),
                 cut,
-                sent: 0,
-                ended: false,
-            };
-            let body = Body::from_stream(futures::stream::unfold(stream, |mut s| async move {
-                s.next().await.map(|b| (b, s))
-            }));
+            );
+            let body = Body::from_stream(stream.into_stream());
             let mut resp = Response::new(body);
             resp.headers_mut()
                 .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
@@ -1230,113 +1219,4 @@ async fn start_watch(
             Ok(respond(StatusCode::OK, "application/json", line, &[]))
         }
     }
-}
-
-struct WatchStream {
-    shared: Arc<Shared>,
-    def: Arc<ResourceDef>,
-    backlog: VecDeque<WatchMsg>,
-    rx: mpsc::Receiver<WatchMsg>,
-    deadline: tokio::time::Instant,
-    format: Format,
-    include: IncludeObject,
-    first: bool,
-    /// An injected cut, and the events sent so far.
-    cut: Option<WatchCut>,
-    sent: usize,
-    ended: bool,
-}
-
-impl WatchStream {
-    /// The next line, or an error that makes the server drop the connection (an injected cut).
-    async fn next(&mut self) -> Option<Result<Bytes, std::io::Error>> {
-        if self.ended {
-            return None;
-        }
-        if let Some(cut) = &self.cut
-            && self.sent >= cut.after
-        {
-            self.ended = true;
-            // hyper writes what it has been given only once the body stops being ready: pause, so
-            // the events before the cut reach the client before the connection is dropped.
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            if let Some(c) = &cut.counter {
-                c.record();
-            }
-            return Some(Err(std::io::Error::new(
-                std::io::ErrorKind::ConnectionAborted,
-                "watch cut by the API emulator's fault rules",
-            )));
-        }
-        let line = self.next_line().await?;
-        self.sent += 1;
-        Some(Ok(line))
-    }
-
-    async fn next_line(&mut self) -> Option<Bytes> {
-        let msg = match self.backlog.pop_front() {
-            Some(m) => m,
-            None => {
-                let mut shutdown = self.shared.shutdown.clone();
-                if *shutdown.borrow() {
-                    return None;
-                }
-                tokio::select! {
-                    m = self.rx.recv() => m?,
-                    () = tokio::time::sleep_until(self.deadline) => return None,
-                    _ = shutdown.wait_for(|s| *s) => return None,
-                }
-            }
-        };
-        Some(self.encode(msg))
-    }
-
-    fn bookmark(&self, rv: u64, initial_end: bool) -> Bytes {
-        let mut md = serde_json::Map::new();
-        md.insert("resourceVersion".into(), json!(rv.to_string()));
-        md.insert("creationTimestamp".into(), Value::Null);
-        if initial_end {
-            md.insert(
-                "annotations".into(),
-                json!({"k8s.io/initial-events-end": "true"}),
-            );
-        }
-        let obj =
-            json!({"kind": self.def.kind, "apiVersion": self.def.api_version(), "metadata": md});
-        store::event_line("BOOKMARK", &store::encode(&obj))
-    }
-
-    fn encode(&mut self, msg: WatchMsg) -> Bytes {
-        match msg {
-            WatchMsg::Bookmark(rv) => self.bookmark(rv, false),
-            WatchMsg::InitialEventsEnd(rv) => self.bookmark(rv, true),
-            WatchMsg::Event(ty, stored) => match self.format {
-                Format::Json => match self.def.conversion {
-                    super::registry::Conversion::None => stored.frame(ty),
-                    _ => store::event_line(ty.as_str(), &ops::view_bytes(&self.def, &stored)),
-                },
-                Format::Partial => store::event_line(
-                    ty.as_str(),
-                    &store::encode(&table::partial_metadata(stored.value())),
-                ),
-                Format::Table => {
-                    let v = ops::view(&self.def, stored.value());
-                    let t = table::table(
-                        &self.def,
-                        std::slice::from_ref(&v),
-                        self.include,
-                        Some(stored.rv),
-                        None,
-                        self.first,
-                    );
-                    self.first = false;
-                    store::event_line(event_name(ty), &store::encode(&t))
-                }
-            },
-        }
-    }
-}
-
-fn event_name(ty: EventType) -> &'static str {
-    ty.as_str()
 }

@@ -22,8 +22,8 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PostParams};
+use kube::runtime::Controller;
 use kube::runtime::controller::Action;
-use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tracing::{debug, warn};
@@ -211,18 +211,20 @@ fn bootstrap_token() -> String {
 
 /// Starts the KubeadmConfig controller.
 pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
-    let resource = kubeadm_config_resource();
-    let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &resource);
-    Controller::new_with(api, watcher::Config::default().any_semantic(), resource)
-        .run(
-            reconcile,
-            |_, error: &Error, _| {
-                debug!(error = %error, "KubeadmConfig reconcile failed; retrying");
-                Action::requeue(Duration::from_millis(500))
-            },
-            ctx,
-        )
-        .for_each(|_| async {})
+    Controller::for_shared_stream_with(
+        ctx.caches.kubeadm_configs.subscribe(),
+        ctx.caches.kubeadm_configs.store(),
+        kubeadm_config_resource(),
+    )
+    .run(
+        reconcile,
+        |_, error: &Error, _| {
+            debug!(error = %error, "KubeadmConfig reconcile failed; retrying");
+            Action::requeue(Duration::from_millis(500))
+        },
+        ctx,
+    )
+    .for_each(|_| async {})
 }
 
 async fn reconcile(config: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {

@@ -8,7 +8,7 @@ use capmvm_api::capi::{ContractVersionedObjectReference, Machine};
 use capmvm_api::keys::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
 };
-use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachineTemplate};
+use capmvm_api::{GROUP, MicrovmMachine};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ApiResource, DynamicObject, PostParams};
 use kube::{Api, ResourceExt};
@@ -49,8 +49,12 @@ pub(crate) struct NewMachine {
 /// logs) when the template does not exist.
 pub(crate) async fn create_machine(ctx: &Ctx, new: NewMachine) -> Result<bool, Error> {
     let ns = new.namespace.as_str();
-    let templates: Api<MicrovmMachineTemplate> = Api::namespaced(ctx.client.clone(), ns);
-    let Some(template) = templates.get_opt(&new.infra_template).await? else {
+    let Some(template) = ctx
+        .caches
+        .microvm_machine_templates
+        .get(ns, &new.infra_template)
+        .await
+    else {
         warn!(template = %new.infra_template, "the MicrovmMachineTemplate named does not exist");
         return Ok(false);
     };

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use capmvm_api::capi::{Cluster, Machine};
 use capmvm_api::keys::CLUSTER_NAME_LABEL;
-use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine};
+use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachineTemplate};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
@@ -25,6 +25,7 @@ use super::bootstrap::{
 };
 use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
 use super::crds::MachineDeployment;
+use super::informers::Informer;
 use super::kcp::{CONTROL_PLANE_GROUP, kubeadm_control_plane_resource};
 use super::workload::{ClusterKey, WorkloadClusters};
 use super::{
@@ -59,6 +60,66 @@ pub(crate) struct Ctx {
     /// When each MachinePool's bootstrap Secret was last rendered, by KubeadmConfig uid (the join
     /// token rotation's clock).
     pub(crate) token_rendered_at: Mutex<HashMap<String, std::time::Instant>>,
+    /// The watch caches the controllers share.
+    pub(crate) caches: Caches,
+    /// What each Machine's `spec.bootstrap.configRef` names, by Machine uid, until its bootstrap
+    /// data is copied.
+    bootstrap_refs: Mutex<HashMap<String, BootstrapRef>>,
+}
+
+/// A Machine's bootstrap config, as far as the Machine controller is concerned.
+#[derive(Clone, Debug)]
+enum BootstrapRef {
+    /// The KubeadmConfig of this name.
+    Kubeadm(String),
+    /// Another provider's config.
+    Other,
+    /// Its Secret's name is copied to the Machine.
+    Copied,
+}
+
+/// A plain map behind a lock a panic may have poisoned: still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The watch caches the controllers share (CAPI's informers): Machines and their infrastructure
+/// and bootstrap objects, and the templates Machines are created from.
+pub(crate) struct Caches {
+    pub(crate) machines: Informer<Machine>,
+    pub(crate) microvm_machines: Informer<MicrovmMachine>,
+    pub(crate) microvm_machine_templates: Informer<MicrovmMachineTemplate>,
+    pub(crate) kubeadm_configs: Informer<DynamicObject>,
+    pub(crate) kubeadm_config_templates: Informer<DynamicObject>,
+}
+
+impl Caches {
+    fn new(client: &kube::Client) -> Self {
+        Self {
+            machines: Informer::new(Api::all(client.clone())),
+            microvm_machines: Informer::new(Api::all(client.clone())),
+            microvm_machine_templates: Informer::new(Api::all(client.clone())),
+            kubeadm_configs: super::informers::dynamic(client, &kubeadm_config_resource()),
+            kubeadm_config_templates: super::informers::dynamic(
+                client,
+                &kubeadm_config_template_resource(),
+            ),
+        }
+    }
+
+    /// Starts the watches (after the controllers subscribed).
+    fn start(&self) -> Vec<JoinHandle<()>> {
+        [
+            self.machines.start(),
+            self.microvm_machines.start(),
+            self.microvm_machine_templates.start(),
+            self.kubeadm_configs.start(),
+            self.kubeadm_config_templates.start(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
 }
 
 /// How the stand-in behaves where CAPI is configurable.
@@ -154,6 +215,8 @@ pub fn run_with_options(
         workloads: workloads.clone(),
         options,
         token_rendered_at: Mutex::default(),
+        caches: Caches::new(&client),
+        bootstrap_refs: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -179,7 +242,7 @@ pub fn run_with_options(
             },
         )
         // Machine changes matter to a Cluster only while it waits for them to go.
-        .watches(Api::<Machine>::all(client.clone()), cfg(), |m| {
+        .watches_shared_stream(ctx.caches.machines.subscribe(), |m| {
             let ns = m.namespace().unwrap_or_default();
             m.meta()
                 .deletion_timestamp
@@ -190,32 +253,47 @@ pub fn run_with_options(
         .for_each(|_| async {});
     let deployments = Controller::new(Api::<MachineDeployment>::all(client.clone()), cfg())
         .with_config(conc())
-        .owns(Api::<Machine>::all(client.clone()), cfg())
+        .owns_shared_stream(ctx.caches.machines.subscribe())
         .run(reconcile_deployment, error_policy, ctx.clone())
         .for_each(|_| async {});
-    let machines = Controller::new(Api::<Machine>::all(client.clone()), cfg())
-        .with_config(conc())
-        .watches(Api::<MicrovmMachine>::all(client.clone()), cfg(), |mm| {
-            let ns = mm.namespace().unwrap_or_default();
-            // Before adoption the clone's Machine has the same name (CAPI names them alike).
-            Some(ObjectRef::new(&mm.name_any()).within(&ns))
-        })
-        // Issue 13: a Node registering (or changing) wakes the Machine with its providerID.
-        .reconcile_on(workloads.machine_wakeups())
-        .run(reconcile_machine, error_policy, ctx.clone())
-        .for_each(|_| async {});
-    StandIn {
-        tasks: vec![
-            tokio::spawn(clusters),
-            tokio::spawn(deployments),
-            tokio::spawn(machines),
-            super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
-            tokio::spawn(super::kcp::run(ctx.clone())),
-            tokio::spawn(super::machinepool::run(ctx.clone())),
-            tokio::spawn(super::bootstrap::run(ctx)),
-        ],
-        workloads,
-    }
+    let machines =
+        Controller::for_shared_stream(ctx.caches.machines.subscribe(), ctx.caches.machines.store())
+            .with_config(conc())
+            .watches_shared_stream(ctx.caches.microvm_machines.subscribe(), |mm| {
+                let ns = mm.namespace().unwrap_or_default();
+                // Before adoption the clone's Machine has the same name (CAPI names them alike).
+                Some(ObjectRef::new(&mm.name_any()).within(&ns))
+            })
+            // Its bootstrap config's changes (CAPI's Machine controller watches the bootstrap object):
+            // the KubeadmConfig's `status.dataSecretName` is copied to the Machine.
+            .watches_shared_stream_with(
+                ctx.caches.kubeadm_configs.subscribe(),
+                |config: Arc<DynamicObject>| {
+                    let ns = config.namespace().unwrap_or_default();
+                    config
+                        .owner_references()
+                        .iter()
+                        .find(|o| o.kind == "Machine" && o.controller == Some(true))
+                        .map(|o| ObjectRef::new(&o.name).within(&ns))
+                },
+                kubeadm_config_resource(),
+            )
+            // Issue 13: a Node registering (or changing) wakes the Machine with its providerID.
+            .reconcile_on(workloads.machine_wakeups())
+            .run(reconcile_machine, error_policy, ctx.clone())
+            .for_each(|_| async {});
+    let mut tasks = vec![
+        tokio::spawn(clusters),
+        tokio::spawn(deployments),
+        tokio::spawn(machines),
+        super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
+        tokio::spawn(super::kcp::run(ctx.clone())),
+        tokio::spawn(super::machinepool::run(ctx.clone())),
+        tokio::spawn(super::bootstrap::run(ctx.clone())),
+    ];
+    // Every controller has subscribed: the watches may start.
+    tasks.extend(ctx.caches.start());
+    StandIn { tasks, workloads }
 }
 
 fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Ctx>) -> Action {
@@ -507,21 +585,46 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
     let ns = md.namespace().unwrap_or_default();
     let name = md.name_any();
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut mine: Vec<Machine> = machines
-        .list(&ListParams::default().labels(&format!("{DEPLOYMENT_NAME_LABEL}={name}")))
-        .await?
+    // From the watch cache, as CAPI's MachineSet lists its Machines.
+    let mut mine: Vec<Arc<Machine>> = ctx
+        .caches
+        .machines
+        .state()
+        .await
         .into_iter()
-        .filter(|m| m.meta().deletion_timestamp.is_none())
+        .filter(|m| {
+            m.namespace().as_deref() == Some(ns.as_str())
+                && m.labels().get(DEPLOYMENT_NAME_LABEL) == Some(&name)
+                && m.meta().deletion_timestamp.is_none()
+        })
         .collect();
     let want = usize::try_from(md.spec.replicas.unwrap_or(1).max(0)).unwrap_or(0);
+    let mut retry_soon = false;
 
     if mine.len() < want {
+        // As CAPI's MachineSet: every missing replica in this reconcile, then wait until the cache
+        // shows them, so the next reconcile does not count them missing again.
+        let mut created = Vec::with_capacity(want - mine.len());
         for _ in mine.len()..want {
             let Some(new) = deployment_machine(&ctx, &md, &ns).await? else {
+                retry_soon = true;
                 break;
             };
-            create_machine(&ctx, new).await?;
+            let machine_name = new.name.clone();
+            match create_machine(&ctx, new).await {
+                Ok(true) => created.push(machine_name),
+                Ok(false) => {
+                    retry_soon = true;
+                    break;
+                }
+                Err(e) => {
+                    // The retry counts from the cache: it must show what was created so far.
+                    wait_for_cache(&ctx.caches.machines, &ns, &created).await;
+                    return Err(e);
+                }
+            }
         }
+        wait_for_cache(&ctx.caches.machines, &ns, &created).await;
     } else if mine.len() > want {
         // Annotated victims first, then the newest.
         mine.sort_by(|a, b| {
@@ -556,7 +659,33 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
         want["selector"] = json!(selector.join(","));
     }
     patch_status_if_changed(&mds, md.as_ref(), &status, want).await?;
-    Ok(Action::requeue(Duration::from_secs(60)))
+    // A template missing from the cache may only not have reached it yet.
+    Ok(Action::requeue(Duration::from_secs(if retry_soon {
+        1
+    } else {
+        60
+    })))
+}
+
+/// How long a controller waits for the cache to show the objects it created (CAPI's MachineSet
+/// waits the same before it reconciles again).
+const CACHE_CONFIRMATION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Waits until `cache` holds each of `names` in `ns` (at most [`CACHE_CONFIRMATION_TIMEOUT`]).
+async fn wait_for_cache<K>(cache: &Informer<K>, ns: &str, names: &[String])
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + std::hash::Hash + Clone + Send + Sync,
+{
+    let deadline = tokio::time::Instant::now() + CACHE_CONFIRMATION_TIMEOUT;
+    for name in names {
+        while cache.get(ns, name).await.is_none() {
+            if tokio::time::Instant::now() > deadline {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
 }
 
 /// Whether CAPI marked a Machine's infrastructure provisioned.
@@ -586,12 +715,7 @@ async fn deployment_machine(
             if r["apiGroup"] == BOOTSTRAP_GROUP && r["kind"] == "KubeadmConfigTemplate" =>
         {
             let name = r["name"].as_str().unwrap_or_default();
-            let templates = Api::<DynamicObject>::namespaced_with(
-                ctx.client.clone(),
-                ns,
-                &kubeadm_config_template_resource(),
-            );
-            let Some(template) = templates.get_opt(name).await? else {
+            let Some(template) = ctx.caches.kubeadm_config_templates.get(ns, name).await else {
                 warn!(template = %name, deployment = %md.name_any(), "the KubeadmConfigTemplate named does not exist");
                 return Ok(None);
             };
@@ -662,7 +786,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     if machine.meta().deletion_timestamp.is_some() {
         // CAPI's order: delete the infrastructure machine and wait for it to be gone.
         if !infra_name.is_empty()
-            && let Some(infra) = infras.get_opt(&infra_name).await?
+            && let Some(infra) = ctx.caches.microvm_machines.get(&ns, &infra_name).await
         {
             if infra.meta().deletion_timestamp.is_none() {
                 delete_quietly(&infras, &infra_name).await?;
@@ -672,6 +796,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         // Issue 13: the Node goes once the InfraMachine is gone.
         super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
+        lock(&ctx.bootstrap_refs).remove(&machine.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     ensure_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
@@ -681,12 +806,8 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         Some(_) => true,
         None => adopt_bootstrap_config(&ctx, &machine, &ns).await?,
     };
-    if !bootstrap_ready {
-        ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
-            .await?;
-    }
 
-    let Some(infra) = infras.get_opt(&infra_name).await? else {
+    let Some(infra) = ctx.caches.microvm_machines.get(&ns, &infra_name).await else {
         ctx.write_status(&api, machine.as_ref(), json!({"phase": "Pending"}))
             .await?;
         return Ok(Action::requeue(Duration::from_secs(5)));
@@ -742,7 +863,16 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
             ctx.write_status(&api, machine.as_ref(), want).await?;
         }
         _ => {
-            ctx.write_status(&api, machine.as_ref(), json!({"phase": "Provisioning"}))
+            // CAPI's phases: Provisioning once the bootstrap data is there, Pending before. One
+            // status write per reconcile, as CAPI's patch helper makes: writing Pending and then
+            // Provisioning in the same reconcile changed the Machine twice, and each change
+            // triggered another reconcile until the bootstrap data came.
+            let phase = if bootstrap_ready {
+                "Provisioning"
+            } else {
+                "Pending"
+            };
+            ctx.write_status(&api, machine.as_ref(), json!({"phase": phase}))
                 .await?;
         }
     }
@@ -753,22 +883,42 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
 /// and copies its `status.dataSecretName` to the Machine's `spec.bootstrap.dataSecretName`. True once
 /// the Machine has its bootstrap data.
 async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Result<bool, Error> {
-    let resource = ApiResource::erase::<Machine>(&());
-    let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
-    let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
-        return Ok(false);
+    let uid = machine.uid().unwrap_or_default();
+    let known = lock(&ctx.bootstrap_refs).get(&uid).cloned();
+    let name = match known {
+        Some(BootstrapRef::Copied) => return Ok(true),
+        Some(BootstrapRef::Other) => return Ok(false),
+        Some(BootstrapRef::Kubeadm(name)) => name,
+        None => {
+            // The operator's Machine view does not model `spec.bootstrap.configRef`: read it once
+            // (CAPI does not let it change).
+            let resource = ApiResource::erase::<Machine>(&());
+            let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
+            let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
+                return Ok(false);
+            };
+            let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
+                return Ok(false);
+            };
+            let known = if config_ref["apiGroup"] == BOOTSTRAP_GROUP
+                && config_ref["kind"] == "KubeadmConfig"
+            {
+                BootstrapRef::Kubeadm(config_ref["name"].as_str().unwrap_or_default().to_string())
+            } else {
+                // Another bootstrap provider's object: nothing in this stand-in renders it.
+                BootstrapRef::Other
+            };
+            lock(&ctx.bootstrap_refs).insert(uid.clone(), known.clone());
+            match known {
+                BootstrapRef::Kubeadm(name) => name,
+                _ => return Ok(false),
+            }
+        }
     };
-    let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
-        return Ok(false);
-    };
-    if config_ref["apiGroup"] != BOOTSTRAP_GROUP || config_ref["kind"] != "KubeadmConfig" {
-        // Another bootstrap provider's object: nothing in this stand-in renders it.
-        return Ok(false);
-    }
-    let name = config_ref["name"].as_str().unwrap_or_default();
+    let name = name.as_str();
     let configs =
         Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
-    let Some(config) = configs.get_opt(name).await? else {
+    let Some(config) = ctx.caches.kubeadm_configs.get(ns, name).await else {
         return Ok(false);
     };
     let adopted = config.owner_references().iter().any(|o| {
@@ -789,5 +939,7 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
     Api::<Machine>::namespaced(ctx.client.clone(), ns)
         .patch(&machine.name_any(), &params(), &Patch::Merge(&body))
         .await?;
+    // Reconciles that start from a Machine the cache has not updated yet need not copy it again.
+    lock(&ctx.bootstrap_refs).insert(uid, BootstrapRef::Copied);
     Ok(true)
 }

@@ -44,7 +44,7 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
     let api = Api::<DynamicObject>::all_with(ctx.client.clone(), &resource);
     let cfg = || watcher::Config::default().any_semantic();
     Controller::new_with(api, cfg(), resource)
-        .watches(Api::<Machine>::all(ctx.client.clone()), cfg(), |m| {
+        .watches_shared_stream(ctx.caches.machines.subscribe(), |m| {
             let ns = m.namespace().unwrap_or_default();
             m.labels().get(CONTROL_PLANE_NAME_LABEL).map(|kcp| {
                 kube::runtime::reflector::ObjectRef::new_with(kcp, kubeadm_control_plane_resource())

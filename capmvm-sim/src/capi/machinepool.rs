@@ -104,6 +104,9 @@ impl PoolCtx {
 /// Starts the MachinePool controller.
 pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
     let client = ctx.client.clone();
+    let machines = ctx.caches.machines.subscribe();
+    let configs = ctx.caches.kubeadm_configs.subscribe();
+    let instances = ctx.caches.microvm_machines.subscribe();
     let pool_ctx = Arc::new(PoolCtx {
         ctx,
         kinds: Mutex::default(),
@@ -111,7 +114,6 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
     let cfg = || watcher::Config::default().any_semantic();
     let resource = machine_pool_resource();
     let infra_pools = ApiResource::erase::<capmvm_api::MicrovmMachinePool>(&());
-    let instances = ApiResource::erase::<capmvm_api::MicrovmMachine>(&());
     let mapped = resource.clone();
     Controller::new_with(
         Api::<DynamicObject>::all_with(client.clone(), &resource),
@@ -119,31 +121,36 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
         resource.clone(),
     )
     .with_config(ControllerConfig::default().concurrency(8))
-    .owns(Api::<capmvm_api::capi::Machine>::all(client.clone()), cfg())
-    .owns_with(
-        Api::<DynamicObject>::all_with(client.clone(), &kubeadm_config_resource()),
+    .owns_shared_stream(machines)
+    .watches_shared_stream_with(
+        configs,
+        {
+            let pools = resource.clone();
+            move |config: Arc<DynamicObject>| {
+                let ns = config.namespace().unwrap_or_default();
+                config
+                    .owner_references()
+                    .iter()
+                    .find(|o| o.kind == "MachinePool" && o.controller == Some(true))
+                    .map(|o| ObjectRef::new_with(&o.name, pools.clone()).within(&ns))
+            }
+        },
         kubeadm_config_resource(),
-        cfg(),
     )
     .owns_with(
-        Api::<DynamicObject>::all_with(client.clone(), &infra_pools),
+        Api::<DynamicObject>::all_with(client, &infra_pools),
         infra_pools,
         cfg(),
     )
     // An instance (de)labelled or changed wakes its pool: the label is the pool's name when it is a
     // valid label value (longer names are hashed and reach the pool through their Machine).
-    .watches_with(
-        Api::<DynamicObject>::all_with(client, &instances),
-        instances,
-        cfg(),
-        move |mm| {
-            let ns = mm.namespace().unwrap_or_default();
-            mm.labels()
-                .get(capmvm_api::keys::POOL_NAME_LABEL)
-                .filter(|v| !v.starts_with("hash_"))
-                .map(|pool| ObjectRef::new_with(pool, mapped.clone()).within(&ns))
-        },
-    )
+    .watches_shared_stream(instances, move |mm| {
+        let ns = mm.namespace().unwrap_or_default();
+        mm.labels()
+            .get(capmvm_api::keys::POOL_NAME_LABEL)
+            .filter(|v| !v.starts_with("hash_"))
+            .map(|pool| ObjectRef::new_with(pool, mapped.clone()).within(&ns))
+    })
     .run(
         reconcile,
         |_, error: &Error, _| {

@@ -31,6 +31,7 @@ pub mod bootstrap;
 mod clone;
 mod controllers;
 mod crds;
+mod informers;
 pub mod kcp;
 pub mod kubelet;
 pub mod machinepool;

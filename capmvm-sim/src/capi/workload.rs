@@ -86,10 +86,16 @@ struct Workload {
     client: kube::Client,
     kubeconfig_path: PathBuf,
     nodes: Store<Node>,
+    /// The names of the Nodes by `spec.providerID`, kept by the watch beside `nodes`, so a Machine
+    /// finds its Node without scanning every Node (a hint: the answer is checked against `nodes`).
+    node_names: NodeNames,
     watch: JoinHandle<()>,
     /// Distinguishes a Cluster re-created under the same name.
     serial: u64,
 }
+
+/// Node names by providerID.
+type NodeNames = Arc<Mutex<HashMap<String, String>>>;
 
 #[derive(Default)]
 struct Registry {
@@ -191,9 +197,13 @@ impl WorkloadClusters {
         cluster: &ClusterKey,
         provider_id: &str,
     ) -> Option<Arc<Node>> {
-        self.nodes(cluster)
-            .into_iter()
-            .find(|n| n.spec.as_ref().and_then(|s| s.provider_id.as_deref()) == Some(provider_id))
+        let registry = self.registry();
+        let w = registry.clusters.get(cluster)?;
+        let name = lock(&w.node_names).get(provider_id).cloned()?;
+        // The index may name a Node that has since gone or changed its providerID.
+        w.nodes
+            .get(&ObjectRef::new(&name))
+            .filter(|n| provider_id_of(n) == Some(provider_id))
     }
 
     /// Wakes `machine` when a Node with `provider_id` appears or changes.
@@ -274,18 +284,34 @@ impl WorkloadClusters {
         let kubeconfig = capi_kubeconfig(&key.name, &emulator.base_url());
         let kubeconfig_path = write_kubeconfig(&self.dir, key, &kubeconfig)?;
         let (nodes, writer) = reflector::store();
+        let node_names = NodeNames::default();
         let stream = reflector::reflector(
             writer,
             watcher(Api::<Node>::all(client.clone()), watcher::Config::default()),
         )
-        .default_backoff()
-        .touched_objects();
+        .default_backoff();
         let this = self.clone();
+        let names = node_names.clone();
         let watch = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(event) = stream.next().await {
-                if let Ok(node) = event {
-                    this.node_changed(&node);
+                match event {
+                    Ok(watcher::Event::Apply(node) | watcher::Event::InitApply(node)) => {
+                        if let Some(pid) = provider_id_of(&node) {
+                            lock(&names).insert(pid.to_string(), node.name_any());
+                        }
+                        this.node_changed(&node);
+                    }
+                    Ok(watcher::Event::Delete(node)) => {
+                        if let Some(pid) = provider_id_of(&node) {
+                            let mut names = lock(&names);
+                            if names.get(pid) == Some(&node.name_any()) {
+                                names.remove(pid);
+                            }
+                        }
+                        this.node_changed(&node);
+                    }
+                    Ok(watcher::Event::Init | watcher::Event::InitDone) | Err(_) => {}
                 }
             }
         });
@@ -305,6 +331,7 @@ impl WorkloadClusters {
                 client,
                 kubeconfig_path,
                 nodes,
+                node_names,
                 watch,
                 serial,
             },
@@ -313,7 +340,7 @@ impl WorkloadClusters {
     }
 
     fn node_changed(&self, node: &Node) {
-        let Some(pid) = node.spec.as_ref().and_then(|s| s.provider_id.as_deref()) else {
+        let Some(pid) = provider_id_of(node) else {
             return;
         };
         let machine = self.registry().waiting.get(pid).cloned();
@@ -339,6 +366,15 @@ impl WorkloadClusters {
             self.stop(&cluster).await;
         }
     }
+}
+
+fn provider_id_of(node: &Node) -> Option<&str> {
+    node.spec.as_ref()?.provider_id.as_deref()
+}
+
+/// A plain map behind a lock a panic may have poisoned: still usable.
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 /// A kubeconfig as CAPI writes it for a Cluster: cluster `<name>`, user `<name>-admin`, context
@@ -391,5 +427,93 @@ fn kubeconfig_secret(cluster: &Cluster, name: &str, kubeconfig: &str) -> Secret 
             ByteString(kubeconfig.as_bytes().to_vec()),
         )])),
         ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use kube::api::{DeleteParams, Patch, PatchParams};
+
+    fn node(name: &str, provider_id: &str) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::NodeSpec {
+                provider_id: Some(provider_id.to_string()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The name of the Node `node_by_provider_id` finds, once the watch has caught up with `want`.
+    async fn found(
+        w: &WorkloadClusters,
+        key: &ClusterKey,
+        pid: &str,
+        want: Option<&str>,
+    ) -> Option<String> {
+        let mut got = None;
+        for _ in 0..100 {
+            got = w.node_by_provider_id(key, pid).map(|n| n.name_any());
+            if got.as_deref() == want {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        got
+    }
+
+    #[tokio::test]
+    async fn a_node_is_found_by_its_current_provider_id_only() {
+        let dir = std::env::temp_dir().join(format!("capmvm-workload-test-{}", std::process::id()));
+        let w = WorkloadClusters::new(&dir);
+        let key = ClusterKey::new("default", "c1");
+        w.start(&key).await.unwrap();
+        let nodes: Api<Node> = Api::all(w.client(&key).unwrap());
+        nodes
+            .create(&PostParams::default(), &node("a", "microvm://h/1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            found(&w, &key, "microvm://h/1", Some("a")).await.as_deref(),
+            Some("a")
+        );
+        // A Node whose providerID changes is found by the new one, no longer by the old one.
+        nodes
+            .patch(
+                "a",
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"spec": {"providerID": "microvm://h/2"}})),
+            )
+            .await
+            .unwrap();
+        assert_eq!(
+            found(&w, &key, "microvm://h/2", Some("a")).await.as_deref(),
+            Some("a")
+        );
+        assert_eq!(found(&w, &key, "microvm://h/1", None).await, None);
+        // Another Node takes the old providerID; then it is deleted.
+        nodes
+            .create(&PostParams::default(), &node("b", "microvm://h/1"))
+            .await
+            .unwrap();
+        assert_eq!(
+            found(&w, &key, "microvm://h/1", Some("b")).await.as_deref(),
+            Some("b")
+        );
+        nodes.delete("b", &DeleteParams::default()).await.unwrap();
+        assert_eq!(found(&w, &key, "microvm://h/1", None).await, None);
+        assert_eq!(
+            found(&w, &key, "microvm://h/2", Some("a")).await.as_deref(),
+            Some("a")
+        );
+        assert_eq!(found(&w, &key, "microvm://h/3", None).await, None);
+        w.stop_all().await;
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
