@@ -1145,7 +1145,8 @@ fn helpers_tell_the_operator_what_to_gather() {
 #[test]
 fn pool_facts_are_wanted_only_when_the_machine_may_be_placed() {
     use capmvm_reconcile::machine::wants_pool_facts;
-    let cases: [(&str, fn(&mut ObservedMachine), bool); 6] = [
+    type Case = (&'static str, fn(&mut ObservedMachine), bool);
+    let cases: [Case; 6] = [
         ("gates open, no host recorded", |_| {}, true),
         ("no owner yet", |o| o.owner = None, false),
         ("no Cluster", |o| o.cluster = None, false),
