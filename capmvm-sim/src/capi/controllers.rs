@@ -918,8 +918,15 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
     let name = name.as_str();
     let configs =
         Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
-    let Some(config) = ctx.caches.kubeadm_configs.get(ns, name).await else {
-        return Ok(false);
+    // A config the MachineDeployment has just created may not be in the cache yet, and until this
+    // Machine adopts it no change of the config wakes the Machine. CAPI reads bootstrap objects
+    // live (unstructured reads bypass its cache), so a cache miss reads live here too.
+    let config = match ctx.caches.kubeadm_configs.get(ns, name).await {
+        Some(config) => config,
+        None => match configs.get_opt(name).await? {
+            Some(config) => Arc::new(config),
+            None => return Ok(false),
+        },
     };
     let adopted = config.owner_references().iter().any(|o| {
         o.kind == "Machine" && o.controller == Some(true) && Some(&o.uid) == machine.uid().as_ref()
