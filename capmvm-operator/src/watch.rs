@@ -20,7 +20,9 @@ use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool, OWNER_REMEDIATED_CONDITION};
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL};
+use capmvm_api::keys::{
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL,
+};
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::machine::instance_pool;
 use futures::StreamExt;
@@ -264,14 +266,7 @@ pub fn start(
             scope.watcher_config(),
             scope,
             capi_machines_w,
-            // Of a Machine's conditions (core writes about ten) only OwnerRemediated is read.
-            |m| {
-                if let Some(status) = &mut m.status {
-                    status
-                        .conditions
-                        .retain(|c| c.r#type == OWNER_REMEDIATED_CONDITION);
-                }
-            },
+            trim_machine,
             move |m: &Machine| {
                 let ns = m.namespace().unwrap_or_default();
                 let owning_pool = m
@@ -571,6 +566,36 @@ where
     tokio::spawn(follow(stream, cache, kind, readiness, on_change))
 }
 
+/// Keeps of a CAPI Machine only what the operator reads, before the cache holds it (at 10 000
+/// Machines the labels CAPI sets, deployment, set and template hash, cost about 10 MiB). The
+/// operator never writes a Machine, so nothing is written back from the trimmed copy.
+/// - Labels: `cluster.x-k8s.io/control-plane` (placement).
+/// - Annotations: `cluster.x-k8s.io/delete-machine` (a pool's scale-down choice).
+/// - Conditions (core writes about ten): `OwnerRemediated`.
+pub(crate) fn trim_machine(m: &mut Machine) {
+    let meta = m.meta_mut();
+    meta.labels = keep_keys(meta.labels.take(), &[CONTROL_PLANE_LABEL]);
+    meta.annotations = keep_keys(meta.annotations.take(), &[DELETE_MACHINE_ANNOTATION]);
+    if let Some(status) = &mut m.status {
+        status
+            .conditions
+            .retain(|c| c.r#type == OWNER_REMEDIATED_CONDITION);
+    }
+}
+
+/// `map` with only the entries under `keys`; `None` when none is left (an empty map still allocates
+/// nothing, but `None` says the same and compares equal to what an unlabelled object has).
+fn keep_keys(
+    map: Option<std::collections::BTreeMap<String, String>>,
+    keys: &[&str],
+) -> Option<std::collections::BTreeMap<String, String>> {
+    let kept: std::collections::BTreeMap<_, _> = map?
+        .into_iter()
+        .filter(|(k, _)| keys.contains(&k.as_str()))
+        .collect();
+    (!kept.is_empty()).then_some(kept)
+}
+
 /// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it.
 ///
 /// A (re)list fills a buffer that the cache swaps in only at `InitDone`: an object woken at its
@@ -738,5 +763,55 @@ mod tests {
             woken.iter().all(|(_, cached)| *cached),
             "woken before the cache showed it: {woken:?}"
         );
+    }
+
+    /// The trimmed Machine still answers every question the operator asks of it, and keeps nothing
+    /// else of CAPI's labels and annotations.
+    #[test]
+    fn a_trimmed_machine_answers_what_the_operator_reads() {
+        let mut machine: Machine = serde_json::from_value(serde_json::json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {
+                "name": "m", "namespace": "ns",
+                "labels": {
+                    CLUSTER_NAME_LABEL: "demo",
+                    CONTROL_PLANE_LABEL: "",
+                    "cluster.x-k8s.io/set-name": "demo-md-0-abc",
+                    "machine-template-hash": "123",
+                },
+                "annotations": {
+                    DELETE_MACHINE_ANNOTATION: "yes",
+                    "cluster.x-k8s.io/cloned-from-name": "t",
+                },
+            },
+            "spec": {
+                "clusterName": "demo",
+                "bootstrap": {"dataSecretName": "m"},
+                "infrastructureRef": {"apiGroup": GROUP, "kind": "MicrovmMachine", "name": "m"},
+            },
+            "status": {"conditions": [
+                {"type": "Ready", "status": "False", "reason": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": OWNER_REMEDIATED_CONDITION, "status": "False", "reason": "y", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+            ]},
+        }))
+        .unwrap();
+        trim_machine(&mut machine);
+        assert!(machine.is_control_plane());
+        assert!(machine.owner_remediation_requested());
+        assert!(machine.annotations().contains_key(DELETE_MACHINE_ANNOTATION));
+        assert_eq!(machine.labels().len(), 1);
+        assert_eq!(machine.annotations().len(), 1);
+        assert_eq!(machine.status.as_ref().unwrap().conditions.len(), 1);
+        assert_eq!(machine.spec.bootstrap.data_secret_name.as_deref(), Some("m"));
+
+        let mut worker: Machine = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "w", "labels": {CLUSTER_NAME_LABEL: "demo"}},
+            "spec": {"clusterName": "demo", "bootstrap": {}, "infrastructureRef": {"apiGroup": GROUP, "kind": "MicrovmMachine", "name": "w"}},
+        }))
+        .unwrap();
+        trim_machine(&mut worker);
+        assert!(!worker.is_control_plane());
+        assert_eq!(worker.metadata.labels, None);
     }
 }
