@@ -103,6 +103,11 @@ pub const PLACEMENT_CLAIM_ANNOTATION: &str =
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
 
+/// The Secret type Cluster API gives the Secrets it writes per machine and per cluster (bootstrap
+/// data, kubeconfigs, certificates). The operator's Secret watch leaves them out: there is one per
+/// machine, and none of them is a credential.
+pub const CAPI_SECRET_TYPE: &str = "cluster.x-k8s.io/secret";
+
 /// Key of the bootstrap data in the bootstrap Secret (CAPI bootstrap contract).
 pub const BOOTSTRAP_DATA_KEY: &str = "value";
 

@@ -9,7 +9,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use capmvm_api::keys::{
-    BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, TLS_CA_KEY, TLS_CERT_KEY, TLS_KEY_KEY,
+    BOOTSTRAP_DATA_KEY, BOOTSTRAP_FORMAT_KEY, CAPI_SECRET_TYPE, TLS_CA_KEY, TLS_CERT_KEY,
+    TLS_KEY_KEY,
 };
 use capmvm_api::{HostEndpoint, MicrovmCluster};
 use capmvm_flintlock::{HostConfig, SecretBytes, SecretString, TlsMaterial};
@@ -120,7 +121,7 @@ impl Credentials {
             .and_then(|p| p.basic_auth_secret.as_ref())
         {
             let Some(secret) = self.secret(&ns, name).await? else {
-                return Ok(Err(format!("basic-auth Secret {name:?} not found")));
+                return Ok(Err(self.unseen(&ns, name, "basic-auth").await?));
             };
             let key = endpoint.secret_key();
             let Some(token) = secret_value(&secret, &key) else {
@@ -136,7 +137,7 @@ impl Credentials {
         }
         if let Some(name) = &mc.spec.tls_secret_ref {
             let Some(secret) = self.secret(&ns, name).await? else {
-                return Ok(Err(format!("TLS Secret {name:?} not found")));
+                return Ok(Err(self.unseen(&ns, name, "TLS").await?));
             };
             let Some(ca) = secret_value(&secret, TLS_CA_KEY) else {
                 return Ok(Err(format!(
@@ -157,6 +158,25 @@ impl Credentials {
             });
         }
         Ok(Ok(config))
+    }
+
+    /// Why a credential Secret the watch has not shown cannot be used: it does not exist, or it has
+    /// the type the watch leaves out. Read live, and only for a Secret the watch has not shown.
+    async fn unseen(&self, namespace: &str, name: &str, what: &str) -> Result<String, kube::Error> {
+        // The metadata does not carry the type: read the Secret, but only to look at its type.
+        let secret = Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .get_opt(name)
+            .await?;
+        let Some(secret) = secret else {
+            return Ok(format!("{what} Secret {name:?} not found"));
+        };
+        Ok(match secret.type_ {
+            Some(t) if t == CAPI_SECRET_TYPE => format!(
+                "{what} Secret {name:?} has type {CAPI_SECRET_TYPE}, which Cluster API keeps for the Secrets it writes and the operator does not watch; create the credential as type Opaque (kubectl create secret generic) or kubernetes.io/tls"
+            ),
+            // Created since the watch last spoke: its event wakes the clusters that name it.
+            _ => format!("{what} Secret {name:?} not found yet"),
+        })
     }
 
     /// Reads a Secret's content, reusing the last read while the watched resourceVersion is the same.

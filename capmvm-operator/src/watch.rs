@@ -21,7 +21,8 @@ use std::sync::{Arc, Mutex};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool, OWNER_REMEDIATED_CONDITION};
 use capmvm_api::keys::{
-    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL,
+    CAPI_SECRET_TYPE, CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION,
+    WATCH_FILTER_LABEL,
 };
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::machine::instance_pool;
@@ -405,14 +406,18 @@ pub fn start(
         ));
     }
     // Secret metadata → the MicrovmClusters naming it, and their MicrovmMachines. Secrets are not
-    // labelled for the watch filter: all of them in scope, metadata only.
+    // labelled for the watch filter: all of them in scope, metadata only, but for Cluster API's own
+    // (one per machine, and never a credential; a credential Secret of that type is refused with
+    // a message saying so, see `credentials`).
     {
         let t = triggers.clone();
         let s = stores.clone();
         let seen = Fingerprints::default();
         tasks.push(spawn_trimmed_watch(
             scope.api::<PartialObjectMeta<Secret>>(client),
-            watcher::Config::default().any_semantic(),
+            watcher::Config::default()
+                .any_semantic()
+                .fields(&format!("type!={CAPI_SECRET_TYPE}")),
             scope,
             secrets_w,
             // Every Secret in scope is here (each machine's bootstrap data among them), and only the
@@ -799,11 +804,18 @@ mod tests {
         trim_machine(&mut machine);
         assert!(machine.is_control_plane());
         assert!(machine.owner_remediation_requested());
-        assert!(machine.annotations().contains_key(DELETE_MACHINE_ANNOTATION));
+        assert!(
+            machine
+                .annotations()
+                .contains_key(DELETE_MACHINE_ANNOTATION)
+        );
         assert_eq!(machine.labels().len(), 1);
         assert_eq!(machine.annotations().len(), 1);
         assert_eq!(machine.status.as_ref().unwrap().conditions.len(), 1);
-        assert_eq!(machine.spec.bootstrap.data_secret_name.as_deref(), Some("m"));
+        assert_eq!(
+            machine.spec.bootstrap.data_secret_name.as_deref(),
+            Some("m")
+        );
 
         let mut worker: Machine = serde_json::from_value(serde_json::json!({
             "metadata": {"name": "w", "labels": {CLUSTER_NAME_LABEL: "demo"}},

@@ -56,6 +56,11 @@ async fn create_namespace(w: &World, name: &str) {
 
 /// A token Secret for every host of the world, holding `token`.
 async fn token_secret(w: &World, ns: &str, name: &str, token: &str) {
+    token_secret_of_type(w, ns, name, token, None).await;
+}
+
+/// [`token_secret`], of Secret type `type_`.
+async fn token_secret_of_type(w: &World, ns: &str, name: &str, token: &str, type_: Option<&str>) {
     let data: BTreeMap<String, ByteString> = w
         .endpoints()
         .iter()
@@ -71,6 +76,7 @@ async fn token_secret(w: &World, ns: &str, name: &str, token: &str) {
             ..Default::default()
         },
         data: Some(data),
+        type_: type_.map(String::from),
         ..Default::default()
     };
     let api = Api::<Secret>::namespaced(w.client.clone(), ns);
@@ -354,6 +360,47 @@ async fn credentials_are_watched_and_reported_on_the_cluster() {
     wait_machines_ready(&w, "default", 1).await;
     let log = std::fs::read_to_string(w.operator_log()).unwrap();
     assert!(!log.contains("wrong-token") && !log.contains(TOKEN));
+    w.shutdown().await;
+}
+
+/// The operator does not watch Cluster API's own Secrets (one per machine); a credential of that
+/// type is refused with a message that says how to fix it, and the fix is picked up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_credential_secret_of_cluster_apis_type_is_refused_by_name() {
+    let w = world(options(2, "8s")).await;
+    token_secret_of_type(
+        &w,
+        "default",
+        "tokens",
+        TOKEN,
+        Some("cluster.x-k8s.io/secret"),
+    )
+    .await;
+    apply_cluster(&w, "default", "demo", 1, "tokens").await;
+    let message = wait_cluster_condition(
+        &w,
+        "default",
+        "demo",
+        "Ready",
+        "False",
+        "MissingCredentials",
+    )
+    .await;
+    assert!(
+        message.contains("\"tokens\" has type cluster.x-k8s.io/secret")
+            && message.contains("Opaque"),
+        "{message}"
+    );
+    assert_eq!(live_vms_in(&w, "default"), 0);
+
+    // The type cannot be changed: the user recreates the Secret as Opaque.
+    Api::<Secret>::namespaced(w.client.clone(), "default")
+        .delete("tokens", &Default::default())
+        .await
+        .unwrap();
+    token_secret(&w, "default", "tokens", TOKEN).await;
+    wait_cluster_condition(&w, "default", "demo", "Ready", "True", "Ready").await;
+    wait_machines_ready(&w, "default", 1).await;
     w.shutdown().await;
 }
 
