@@ -22,13 +22,11 @@ use tracing::{debug, info, warn};
 
 use crate::metrics::Metrics;
 
+mod in_flight;
 mod reservations;
 
+use in_flight::InFlight;
 use reservations::HostReservations;
-
-/// How long a microVM just created or deleted here stays in the host's in-flight set even if a list
-/// does not show it (a list that was under way when the call returned may miss it).
-const BUSY_AFTER_CALL: Duration = Duration::from_secs(5);
 
 /// Who to wake when a host's microVMs or reachability change.
 pub trait Wake: Send + Sync {
@@ -102,11 +100,10 @@ impl std::ops::Deref for ListedVms {
 
 struct HostState {
     snapshot: RwLock<Snapshot>,
-    /// The microVMs in flight (pending or deleting), by uid, with when this operator last created
-    /// or deleted them (`None`: seen in flight in a list). While any is, the observer asks the host
-    /// about these alone at the busy interval (a Get each) and lists the whole host at the poll
-    /// interval only: listing a busy host whole every second cost O(microVMs on it) per second.
-    in_flight: Mutex<HashMap<String, Option<Instant>>>,
+    /// The microVMs in flight (pending or deleting). While any is, the observer asks the host about
+    /// these alone at the busy interval (a Get each) and lists the whole host at the poll interval
+    /// only: listing a busy host whole every second cost O(microVMs on it) per second.
+    in_flight: Mutex<InFlight>,
     kick: Notify,
 }
 
@@ -204,7 +201,7 @@ impl Hosts {
         }
         let state = Arc::new(HostState {
             snapshot: RwLock::new(Snapshot::default()),
-            in_flight: Mutex::new(HashMap::new()),
+            in_flight: Mutex::new(InFlight::default()),
             kick: Notify::new(),
         });
         let task = self.spawn(config.clone(), state.clone());
@@ -404,7 +401,7 @@ impl Hosts {
     /// polls the host fast while it starts.
     pub fn record_created(&self, endpoint: &str, vm: &Microvm) {
         let hv = host_vm(vm, machine_uid_from_metadata(&vm.spec.metadata));
-        self.update(endpoint, &hv.vm.uid, |vms| {
+        self.update(endpoint, &hv.vm.uid, InFlight::created, |vms| {
             vms.retain(|v| v.vm.uid != hv.vm.uid);
             vms.push(hv.clone());
         });
@@ -412,7 +409,7 @@ impl Hosts {
 
     /// Records a delete this operator just asked for.
     pub fn record_deleting(&self, endpoint: &str, uid: &str) {
-        self.update(endpoint, uid, |vms| {
+        self.update(endpoint, uid, InFlight::deleted, |vms| {
             for v in vms.iter_mut().filter(|v| v.vm.uid == uid) {
                 v.vm.state = VmState::Deleting;
             }
@@ -422,7 +419,13 @@ impl Hosts {
     /// Applies `change` to the snapshots of `endpoint` whose credentials could list it (their last
     /// list answered): an observer refused by the host never shows what it could not list. `uid` is
     /// in flight: the observers ask the host about it at the busy interval until it settles.
-    fn update(&self, endpoint: &str, uid: &str, change: impl Fn(&mut Vec<HostVm>)) {
+    fn update(
+        &self,
+        endpoint: &str,
+        uid: &str,
+        call: fn(&mut InFlight, &str, Instant),
+        change: impl Fn(&mut Vec<HostVm>),
+    ) {
         let Ok(entries) = self.entries.lock() else {
             return;
         };
@@ -439,7 +442,7 @@ impl Hosts {
                 if in_flight.is_empty() {
                     entry.state.kick.notify_one();
                 }
-                in_flight.insert(uid.to_string(), Some(Instant::now()));
+                call(&mut in_flight, uid, Instant::now());
             }
         }
     }
@@ -477,12 +480,23 @@ impl Hosts {
                     .read()
                     .map_or(true, |s| s.reachability != Reachability::Reachable);
             let client = self.pool.client(&config);
-            if !list_due
-                && let Ok(client) = &client
-                && let Some(vms) = self.ask_in_flight(client, &state, &mut machine_uids).await
-            {
-                self.publish(&endpoint, &state, Reachability::Reachable, Some(vms));
-                continue;
+            if !list_due && let Ok(client) = &client {
+                let due = match state.in_flight.lock() {
+                    Ok(in_flight) => in_flight.due(Instant::now()),
+                    Err(_) => Vec::new(),
+                };
+                // In flight, but too new to ask about yet: nothing to call.
+                let waiting = due.is_empty() && state.in_flight.lock().is_ok_and(|f| !f.is_empty());
+                if waiting {
+                    continue;
+                }
+                if let Some(vms) = self
+                    .ask_in_flight(client, &state, due, &mut machine_uids)
+                    .await
+                {
+                    self.publish(&endpoint, &state, Reachability::Reachable, Some(vms));
+                    continue;
+                }
             }
             last_list = Some(Instant::now());
             let listed = match client {
@@ -504,7 +518,12 @@ impl Hosts {
                         })
                         .collect();
                     machine_uids.retain(|uid, _| seen.contains(uid));
-                    track_in_flight(&state, &vms);
+                    if let Ok(mut in_flight) = state.in_flight.lock() {
+                        in_flight.listed(
+                            vms.iter().map(|hv| (hv.vm.uid.as_str(), hv.vm.state)),
+                            Instant::now(),
+                        );
+                    }
                     (Reachability::Reachable, Some(vms))
                 }
                 Err(e) if e.kind() == ErrorKind::Unauthenticated => {
@@ -520,17 +539,17 @@ impl Hosts {
         }
     }
 
-    /// Asks the host about each microVM in flight (a Get each) and returns the snapshot's microVMs
-    /// with the answers applied: a settled one leaves the in-flight set, a gone one the snapshot.
-    /// `None` when a call failed otherwise than NotFound: the caller lists the host instead, which
-    /// reports reachability.
+    /// Asks the host about each microVM of `uids` (in flight; a Get each) and returns the snapshot's
+    /// microVMs with the answers applied: a settled one leaves the in-flight set, a gone one the
+    /// snapshot. `None` when a call failed otherwise than NotFound: the caller lists the host
+    /// instead, which reports reachability.
     async fn ask_in_flight(
         &self,
         client: &FlintlockClient,
         state: &HostState,
+        uids: Vec<String>,
         machine_uids: &mut HashMap<String, Option<String>>,
     ) -> Option<Vec<HostVm>> {
-        let uids: Vec<String> = state.in_flight.lock().ok()?.keys().cloned().collect();
         if uids.is_empty() {
             return None;
         }
@@ -552,13 +571,12 @@ impl Hosts {
             }
         }
         if let Ok(mut in_flight) = state.in_flight.lock() {
+            let now = Instant::now();
             for (uid, answer) in &answers {
                 let settled = answer
                     .as_ref()
-                    .is_none_or(|hv| !matches!(hv.vm.state, VmState::Pending | VmState::Deleting));
-                if settled {
-                    in_flight.remove(uid);
-                }
+                    .is_none_or(|hv| !in_flight::is_in_flight(hv.vm.state));
+                in_flight.answered(uid, settled, now);
             }
         }
         // Applied to the snapshot as it is now: a create recorded meanwhile stays in it.
@@ -721,28 +739,6 @@ fn host_vm(vm: &Microvm, machine_uid: Option<String>) -> HostVm {
     }
 }
 
-/// After a whole list: the microVMs it shows pending or deleting are in flight; one it shows settled
-/// is not; one it does not show stays only if this operator created or deleted it moments ago (the
-/// list may have raced the call).
-fn track_in_flight(state: &HostState, vms: &[HostVm]) {
-    let Ok(mut in_flight) = state.in_flight.lock() else {
-        return;
-    };
-    let listed: HashMap<&str, VmState> = vms
-        .iter()
-        .map(|hv| (hv.vm.uid.as_str(), hv.vm.state))
-        .collect();
-    in_flight.retain(|uid, called_at| match listed.get(uid.as_str()) {
-        Some(state) => matches!(state, VmState::Pending | VmState::Deleting),
-        None => called_at.is_some_and(|t| t.elapsed() < BUSY_AFTER_CALL),
-    });
-    for hv in vms {
-        if matches!(hv.vm.state, VmState::Pending | VmState::Deleting) {
-            in_flight.entry(hv.vm.uid.clone()).or_insert(None);
-        }
-    }
-}
-
 fn state_label(state: VmState) -> &'static str {
     match state {
         VmState::Pending => "pending",
@@ -886,7 +882,7 @@ mod reservation_tests {
         );
         hosts.reserve(endpoint, "uid-c", 2, 2048);
         assert_eq!(hosts.allocation(endpoint), (4, 4096));
-        hosts.update(endpoint, "vm-c", |vms| {
+        hosts.update(endpoint, "vm-c", InFlight::created, |vms| {
             vms.push(vm("vm-c", "uid-c", VmState::Pending))
         });
         assert_eq!(
@@ -894,7 +890,9 @@ mod reservation_tests {
             (4, 4096),
             "listed and reserved count once"
         );
-        hosts.update(endpoint, "vm-a", |vms| vms[0].vm.state = VmState::Deleting);
+        hosts.update(endpoint, "vm-a", InFlight::deleted, |vms| {
+            vms[0].vm.state = VmState::Deleting
+        });
         assert_eq!(hosts.allocation(endpoint), (2, 2048));
         assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
     }

@@ -16,7 +16,7 @@ pub(super) const RESERVATION_TTL: Duration = Duration::from_secs(300);
 /// How long a reservation is kept after its microVM first shows in the host's snapshot (where it is
 /// counted instead): a list that was under way when the create returned may still publish a
 /// snapshot without it, and the placement must not vanish from the allocation meanwhile.
-pub(super) const RESERVATION_SETTLE: Duration = super::BUSY_AFTER_CALL;
+pub(super) const RESERVATION_SETTLE: Duration = super::in_flight::BUSY_AFTER_CALL;
 
 /// A machine placed on a host, counted towards its allocation until its microVM is listed.
 struct Reservation {
