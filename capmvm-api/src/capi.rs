@@ -107,7 +107,7 @@ pub struct ContractVersionedObjectReference {
     pub name: String,
 }
 
-/// `Machine.spec` (v1beta2), the fields the operator reads.
+/// `Machine.spec` (v1beta2): the fields the operator reads, and the two the simulator also reads.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
 #[kube(
     group = "cluster.x-k8s.io",
@@ -146,6 +146,14 @@ pub struct MachineSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub provider_id: Option<String>,
+    /// The Kubernetes version the machine runs (read by the simulator's bootstrap provider and
+    /// kubelets; the operator does not read it).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub version: Option<String>,
 }
 
 /// `Machine.spec.bootstrap`.
@@ -159,6 +167,14 @@ pub struct Bootstrap {
         skip_serializing_if = "Option::is_none"
     )]
     pub data_secret_name: Option<String>,
+    /// The bootstrap provider's config (a KubeadmConfig) whose Secret CAPI copies into
+    /// `dataSecretName` (read by the simulator's CAPI stand-in; the operator does not read it).
+    #[serde(
+        default,
+        deserialize_with = "lenient",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub config_ref: Option<ContractVersionedObjectReference>,
 }
 
 /// `Machine.status` (v1beta2): the provisioning milestone (the simulator's CAPI stand-in counts

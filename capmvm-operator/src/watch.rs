@@ -577,10 +577,13 @@ where
 /// - Labels: `cluster.x-k8s.io/control-plane` (placement).
 /// - Annotations: `cluster.x-k8s.io/delete-machine` (a pool's scale-down choice).
 /// - Conditions (core writes about ten): `OwnerRemediated`.
+/// - Not `spec.version` nor `spec.bootstrap.configRef`.
 pub(crate) fn trim_machine(m: &mut Machine) {
     let meta = m.meta_mut();
     meta.labels = keep_keys(meta.labels.take(), &[CONTROL_PLANE_LABEL]);
     meta.annotations = keep_keys(meta.annotations.take(), &[DELETE_MACHINE_ANNOTATION]);
+    m.spec.version = None;
+    m.spec.bootstrap.config_ref = None;
     if let Some(status) = &mut m.status {
         status
             .conditions

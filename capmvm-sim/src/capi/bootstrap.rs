@@ -391,6 +391,11 @@ async fn owner_version(
     ns: &str,
     owner: &OwnerReference,
 ) -> Result<Option<String>, Error> {
+    if owner.kind == "Machine"
+        && let Some(machine) = ctx.caches.machines.get(ns, &owner.name).await
+    {
+        return Ok(machine.spec.version.clone());
+    }
     let (resource, pointer) = if owner.kind == "MachinePool" {
         (
             super::machinepool::machine_pool_resource(),

@@ -65,6 +65,24 @@ pub(crate) struct Ctx {
     /// What each Machine's `spec.bootstrap.configRef` names, by Machine uid, until its bootstrap
     /// data is copied.
     bootstrap_refs: Mutex<HashMap<String, BootstrapRef>>,
+    /// The uids of the infrastructure machine and bootstrap config each Machine adopted, by Machine
+    /// uid: a reconcile that starts from a cache not showing the adoption yet does not send it again.
+    adopted: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl Ctx {
+    fn has_adopted(&self, machine: &Machine, uid: &str) -> bool {
+        lock(&self.adopted)
+            .get(&machine.uid().unwrap_or_default())
+            .is_some_and(|uids| uids.iter().any(|u| u == uid))
+    }
+
+    fn adopted(&self, machine: &Machine, uid: String) {
+        lock(&self.adopted)
+            .entry(machine.uid().unwrap_or_default())
+            .or_default()
+            .push(uid);
+    }
 }
 
 /// A Machine's bootstrap config, as far as the Machine controller is concerned.
@@ -217,6 +235,7 @@ pub fn run_with_options(
         token_rendered_at: Mutex::default(),
         caches: Caches::new(&client),
         bootstrap_refs: Mutex::default(),
+        adopted: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -797,6 +816,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
         lock(&ctx.bootstrap_refs).remove(&machine.uid().unwrap_or_default());
+        lock(&ctx.adopted).remove(&machine.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
     ensure_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
@@ -816,7 +836,10 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
     let is_controlled = infra.owner_references().iter().any(|o| {
         o.kind == "Machine" && o.controller == Some(true) && Some(&o.uid) == machine.uid().as_ref()
     });
-    if !is_controlled || infra.labels().get(CLUSTER_NAME_LABEL) != Some(&machine.spec.cluster_name)
+    let infra_uid = infra.uid().unwrap_or_default();
+    if (!is_controlled
+        || infra.labels().get(CLUSTER_NAME_LABEL) != Some(&machine.spec.cluster_name))
+        && !ctx.has_adopted(machine.as_ref(), &infra_uid)
     {
         // A pool's instance keeps its owner reference to the pool (capi-contract 5.3), so the
         // pool's deletion still collects instances whose Machine never appeared.
@@ -835,6 +858,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         infras
             .patch(&infra_name, &params(), &Patch::Merge(&body))
             .await?;
+        ctx.adopted(machine.as_ref(), infra_uid);
     }
     let infra_status = infra.status.clone().unwrap_or_default();
     let provisioned = infra_status
@@ -890,24 +914,16 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
         Some(BootstrapRef::Other) => return Ok(false),
         Some(BootstrapRef::Kubeadm(name)) => name,
         None => {
-            // The operator's Machine view does not model `spec.bootstrap.configRef`: read it once
-            // (CAPI does not let it change).
-            let resource = ApiResource::erase::<Machine>(&());
-            let machines = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
-            let Some(raw) = machines.get_opt(&machine.name_any()).await? else {
+            let Some(config_ref) = &machine.spec.bootstrap.config_ref else {
                 return Ok(false);
             };
-            let Some(config_ref) = raw.data.pointer("/spec/bootstrap/configRef") else {
-                return Ok(false);
-            };
-            let known = if config_ref["apiGroup"] == BOOTSTRAP_GROUP
-                && config_ref["kind"] == "KubeadmConfig"
-            {
-                BootstrapRef::Kubeadm(config_ref["name"].as_str().unwrap_or_default().to_string())
-            } else {
-                // Another bootstrap provider's object: nothing in this stand-in renders it.
-                BootstrapRef::Other
-            };
+            let known =
+                if config_ref.api_group == BOOTSTRAP_GROUP && config_ref.kind == "KubeadmConfig" {
+                    BootstrapRef::Kubeadm(config_ref.name.clone())
+                } else {
+                    // Another bootstrap provider's object: nothing in this stand-in renders it.
+                    BootstrapRef::Other
+                };
             lock(&ctx.bootstrap_refs).insert(uid.clone(), known.clone());
             match known {
                 BootstrapRef::Kubeadm(name) => name,
@@ -931,9 +947,11 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
     let adopted = config.owner_references().iter().any(|o| {
         o.kind == "Machine" && o.controller == Some(true) && Some(&o.uid) == machine.uid().as_ref()
     });
-    if !adopted {
+    let config_uid = config.uid().unwrap_or_default();
+    if !adopted && !ctx.has_adopted(machine, &config_uid) {
         let body = json!({"metadata": {"ownerReferences": [owner_ref(machine, true)]}});
         configs.patch(name, &params(), &Patch::Merge(&body)).await?;
+        ctx.adopted(machine, config_uid);
     }
     let Some(secret) = config
         .data
