@@ -189,6 +189,7 @@ fn owner_machine(machine: &MicrovmMachine, namespace: &str, name: &str) -> Machi
             cluster_name: "demo".to_string(),
             bootstrap: Bootstrap {
                 data_secret_name: Some(format!("{name}-bootstrap")),
+                ..Default::default()
             },
             infrastructure_ref: ContractVersionedObjectReference {
                 api_group: GROUP.to_string(),

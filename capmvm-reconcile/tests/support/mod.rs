@@ -83,6 +83,7 @@ pub fn owner() -> Machine {
             cluster_name: "demo".into(),
             bootstrap: Bootstrap {
                 data_secret_name: Some("m1-bootstrap".into()),
+                ..Default::default()
             },
             infrastructure_ref: ContractVersionedObjectReference {
                 api_group: GROUP.into(),
