@@ -457,10 +457,15 @@ impl Hosts {
         // The machine uid a microVM carries never changes: parse each microVM's meta-data once.
         let mut machine_uids: HashMap<String, Option<String>> = HashMap::new();
         let mut last_list: Option<Instant> = None;
+        // Observers started together would list together at every poll: their answers (every
+        // microVM's spec and cloud-init) decoded at once made the operator's peak memory. Each list
+        // comes a little after the poll interval, by a share that changes from list to list.
+        let mut lists: u64 = 0;
+        let mut list_every = self.poll;
         loop {
             if let Some(listed_at) = last_list {
                 let busy = state.in_flight.lock().is_ok_and(|f| !f.is_empty());
-                let until_list = self.poll.saturating_sub(listed_at.elapsed());
+                let until_list = list_every.saturating_sub(listed_at.elapsed());
                 let interval = if busy {
                     self.busy_poll.min(until_list)
                 } else {
@@ -474,7 +479,7 @@ impl Hosts {
                     }
                 }
             }
-            let list_due = last_list.is_none_or(|t| t.elapsed() >= self.poll)
+            let list_due = last_list.is_none_or(|t| t.elapsed() >= list_every)
                 || state
                     .snapshot
                     .read()
@@ -499,6 +504,8 @@ impl Hosts {
                 }
             }
             last_list = Some(Instant::now());
+            lists += 1;
+            list_every = self.poll + self.poll.mul_f64(list_delay_share(&endpoint, lists));
             let listed = match client {
                 Ok(client) => client.list("", None).await,
                 Err(e) => Err(e),
@@ -739,6 +746,19 @@ fn host_vm(vm: &Microvm, machine_uid: Option<String>) -> HostVm {
     }
 }
 
+/// The share of the poll interval (0 to [`LIST_SPREAD`]) by which list `n` of `endpoint` comes
+/// late: different per host and per list, so lists started together drift apart. Never early, so a
+/// host is listed at most once per poll interval.
+fn list_delay_share(endpoint: &str, n: u64) -> f64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    (endpoint, n).hash(&mut h);
+    (h.finish() % 1000) as f64 / 1000.0 * LIST_SPREAD
+}
+
+/// At most this share of the poll interval is added before a host's next list.
+const LIST_SPREAD: f64 = 0.1;
+
 fn state_label(state: VmState) -> &'static str {
     match state {
         VmState::Pending => "pending",
@@ -895,6 +915,19 @@ mod reservation_tests {
         });
         assert_eq!(hosts.allocation(endpoint), (2, 2048));
         assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
+    }
+
+    /// Lists come late by at most a tenth of the poll interval, never early, and hosts drift apart.
+    #[test]
+    fn lists_of_hosts_started_together_drift_apart() {
+        let shares: Vec<f64> = (0..100)
+            .map(|i| list_delay_share(&format!("10.0.0.{i}:9090"), 1))
+            .collect();
+        assert!(shares.iter().all(|s| (0.0..LIST_SPREAD).contains(s)));
+        let distinct: std::collections::BTreeSet<u64> =
+            shares.iter().map(|s| (s * 1000.0) as u64).collect();
+        assert!(distinct.len() > 50, "{distinct:?}");
+        assert_ne!(list_delay_share("h:1", 1), list_delay_share("h:1", 2));
     }
 
     /// A busy host is asked about its microVMs in flight alone (a Get each), and listed whole only
