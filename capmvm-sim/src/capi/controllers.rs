@@ -2,7 +2,7 @@
 //! (KubeadmControlPlane in `kcp`, KubeadmConfig in `bootstrap`). Writes are merge patches sent only
 //! when something changes.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -62,9 +62,9 @@ pub(crate) struct Ctx {
     pub(crate) token_rendered_at: Mutex<HashMap<String, std::time::Instant>>,
     /// The watch caches the controllers share.
     pub(crate) caches: Caches,
-    /// What each Machine's `spec.bootstrap.configRef` names, by Machine uid, until its bootstrap
-    /// data is copied.
-    bootstrap_refs: Mutex<HashMap<String, BootstrapRef>>,
+    /// The Machines (by uid) whose bootstrap Secret name this stand-in copied: a reconcile that
+    /// starts from a cache not showing the copy yet does not copy it again.
+    bootstrap_copied: Mutex<HashSet<String>>,
     /// The uids of the infrastructure machine and bootstrap config each Machine adopted, by Machine
     /// uid: a reconcile that starts from a cache not showing the adoption yet does not send it again.
     adopted: Mutex<HashMap<String, Vec<String>>>,
@@ -83,17 +83,6 @@ impl Ctx {
             .or_default()
             .push(uid);
     }
-}
-
-/// A Machine's bootstrap config, as far as the Machine controller is concerned.
-#[derive(Clone, Debug)]
-enum BootstrapRef {
-    /// The KubeadmConfig of this name.
-    Kubeadm(String),
-    /// Another provider's config.
-    Other,
-    /// Its Secret's name is copied to the Machine.
-    Copied,
 }
 
 /// A plain map behind a lock a panic may have poisoned: still usable.
@@ -234,7 +223,7 @@ pub fn run_with_options(
         options,
         token_rendered_at: Mutex::default(),
         caches: Caches::new(&client),
-        bootstrap_refs: Mutex::default(),
+        bootstrap_copied: Mutex::default(),
         adopted: Mutex::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
@@ -815,7 +804,7 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
         // Issue 13: the Node goes once the InfraMachine is gone.
         super::nodes::delete_node(&ctx.workloads, machine.as_ref()).await?;
         remove_finalizer(&api, machine.as_ref(), MACHINE_FINALIZER).await?;
-        lock(&ctx.bootstrap_refs).remove(&machine.uid().unwrap_or_default());
+        lock(&ctx.bootstrap_copied).remove(&machine.uid().unwrap_or_default());
         lock(&ctx.adopted).remove(&machine.uid().unwrap_or_default());
         return Ok(Action::await_change());
     }
@@ -908,30 +897,17 @@ async fn reconcile_machine(machine: Arc<Machine>, ctx: Arc<Ctx>) -> Result<Actio
 /// the Machine has its bootstrap data.
 async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Result<bool, Error> {
     let uid = machine.uid().unwrap_or_default();
-    let known = lock(&ctx.bootstrap_refs).get(&uid).cloned();
-    let name = match known {
-        Some(BootstrapRef::Copied) => return Ok(true),
-        Some(BootstrapRef::Other) => return Ok(false),
-        Some(BootstrapRef::Kubeadm(name)) => name,
-        None => {
-            let Some(config_ref) = &machine.spec.bootstrap.config_ref else {
-                return Ok(false);
-            };
-            let known =
-                if config_ref.api_group == BOOTSTRAP_GROUP && config_ref.kind == "KubeadmConfig" {
-                    BootstrapRef::Kubeadm(config_ref.name.clone())
-                } else {
-                    // Another bootstrap provider's object: nothing in this stand-in renders it.
-                    BootstrapRef::Other
-                };
-            lock(&ctx.bootstrap_refs).insert(uid.clone(), known.clone());
-            match known {
-                BootstrapRef::Kubeadm(name) => name,
-                _ => return Ok(false),
-            }
-        }
+    if lock(&ctx.bootstrap_copied).contains(&uid) {
+        return Ok(true);
+    }
+    let Some(config_ref) = &machine.spec.bootstrap.config_ref else {
+        return Ok(false);
     };
-    let name = name.as_str();
+    if config_ref.api_group != BOOTSTRAP_GROUP || config_ref.kind != "KubeadmConfig" {
+        // Another bootstrap provider's object: nothing in this stand-in renders it.
+        return Ok(false);
+    }
+    let name = config_ref.name.as_str();
     let configs =
         Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
     // A config the MachineDeployment has just created may not be in the cache yet, and until this
@@ -965,6 +941,6 @@ async fn adopt_bootstrap_config(ctx: &Ctx, machine: &Machine, ns: &str) -> Resul
         .patch(&machine.name_any(), &params(), &Patch::Merge(&body))
         .await?;
     // Reconciles that start from a Machine the cache has not updated yet need not copy it again.
-    lock(&ctx.bootstrap_refs).insert(uid, BootstrapRef::Copied);
+    lock(&ctx.bootstrap_copied).insert(uid);
     Ok(true)
 }
