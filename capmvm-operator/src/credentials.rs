@@ -39,7 +39,8 @@ struct ConfigStamp {
 /// Reads and caches the Secrets named by MicrovmClusters.
 pub struct Credentials {
     client: kube::Client,
-    /// The watched metadata of every Secret in scope: which exist, at which resourceVersion.
+    /// The watched metadata of every Secret in scope but Cluster API's own: which exist, at which
+    /// resourceVersion.
     index: Store<PartialObjectMeta<Secret>>,
     /// Content read per Secret, with the resourceVersion it was read at.
     cache: Mutex<HashMap<SecretKey, (String, Secret)>>,

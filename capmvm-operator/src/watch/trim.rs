@@ -1,5 +1,5 @@
 //! What the watch caches keep of each kind: only what the operator reads. At 10 000 machines the
-//! rest (CAPI's labels and annotations, conditions, the metadata of every Secret) is tens of MiB.
+//! rest (CAPI's labels and annotations, conditions, the metadata of every other Secret) is tens of MiB.
 
 use std::collections::BTreeMap;
 
