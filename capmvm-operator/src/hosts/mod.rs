@@ -486,13 +486,12 @@ impl Hosts {
                     .map_or(true, |s| s.reachability != Reachability::Reachable);
             let client = self.pool.client(&config);
             if !list_due && let Ok(client) = &client {
-                let due = match state.in_flight.lock() {
-                    Ok(in_flight) => in_flight.due(Instant::now()),
-                    Err(_) => Vec::new(),
+                let (due, busy) = match state.in_flight.lock() {
+                    Ok(in_flight) => (in_flight.due(Instant::now()), !in_flight.is_empty()),
+                    Err(_) => (Vec::new(), false),
                 };
                 // In flight, but too new to ask about yet: nothing to call.
-                let waiting = due.is_empty() && state.in_flight.lock().is_ok_and(|f| !f.is_empty());
-                if waiting {
+                if due.is_empty() && busy {
                     continue;
                 }
                 if let Some(vms) = self
