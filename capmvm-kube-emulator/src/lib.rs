@@ -152,8 +152,9 @@ impl Emulator {
             shared: shared.clone(),
             address: addr.to_string(),
         });
+        let served = app.clone();
         let server = tokio::spawn(async move {
-            if let Err(e) = server::serve(listener, app).await {
+            if let Err(e) = server::serve(listener, served).await {
                 tracing::error!(error = %e, "the API emulator stopped serving");
             }
         });
@@ -165,6 +166,7 @@ impl Emulator {
         tracing::info!(%addr, history_limit = options.history_limit, watch_buffer = options.watch_buffer, "Kubernetes API emulator serving");
         Ok(EmulatorHandle {
             addr,
+            app,
             shared,
             shutdown_tx,
             tasks: vec![server, gc, bookmarks],
@@ -191,6 +193,7 @@ pub struct StoreStats {
 #[derive(Debug)]
 pub struct EmulatorHandle {
     addr: SocketAddr,
+    app: Arc<server::App>,
     shared: Arc<ops::Shared>,
     shutdown_tx: tokio::sync::watch::Sender<bool>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
@@ -224,6 +227,16 @@ impl EmulatorHandle {
             url,
             source: Box::new(e),
         })
+    }
+
+    /// A kube client that calls the emulator within this process, without a socket: each request
+    /// goes through the same handler as over HTTP (routing, admission, faults, counters, watches),
+    /// only the TCP connection and HTTP/1 framing are left out. For simulated components that share
+    /// the emulator's process (a benchmark's controllers spend much of their time on loopback TCP
+    /// otherwise); whatever is under test should use [`EmulatorHandle::client`] or a kubeconfig.
+    /// Requests go on being answered after [`EmulatorHandle::shutdown`], except watches, which end.
+    pub fn in_process_client(&self) -> kube::Client {
+        server::in_process_client(self.app.clone())
     }
 
     /// A kubeconfig (plain HTTP, no credentials) for kubectl and kube-rs.

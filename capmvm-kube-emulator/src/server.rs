@@ -31,6 +31,7 @@ use watch_stream::{WatchCut, WatchStream};
 const MAX_BODY: usize = 3 * 1024 * 1024;
 
 /// What the HTTP handlers share.
+#[derive(Debug)]
 pub(crate) struct App {
     pub(crate) shared: Arc<Shared>,
     /// `host:port` the server is reached at, for `/api`'s `serverAddressByClientCIDRs`.
@@ -327,6 +328,19 @@ fn resource_path(
         [plural, name, sub] => Some(mk(plural, None, Some(name), Some(sub))),
         _ => None,
     }
+}
+
+/// A kube client whose requests `handle` answers directly (see `EmulatorHandle::in_process_client`).
+pub(crate) fn in_process_client(app: Arc<App>) -> kube::Client {
+    let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
+        let app = app.clone();
+        async move {
+            let (parts, body) = req.into_parts();
+            let req = Request::from_parts(parts, Body::new(body));
+            Ok::<_, std::convert::Infallible>(handle(State(app), req).await)
+        }
+    });
+    kube::Client::new(service, "default")
 }
 
 async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {

@@ -173,7 +173,7 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
             |_| {},
         )
         .await?;
-    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), "default");
+    let machines: Api<MicrovmMachine> = Api::namespaced(world.in_process_client(), "default");
     let deadline = started + Duration::from_secs(args.timeout_secs);
     // A watch cache, not a list every half second: listing 10 000 objects twice a second made the
     // bench itself a noticeable share of the simulators' CPU.

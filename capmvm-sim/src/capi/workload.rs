@@ -275,12 +275,8 @@ impl WorkloadClusters {
                 cluster: key.to_string(),
                 source,
             })?;
-        let client = emulator
-            .client()
-            .map_err(|source| WorkloadError::Emulator {
-                cluster: key.to_string(),
-                source,
-            })?;
+        // The stand-in and the hollow kubelets share the emulator's process: no socket between them.
+        let client = emulator.in_process_client();
         let kubeconfig = capi_kubeconfig(&key.name, &emulator.base_url());
         let kubeconfig_path = write_kubeconfig(&self.dir, key, &kubeconfig)?;
         let (nodes, writer) = reflector::store();
