@@ -32,7 +32,6 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
-use serde_json::Value;
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -235,7 +234,7 @@ pub fn start(
             move |m: &MicrovmMachine| {
                 // An instance's spec or status (its health) → its pool.
                 if let Some(pool) = instance_pool(m)
-                    && as_instance.changed(m, fingerprint(m, &["spec", "status"]))
+                    && as_instance.changed(m, fingerprint(m, &(&m.spec, &m.status)))
                 {
                     t.pool(ObjectRef::new(pool).within(&m.namespace().unwrap_or_default()));
                 }
@@ -247,7 +246,7 @@ pub fn start(
                         }
                     }
                 }
-                let changed = seen.changed(m, fingerprint(m, &["spec"]));
+                let changed = seen.changed(m, fingerprint(m, &m.spec));
                 let own = own_writes.is_own(
                     &crate::controllers::key(m),
                     &m.resource_version().unwrap_or_default(),
@@ -290,7 +289,7 @@ pub fn start(
                 let infra = &m.spec.infrastructure_ref;
                 if infra.api_group == GROUP
                     && infra.kind == "MicrovmMachine"
-                    && seen.changed(m, fingerprint(m, &["spec"]))
+                    && seen.changed(m, fingerprint(m, &m.spec))
                 {
                     t.machine(
                         ObjectRef::new(&infra.name).within(&m.namespace().unwrap_or_default()),
@@ -312,7 +311,7 @@ pub fn start(
             clusters_w,
             move |c: &Cluster| {
                 let ns = c.namespace().unwrap_or_default();
-                if seen.changed(c, fingerprint(c, &["spec"]))
+                if seen.changed(c, fingerprint(c, &c.spec))
                     && let Some(infra) = &c.spec.infrastructure_ref
                     && infra.api_group == GROUP
                     && infra.kind == "MicrovmCluster"
@@ -347,7 +346,7 @@ pub fn start(
             scope,
             microvm_clusters_w,
             move |mc: &MicrovmCluster| {
-                if seen.changed(mc, fingerprint(mc, &["spec"])) {
+                if seen.changed(mc, fingerprint(mc, &mc.spec)) {
                     t.cluster(ObjectRef::from_obj(mc));
                 }
                 if specs.changed(mc, hash_of(&mc.meta().generation))
@@ -374,7 +373,7 @@ pub fn start(
             scope,
             pools_w,
             move |p: &MicrovmMachinePool| {
-                if seen.changed(p, fingerprint(p, &["spec"])) {
+                if seen.changed(p, fingerprint(p, &p.spec)) {
                     t.pool(ObjectRef::from_obj(p));
                 }
             },
@@ -392,7 +391,7 @@ pub fn start(
             scope,
             machine_pools_w,
             move |mp: &MachinePool| {
-                if !seen.changed(mp, fingerprint(mp, &["spec"])) {
+                if !seen.changed(mp, fingerprint(mp, &mp.spec)) {
                     return;
                 }
                 let ns = mp.namespace().unwrap_or_default();
@@ -639,30 +638,39 @@ impl Fingerprints {
 }
 
 /// A hash of the object's metadata that matters (labels, annotations, finalizers, owners, deletion;
-/// not resourceVersion, generation or managedFields) and of the named top-level fields.
-fn fingerprint<K: Resource + serde::Serialize>(obj: &K, fields: &[&str]) -> u64 {
-    // No generation: the named fields (the spec) say what changed, and generation would also move
-    // on writes we make ourselves (providerID).
+/// not resourceVersion, generation or managedFields) and of `parts` (the fields a change of which
+/// matters: its spec, say).
+fn fingerprint<K: Resource, P: serde::Serialize + ?Sized>(obj: &K, parts: &P) -> u64 {
+    // No generation: the parts (the spec) say what changed, and generation would also move on
+    // writes we make ourselves (providerID).
     let meta = obj.meta();
     let mut h = DefaultHasher::new();
     meta.deletion_timestamp
         .as_ref()
         .map(|t| t.0.as_second())
         .hash(&mut h);
-    format!(
-        "{:?}{:?}{:?}",
-        meta.labels, meta.annotations, meta.finalizers
-    )
-    .hash(&mut h);
+    (&meta.labels, &meta.annotations, &meta.finalizers).hash(&mut h);
     for o in meta.owner_references.iter().flatten() {
         (&o.kind, &o.name, &o.uid).hash(&mut h);
     }
-    if let Ok(Value::Object(map)) = serde_json::to_value(obj) {
-        for f in fields {
-            map.get(*f).map(Value::to_string).hash(&mut h);
-        }
-    }
+    // Serialised straight into the hasher: a JSON value of the whole object per watch event was
+    // 5 % of the operator's CPU at 10 000 machines.
+    let _ = serde_json::to_writer(HashWriter(&mut h), parts);
     h.finish()
+}
+
+/// Feeds written bytes to a hasher.
+struct HashWriter<'a>(&'a mut DefaultHasher);
+
+impl std::io::Write for HashWriter<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn hash_of<T: Hash>(value: &T) -> u64 {
@@ -731,5 +739,26 @@ mod tests {
             woken.iter().all(|(_, cached)| *cached),
             "woken before the cache showed it: {woken:?}"
         );
+    }
+
+    /// What wakes a controller: a change of the parts named or of the metadata that matters; not a
+    /// new resourceVersion or anything outside the parts.
+    #[test]
+    fn a_fingerprint_moves_with_the_parts_named_and_the_metadata_that_matters() {
+        let base = config_map("a");
+        let of = |cm: &ConfigMap| fingerprint(cm, &cm.data);
+        let mut bumped = base.clone();
+        bumped.metadata.resource_version = Some("99".into());
+        bumped.binary_data = Some(Default::default());
+        assert_eq!(of(&base), of(&bumped), "resourceVersion and other fields");
+        let mut data = base.clone();
+        data.data = Some([("k".to_string(), "v".to_string())].into());
+        assert_ne!(of(&base), of(&data), "the part named");
+        let mut labelled = base.clone();
+        labelled.metadata.labels = Some([("l".to_string(), "1".to_string())].into());
+        assert_ne!(of(&base), of(&labelled), "labels");
+        let mut finalized = base.clone();
+        finalized.metadata.finalizers = Some(vec!["f".into()]);
+        assert_ne!(of(&base), of(&finalized), "finalizers");
     }
 }
