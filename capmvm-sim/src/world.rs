@@ -246,14 +246,14 @@ impl World {
         // framing of their requests and watches were about a fifth of the simulators' CPU.
         let in_process = emulator.in_process_client();
         let stand_in = capi::run_with_options(
-            in_process.clone(),
+            in_process,
             workloads.clone(),
             capi::StandInOptions {
                 bootstrap_token_rotation: options.bootstrap_token_rotation,
             },
         );
         let kubelets = Kubelets::start(
-            in_process,
+            stand_in.management_view(),
             hosts.iter().map(HollowHandle::control).collect(),
             workloads.clone(),
         );

@@ -271,9 +271,16 @@ async fn reconcile(config: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, 
         warn!(config = %name, "KubeadmConfig has no {CLUSTER_NAME_LABEL} label; waiting");
         return Ok(Action::await_change());
     };
-    let clusters: Api<Cluster> = Api::namespaced(ctx.client.clone(), &ns);
-    let Some(cluster) = clusters.get_opt(&cluster_name).await? else {
-        return Ok(Action::requeue(Duration::from_secs(2)));
+    // From the cache, as CABPK reads it; live when the cache has not seen a new Cluster yet.
+    let cluster = match ctx.caches.clusters.get(&ns, &cluster_name).await {
+        Some(cluster) => cluster,
+        None => match Api::<Cluster>::namespaced(ctx.client.clone(), &ns)
+            .get_opt(&cluster_name)
+            .await?
+        {
+            Some(cluster) => Arc::new(cluster),
+            None => return Ok(Action::requeue(Duration::from_secs(2))),
+        },
     };
     let Some(endpoint) = cluster
         .spec

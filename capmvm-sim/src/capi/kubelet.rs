@@ -8,8 +8,9 @@
 //! One task serves every kubelet: each tick it reads the hosts' records in memory (no flintlock
 //! call), registers the microVMs that became CREATED, applies the disruptor's wishes, and marks the
 //! Node of a microVM that went away `Ready=Unknown` (the node lifecycle controller's verdict once a
-//! kubelet stops posting). Registration costs two GETs on the management API (the MicrovmMachine
-//! and its Machine: the cluster and the Kubernetes version) and one create on the workload API.
+//! kubelet stops posting). Registration reads the stand-in's caches of the management cluster (the
+//! MicrovmMachine and its Machine: the cluster and the Kubernetes version) and costs one create on
+//! the workload API.
 
 pub mod boot;
 
@@ -30,7 +31,8 @@ use k8s_openapi::api::core::v1::{
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-use kube::api::{ApiResource, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 use tokio::task::JoinHandle;
@@ -142,9 +144,9 @@ pub struct Kubelets {
 
 impl Kubelets {
     /// Starts the kubelets of the microVMs on `hosts`, registering in `workloads`; `management` is
-    /// the management cluster (to find each microVM's Cluster and Kubernetes version).
+    /// what they read of the management cluster (each microVM's Cluster and Kubernetes version).
     pub fn start(
-        management: kube::Client,
+        management: ManagementView,
         hosts: Vec<HostControl>,
         workloads: WorkloadClusters,
     ) -> Kubelets {
@@ -173,14 +175,30 @@ enum Progress {
     NoKubelet,
 }
 
+/// What hollow kubelets read of the management cluster: the CAPI stand-in's watch caches of
+/// MicrovmMachines and Machines ([`super::StandIn::management_view`]). A real kubelet learns its
+/// cluster from its bootstrap data; reading the caches instead of two GETs per microVM keeps the
+/// simulation's own cost out of what a benchmark measures.
+#[derive(Clone)]
+pub struct ManagementView {
+    pub(crate) microvm_machines: Store<MicrovmMachine>,
+    pub(crate) machines: Store<Machine>,
+}
+
+impl std::fmt::Debug for ManagementView {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ManagementView").finish_non_exhaustive()
+    }
+}
+
 struct Kubelet<'a> {
-    management: &'a kube::Client,
+    management: &'a ManagementView,
     workloads: &'a WorkloadClusters,
     control: &'a KubeletControl,
 }
 
 async fn run(
-    management: kube::Client,
+    management: ManagementView,
     hosts: Vec<HostControl>,
     workloads: WorkloadClusters,
     control: KubeletControl,
@@ -280,13 +298,8 @@ impl Kubelet<'_> {
         {
             return retry;
         }
-        let (cluster, version) = match self.cluster_of(microvm).await {
-            Ok(Some(found)) => found,
-            Ok(None) => return retry,
-            Err(e) => {
-                debug!(uid = %vm.uid(), error = %e, "hollow kubelet: looking up the microVM's cluster failed; retrying");
-                return retry;
-            }
+        let Some((cluster, version)) = self.cluster_of(microvm) else {
+            return retry;
         };
         let Some((client, serial)) = self.workloads.client_and_serial(&cluster) else {
             return retry;
@@ -341,46 +354,30 @@ impl Kubelet<'_> {
 
     /// The Cluster of a microVM (its MicrovmMachine's `cluster-name` label) and the Kubernetes
     /// version of its Machine. `None` while they are not there yet.
-    async fn cluster_of(
-        &self,
-        microvm: &Microvm,
-    ) -> Result<Option<(ClusterKey, String)>, kube::Error> {
+    fn cluster_of(&self, microvm: &Microvm) -> Option<(ClusterKey, String)> {
         let ns = if microvm.spec.namespace.is_empty() {
             "default"
         } else {
             &microvm.spec.namespace
         };
-        let infra = Api::<MicrovmMachine>::namespaced(self.management.clone(), ns)
-            .get_opt(&microvm.spec.id)
-            .await?;
-        let Some(infra) = infra else {
-            return Ok(None);
-        };
-        let Some(cluster) = infra.labels().get(CLUSTER_NAME_LABEL) else {
-            return Ok(None);
-        };
-        let machine = infra
+        let infra = self
+            .management
+            .microvm_machines
+            .get(&ObjectRef::new(&microvm.spec.id).within(ns))?;
+        let cluster = infra.labels().get(CLUSTER_NAME_LABEL)?;
+        let version = infra
             .owner_references()
             .iter()
             .find(|o| o.kind == "Machine")
-            .map(|o| o.name.clone());
-        let mut version = DEFAULT_KUBELET_VERSION.to_string();
-        if let Some(machine) = machine {
-            let resource = ApiResource::erase::<Machine>(&());
-            let found =
-                Api::<DynamicObject>::namespaced_with(self.management.clone(), ns, &resource)
-                    .get_opt(&machine)
-                    .await?;
-            if let Some(v) = found
-                .as_ref()
-                .and_then(|m| m.data.pointer("/spec/version"))
-                .and_then(|v| v.as_str())
-                .filter(|v| !v.is_empty())
-            {
-                version = v.to_string();
-            }
-        }
-        Ok(Some((ClusterKey::new(ns, cluster), version)))
+            .and_then(|o| {
+                self.management
+                    .machines
+                    .get(&ObjectRef::new(&o.name).within(ns))
+            })
+            .and_then(|m| m.spec.version.clone())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| DEFAULT_KUBELET_VERSION.to_string());
+        Some((ClusterKey::new(ns, cluster), version))
     }
 
     /// Kubelets whose microVM is no longer running stop posting: their Node becomes
