@@ -13,7 +13,7 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Config as ControllerConfig};
-use kube::runtime::reflector::ObjectRef;
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
@@ -270,7 +270,10 @@ pub fn run_with_options(
         .for_each(|_| async {});
     let deployments = Controller::new(Api::<MachineDeployment>::all(client.clone()), cfg())
         .with_config(conc())
-        .owns_shared_stream(ctx.caches.machines.subscribe())
+        .watches_shared_stream(
+            ctx.caches.machines.subscribe(),
+            deployment_wakes(ctx.caches.machines.store()),
+        )
         .run(reconcile_deployment, error_policy, ctx.clone())
         .for_each(|_| async {});
     let machines =
@@ -691,12 +694,54 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
         want["selector"] = json!(selector.join(","));
     }
     patch_status_if_changed(&mds, md.as_ref(), &status, want).await?;
-    // A template missing from the cache may only not have reached it yet.
-    Ok(Action::requeue(Duration::from_secs(if retry_soon {
-        1
-    } else {
-        60
-    })))
+    // A template missing from the cache may only not have reached it yet; Machines still
+    // provisioning are counted again in a second (their progress wakes nothing, see
+    // `deployment_wakes`).
+    Ok(Action::requeue(Duration::from_secs(
+        if retry_soon || ready < mine.len() {
+            1
+        } else {
+            60
+        },
+    )))
+}
+
+/// Which Machine changes wake their MachineDeployment: a Machine's arrival, its deletion's start and
+/// end, and its marking for deletion; not its progress (status, references), which only moves
+/// `readyReplicas` and is counted by the requeue while Machines provision. Its reconcile scans every
+/// cached Machine: woken by each Machine's provisioning as well, it ran about 120 times a second at
+/// 10 000 machines, 8 % of the simulators' CPU.
+fn deployment_wakes(
+    machines: Store<Machine>,
+) -> impl Fn(Arc<Machine>) -> Option<ObjectRef<MachineDeployment>> + Send + Sync + 'static {
+    let seen: Mutex<HashMap<String, (bool, bool)>> = Mutex::default();
+    move |m| {
+        let meta = m.meta();
+        let owner = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .find(|o| o.kind == "MachineDeployment" && o.controller == Some(true))?;
+        let uid = meta.uid.clone().unwrap_or_default();
+        // The cache is updated before its subscribers hear of a change: a Machine it no longer
+        // holds (or holds under another uid) is gone.
+        let cached = machines
+            .get(&ObjectRef::from_obj(m.as_ref()))
+            .is_some_and(|c| c.meta().uid == meta.uid);
+        let changed = if cached {
+            let read = (
+                meta.deletion_timestamp.is_some(),
+                m.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
+            );
+            lock(&seen).insert(uid, read) != Some(read)
+        } else {
+            lock(&seen).remove(&uid);
+            true
+        };
+        changed.then(|| {
+            ObjectRef::new(&owner.name).within(meta.namespace.as_deref().unwrap_or_default())
+        })
+    }
 }
 
 /// How long a controller waits for the cache to show the objects it created (CAPI's MachineSet
