@@ -278,7 +278,9 @@ impl World {
         self.emulator.in_process_client()
     }
 
-    /// A client of the workload API of Cluster `namespace/cluster`, while it is served.
+    /// A client of the workload API of Cluster `namespace/cluster`, while it is served: the
+    /// stand-in's own, in process (its kubeconfig, [`World::workload_kubeconfig`], reaches the same
+    /// API over HTTP).
     pub fn workload_client(&self, namespace: &str, cluster: &str) -> Option<kube::Client> {
         self.workloads.client(&ClusterKey::new(namespace, cluster))
     }

@@ -613,9 +613,7 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
     let ns = md.namespace().unwrap_or_default();
     let name = md.name_any();
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
-    // From the watch cache, as CAPI's MachineSet lists its Machines. Every Machine change wakes
-    // this reconcile, so the scan borrows: cloning each Machine's namespace made it a tenth of the
-    // simulators' CPU at 10 000 machines.
+    // From the watch cache, as CAPI's MachineSet lists its Machines.
     let mut mine: Vec<Arc<Machine>> = ctx
         .caches
         .machines
@@ -623,14 +621,9 @@ async fn reconcile_deployment(md: Arc<MachineDeployment>, ctx: Arc<Ctx>) -> Resu
         .await
         .into_iter()
         .filter(|m| {
-            let meta = m.meta();
-            meta.deletion_timestamp.is_none()
-                && meta
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(DEPLOYMENT_NAME_LABEL))
-                    .is_some_and(|d| *d == name)
-                && meta.namespace.as_deref() == Some(ns.as_str())
+            m.namespace().as_deref() == Some(ns.as_str())
+                && m.labels().get(DEPLOYMENT_NAME_LABEL) == Some(&name)
+                && m.meta().deletion_timestamp.is_none()
         })
         .collect();
     let want = usize::try_from(md.spec.replicas.unwrap_or(1).max(0)).unwrap_or(0);
