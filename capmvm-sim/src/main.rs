@@ -2,6 +2,12 @@
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc, as the capmvm-operator binary: the `operator` subcommand then runs with the allocator the
+/// operator ships with, and the simulators (many threads allocating and freeing JSON) spend a fraction
+/// of what glibc's malloc cost them (docs/benchmarks.md, fifth round).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs capmvm on one machine with simulated flintlock hosts and an embedded Kubernetes API.
 #[derive(Parser)]
 #[command(version, about)]
