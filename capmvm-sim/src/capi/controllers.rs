@@ -68,6 +68,8 @@ pub(crate) struct Ctx {
     /// The uids of the infrastructure machine and bootstrap config each Machine adopted, by Machine
     /// uid: a reconcile that starts from a cache not showing the adoption yet does not send it again.
     adopted: Mutex<HashMap<String, Vec<String>>>,
+    /// Consecutive failed reconciles per object, for the retry backoff.
+    failures: super::retry::Failures,
 }
 
 impl Ctx {
@@ -234,6 +236,7 @@ pub fn run_with_options(
         caches: Caches::new(&client),
         bootstrap_copied: Mutex::default(),
         adopted: Mutex::default(),
+        failures: super::retry::Failures::default(),
     });
     let cfg = || watcher::Config::default().any_semantic();
     let conc = || ControllerConfig::default().concurrency(32);
@@ -266,7 +269,11 @@ pub fn run_with_options(
                 .is_some()
                 .then(|| ObjectRef::new(&m.spec.cluster_name).within(&ns))
         })
-        .run(reconcile_cluster, error_policy, ctx.clone())
+        .run(
+            |c, ctx| forgetting_failures(c, ctx, reconcile_cluster),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let deployments = Controller::new(Api::<MachineDeployment>::all(client.clone()), cfg())
         .with_config(conc())
@@ -274,7 +281,11 @@ pub fn run_with_options(
             ctx.caches.machines.subscribe(),
             deployment_wakes(ctx.caches.machines.store()),
         )
-        .run(reconcile_deployment, error_policy, ctx.clone())
+        .run(
+            |md, ctx| forgetting_failures(md, ctx, reconcile_deployment),
+            error_policy,
+            ctx.clone(),
+        )
         .for_each(|_| async {});
     let machines =
         Controller::for_shared_stream(ctx.caches.machines.subscribe(), ctx.caches.machines.store())
@@ -300,7 +311,11 @@ pub fn run_with_options(
             )
             // Issue 13: a Node registering (or changing) wakes the Machine with its providerID.
             .reconcile_on(workloads.machine_wakeups())
-            .run(reconcile_machine, error_policy, ctx.clone())
+            .run(
+                |m, ctx| forgetting_failures(m, ctx, reconcile_machine),
+                error_policy,
+                ctx.clone(),
+            )
             .for_each(|_| async {});
     let mut tasks = vec![
         tokio::spawn(clusters),
@@ -324,9 +339,33 @@ pub fn run_with_options(
     }
 }
 
-fn error_policy<K>(_: Arc<K>, error: &Error, _: Arc<Ctx>) -> Action {
-    debug!(error = %error, "stand-in reconcile failed; retrying");
-    Action::requeue(Duration::from_millis(500))
+/// Runs a reconcile and, when it succeeds, forgets the object's failures (see [`super::retry`]).
+async fn forgetting_failures<K, F, Fut>(
+    obj: Arc<K>,
+    ctx: Arc<Ctx>,
+    reconcile: F,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()>,
+    F: FnOnce(Arc<K>, Arc<Ctx>) -> Fut,
+    Fut: std::future::Future<Output = Result<Action, Error>>,
+{
+    let result = reconcile(obj.clone(), ctx.clone()).await;
+    if result.is_ok() {
+        ctx.failures.succeeded(obj.as_ref());
+    }
+    result
+}
+
+/// Retries as CAPI's controllers do (see [`super::retry`]).
+fn error_policy<K: Resource<DynamicType = ()>>(
+    obj: Arc<K>,
+    error: &Error,
+    ctx: Arc<Ctx>,
+) -> Action {
+    let delay = ctx.failures.failed(obj.as_ref());
+    debug!(error = %error, ?delay, "stand-in reconcile failed; retrying");
+    Action::requeue(delay)
 }
 
 pub(crate) fn params() -> PatchParams {

@@ -37,6 +37,7 @@ pub mod kubelet;
 pub mod machinepool;
 mod machinepool_machines;
 pub mod nodes;
+mod retry;
 pub mod workload;
 
 pub use controllers::{
