@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 
 use capmvm_api::{HostEndpoint, MicrovmHost, StaticPoolPlacement};
 
-use crate::microvm::fnv1a64;
+use crate::microvm::{FNV1A64_OFFSET, fnv1a64_extend};
 use crate::observe::{HostFacts, Reachability};
 
 /// The host chosen for a machine.
@@ -66,7 +66,13 @@ pub fn choose(
 
     let mut problems = Vec::new();
     let mut credential_problems = 0;
-    let mut eligible = Vec::new();
+    // The tie-break hashes "{machine_key}|{endpoint}"; the machine's part is the same for every host.
+    let machine_hash = fnv1a64_extend(
+        fnv1a64_extend(FNV1A64_OFFSET, request.machine_key.as_bytes()),
+        b"|",
+    );
+    // The least allocated reachable host, as (load, tie, host, endpoint); the first one on equal keys.
+    let mut best: Option<(i64, u64, &MicrovmHost, HostEndpoint)> = None;
     for host in in_domain {
         let name = host.display_name();
         let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>() else {
@@ -77,17 +83,30 @@ pub fn choose(
             problems.push(format!("{name}: control planes not allowed"));
             continue;
         }
-        let fact = facts
-            .get(&endpoint.to_string())
-            .cloned()
-            .unwrap_or_default();
+        let key = endpoint.to_string();
+        let Some(fact) = facts.get(&key) else {
+            problems.push(format!("{name}: not observed yet"));
+            continue;
+        };
         if let Some(problem) = &fact.credentials_problem {
             problems.push(format!("{name}: {problem}"));
             credential_problems += 1;
             continue;
         }
         match &fact.reachability {
-            Reachability::Reachable => eligible.push((host, endpoint, fact)),
+            Reachability::Reachable => {
+                // One vCPU weighs like one GiB: neither resource alone decides.
+                let load = fact
+                    .allocated_memory_mb
+                    .saturating_add(fact.allocated_vcpu.saturating_mul(1024));
+                let tie = fnv1a64_extend(machine_hash, key.as_bytes());
+                if best
+                    .as_ref()
+                    .is_none_or(|(l, t, ..)| (load, tie) < (*l, *t))
+                {
+                    best = Some((load, tie, host, endpoint));
+                }
+            }
             Reachability::Unknown => problems.push(format!("{name}: not observed yet")),
             Reachability::Unreachable(why) => problems.push(format!("{name}: unreachable ({why})")),
             Reachability::Refused(why) => {
@@ -96,33 +115,23 @@ pub fn choose(
         }
     }
 
-    eligible
-        .into_iter()
-        .min_by_key(|(_, endpoint, fact)| {
-            // One vCPU weighs like one GiB: neither resource alone decides.
-            let load = fact
-                .allocated_memory_mb
-                .saturating_add(fact.allocated_vcpu.saturating_mul(1024));
-            let tie = fnv1a64(format!("{}|{endpoint}", request.machine_key).as_bytes());
-            (load, tie)
-        })
-        .map(|(host, endpoint, _)| Placement {
-            failure_domain: host.failure_domain_name().to_string(),
-            host: endpoint,
-        })
-        .ok_or_else(|| {
-            let scope = match request.failure_domain {
-                Some(fd) => format!("in failure domain {fd:?} "),
-                None => String::new(),
-            };
-            NoHost {
-                message: format!(
-                    "no host {scope}can take the machine: {}",
-                    problems.join("; ")
-                ),
-                only_credentials: credential_problems > 0 && credential_problems == problems.len(),
-            }
-        })
+    best.map(|(_, _, host, endpoint)| Placement {
+        failure_domain: host.failure_domain_name().to_string(),
+        host: endpoint,
+    })
+    .ok_or_else(|| {
+        let scope = match request.failure_domain {
+            Some(fd) => format!("in failure domain {fd:?} "),
+            None => String::new(),
+        };
+        NoHost {
+            message: format!(
+                "no host {scope}can take the machine: {}",
+                problems.join("; ")
+            ),
+            only_credentials: credential_problems > 0 && credential_problems == problems.len(),
+        }
+    })
 }
 
 #[cfg(test)]

@@ -253,7 +253,11 @@ async fn gather(
 /// A host's facts, or the problem with its credentials.
 fn facts_of(ctx: &Ctx, config: Result<&HostConfig, &String>) -> HostFacts {
     match config {
-        Ok(c) => ctx.hosts.observed_facts(c),
+        // Allocation is read under the placement turn (`decide_and_reserve`).
+        Ok(c) => HostFacts {
+            reachability: ctx.hosts.observed_reachability(c),
+            ..HostFacts::default()
+        },
         Err(problem) => HostFacts {
             credentials_problem: Some(problem.clone()),
             ..HostFacts::default()

@@ -297,39 +297,33 @@ impl Hosts {
         }
     }
 
-    /// Makes sure `config` is observed ([`Hosts::ensure`]) and returns what [`Hosts::facts`] does,
-    /// under one look at the observers: a placement gathers this for every host of its pool.
-    pub fn observed_facts(self: &Arc<Self>, config: &HostConfig) -> HostFacts {
-        let (reachability, listed) = {
-            let Ok(mut entries) = self.entries.lock() else {
-                return HostFacts::default();
-            };
-            match entries
-                .get_mut(&config.endpoint)
-                .and_then(|by_config| by_config.get_mut(config))
-            {
-                Some(entry) => entry.wanted_at = Instant::now(),
-                None => {
-                    drop(entries);
-                    self.ensure(config);
-                    return self.facts(config);
-                }
-            }
-            let Some(by_config) = entries.get(&config.endpoint) else {
-                return HostFacts::default();
-            };
-            let reachability = by_config
-                .get(config)
-                .and_then(|e| e.state.snapshot.read().ok().map(|s| s.reachability.clone()))
-                .unwrap_or_default();
-            (reachability, listed_of(by_config))
+    /// Makes sure `config` is observed ([`Hosts::ensure`]) and returns whether the host answers under
+    /// it, under one look at the observers: a placement gathers this for every host of its pool. Its
+    /// allocation is not read here: a placement reads it again under its turn ([`Hosts::place`]), and
+    /// nothing else decides by it.
+    pub fn observed_reachability(self: &Arc<Self>, config: &HostConfig) -> Reachability {
+        let Ok(mut entries) = self.entries.lock() else {
+            return Reachability::default();
         };
-        let (allocated_vcpu, allocated_memory_mb) = self.allocation_with(&config.endpoint, &listed);
-        HostFacts {
-            reachability,
-            allocated_vcpu,
-            allocated_memory_mb,
-            ..Default::default()
+        match entries
+            .get_mut(&config.endpoint)
+            .and_then(|by_config| by_config.get_mut(config))
+        {
+            Some(entry) => {
+                entry.wanted_at = Instant::now();
+                entry
+                    .state
+                    .snapshot
+                    .read()
+                    .ok()
+                    .map(|s| s.reachability.clone())
+                    .unwrap_or_default()
+            }
+            None => {
+                drop(entries);
+                self.ensure(config);
+                self.facts(config).reachability
+            }
         }
     }
 
