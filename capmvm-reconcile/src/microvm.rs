@@ -266,6 +266,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn an_extended_hash_is_the_hash_of_the_concatenation() {
+        let joined = fnv1a64(b"default/m1|10.0.0.1:9090");
+        let streamed = fnv1a64_extend(
+            fnv1a64_extend(fnv1a64(b"default/m1"), b"|"),
+            b"10.0.0.1:9090",
+        );
+        assert_eq!(streamed, joined);
+        assert_eq!(fnv1a64(b""), FNV1A64_OFFSET);
+    }
+
+    #[test]
     fn derived_macs_are_stable_local_unicast_and_distinct_per_interface() {
         let a = derived_mac("5a1c7e0e-1111-2222-3333-444455556666", 0);
         assert_eq!(a, derived_mac("5a1c7e0e-1111-2222-3333-444455556666", 0));

@@ -126,7 +126,7 @@ async fn rounds(
 }
 
 /// Decides; a decision that may place the machine runs under the hosts' placement turn, with the
-/// hosts' allocation read again there, and the host it records is reserved before the turn passes,
+/// hosts' allocation read there, and the host it records is reserved before the turn passes,
 /// so concurrent placements see each other and a burst spreads like a trickle.
 fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachineStatus> {
     let placing =
@@ -137,7 +137,7 @@ fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachi
     ctx.hosts.place(|| {
         for (endpoint, facts) in &mut obs.hosts {
             // Reachability was read through this cluster's credentials moments ago; allocation is
-            // read again under the turn.
+            // read under the turn, so it counts every placement made before.
             (facts.allocated_vcpu, facts.allocated_memory_mb) = ctx.hosts.allocation(endpoint);
         }
         let plan = decide(obs, Timestamp::now());

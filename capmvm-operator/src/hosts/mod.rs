@@ -299,7 +299,7 @@ impl Hosts {
 
     /// Makes sure `config` is observed ([`Hosts::ensure`]) and returns whether the host answers under
     /// it, under one look at the observers: a placement gathers this for every host of its pool. Its
-    /// allocation is not read here: a placement reads it again under its turn ([`Hosts::place`]), and
+    /// allocation is not read here: a placement reads it under its turn ([`Hosts::place`]), and
     /// nothing else decides by it.
     pub fn observed_reachability(self: &Arc<Self>, config: &HostConfig) -> Reachability {
         let Ok(mut entries) = self.entries.lock() else {
@@ -322,7 +322,9 @@ impl Hosts {
             None => {
                 drop(entries);
                 self.ensure(config);
-                self.facts(config).reachability
+                self.snapshot(config)
+                    .map(|s| s.reachability)
+                    .unwrap_or_default()
             }
         }
     }
@@ -337,17 +339,13 @@ impl Hosts {
             .ok()
             .and_then(|entries| entries.get(endpoint).map(listed_of))
             .unwrap_or_default();
-        self.allocation_with(endpoint, &listed)
-    }
-
-    fn allocation_with(&self, endpoint: &str, listed: &Arc<ListedVms>) -> (i64, i64) {
         let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
         if let Ok(mut reservations) = self.reservations.lock()
             && let Some(host) = reservations.get_mut(endpoint)
         {
             // A listed microVM is counted above; its reservation is kept a little longer in case a
             // list that raced the create publishes a snapshot without it.
-            let (v, m) = host.unlisted(listed, Instant::now());
+            let (v, m) = host.unlisted(&listed, Instant::now());
             vcpu += v;
             memory_mb += m;
         }
@@ -355,7 +353,7 @@ impl Hosts {
     }
 
     /// Runs one placement decision at a time: `decide` reads the hosts' allocation (through
-    /// [`Hosts::facts`]), decides, and returns its outcome with the host it chose, which is reserved
+    /// [`Hosts::allocation`]), decides, and returns its outcome with the host it chose, which is reserved
     /// before the next placement decides. Concurrent reconciles therefore see each other's choices,
     /// and a burst spreads over equal hosts exactly as a slow trickle would. `decide` must be quick
     /// and must not block (it runs under a lock).

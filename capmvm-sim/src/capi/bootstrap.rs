@@ -217,11 +217,8 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
         kubeadm_config_resource(),
     )
     .run(
-        reconcile,
-        |_, error: &Error, _| {
-            debug!(error = %error, "KubeadmConfig reconcile failed; retrying");
-            Action::requeue(Duration::from_millis(500))
-        },
+        |obj, ctx| super::retry::forgetting_failures(obj, ctx, reconcile),
+        super::retry::error_policy,
         ctx,
     )
     .for_each(|_| async {})

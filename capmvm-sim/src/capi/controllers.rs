@@ -18,7 +18,7 @@ use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::warn;
 
 use super::bootstrap::{
     BOOTSTRAP_GROUP, kubeadm_config_resource, kubeadm_config_template_resource,
@@ -27,6 +27,7 @@ use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
 use super::crds::MachineDeployment;
 use super::informers::Informer;
 use super::kcp::{CONTROL_PLANE_GROUP, kubeadm_control_plane_resource};
+use super::retry::{error_policy, forgetting_failures};
 use super::workload::{ClusterKey, WorkloadClusters};
 use super::{
     CLUSTER_FINALIZER, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL, MACHINE_FINALIZER,
@@ -68,8 +69,8 @@ pub(crate) struct Ctx {
     /// The uids of the infrastructure machine and bootstrap config each Machine adopted, by Machine
     /// uid: a reconcile that starts from a cache not showing the adoption yet does not send it again.
     adopted: Mutex<HashMap<String, Vec<String>>>,
-    /// Consecutive failed reconciles per object, for the retry backoff.
-    failures: super::retry::Failures,
+    /// Consecutive failed reconciles per object, for the retry backoff (see [`super::retry`]).
+    pub(crate) failures: super::retry::Failures,
 }
 
 impl Ctx {
@@ -337,35 +338,6 @@ pub fn run_with_options(
         workloads,
         management,
     }
-}
-
-/// Runs a reconcile and, when it succeeds, forgets the object's failures (see [`super::retry`]).
-async fn forgetting_failures<K, F, Fut>(
-    obj: Arc<K>,
-    ctx: Arc<Ctx>,
-    reconcile: F,
-) -> Result<Action, Error>
-where
-    K: Resource<DynamicType = ()>,
-    F: FnOnce(Arc<K>, Arc<Ctx>) -> Fut,
-    Fut: std::future::Future<Output = Result<Action, Error>>,
-{
-    let result = reconcile(obj.clone(), ctx.clone()).await;
-    if result.is_ok() {
-        ctx.failures.succeeded(obj.as_ref());
-    }
-    result
-}
-
-/// Retries as CAPI's controllers do (see [`super::retry`]).
-fn error_policy<K: Resource<DynamicType = ()>>(
-    obj: Arc<K>,
-    error: &Error,
-    ctx: Arc<Ctx>,
-) -> Action {
-    let delay = ctx.failures.failed(obj.as_ref());
-    debug!(error = %error, ?delay, "stand-in reconcile failed; retrying");
-    Action::requeue(delay)
 }
 
 pub(crate) fn params() -> PatchParams {
@@ -773,6 +745,12 @@ fn deployment_wakes(
         changed.then(|| {
             ObjectRef::new(&owner.name).within(meta.namespace.as_deref().unwrap_or_default())
         })
+    }
+}
+
+impl AsRef<Ctx> for Ctx {
+    fn as_ref(&self) -> &Ctx {
+        self
     }
 }
 

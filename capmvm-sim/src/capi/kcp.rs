@@ -19,7 +19,6 @@ use kube::runtime::controller::Action;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
-use tracing::debug;
 
 use super::DELETE_MACHINE_ANNOTATION;
 use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
@@ -52,11 +51,8 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
             })
         })
         .run(
-            reconcile,
-            |_, error: &Error, _| {
-                debug!(error = %error, "KubeadmControlPlane reconcile failed; retrying");
-                Action::requeue(Duration::from_millis(500))
-            },
+            |obj, ctx| super::retry::forgetting_failures(obj, ctx, reconcile),
+            super::retry::error_policy,
             ctx,
         )
         .for_each(|_| async {})

@@ -35,7 +35,7 @@ use kube::runtime::reflector::ObjectRef;
 use kube::runtime::{Controller, watcher};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
-use tracing::{debug, info, warn};
+use tracing::{info, warn};
 
 use super::bootstrap::{BOOTSTRAP_GROUP, kubeadm_config_resource};
 use super::controllers::{Ctx, Error, delete_quietly, params};
@@ -60,6 +60,12 @@ pub(crate) struct PoolCtx {
     pub(crate) ctx: Arc<Ctx>,
     /// `(group, kind)` → the resource at the version the CRD's contract label names.
     kinds: Mutex<HashMap<(String, String), ApiResource>>,
+}
+
+impl AsRef<Ctx> for PoolCtx {
+    fn as_ref(&self) -> &Ctx {
+        &self.ctx
+    }
 }
 
 impl PoolCtx {
@@ -152,11 +158,8 @@ pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
             .map(|pool| ObjectRef::new_with(pool, mapped.clone()).within(&ns))
     })
     .run(
-        reconcile,
-        |_, error: &Error, _| {
-            debug!(error = %error, "MachinePool reconcile failed; retrying");
-            Action::requeue(Duration::from_millis(500))
-        },
+        |obj, ctx| super::retry::forgetting_failures(obj, ctx, reconcile),
+        super::retry::error_policy,
         pool_ctx,
     )
     .for_each(|_| async {})

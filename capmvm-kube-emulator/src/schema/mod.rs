@@ -10,6 +10,9 @@ use serde_json::{Map, Value};
 use super::error::FieldError;
 use super::meta;
 
+mod path;
+use path::Path;
+
 #[derive(Debug, Clone)]
 enum Additional {
     Allowed(bool),
@@ -69,59 +72,6 @@ fn join(path: &str, key: &str) -> String {
         key.to_string()
     } else {
         format!("{path}.{key}")
-    }
-}
-
-/// Where a value sits in the object being written, rendered only when a message needs it: every write
-/// prunes and validates every field, and formatting each field's path was about a tenth of a patch.
-#[derive(Clone, Copy)]
-enum Path<'a> {
-    Root,
-    Field(&'a Path<'a>, &'a str),
-    Item(&'a Path<'a>, usize),
-}
-
-impl Path<'_> {
-    fn field<'b>(&'b self, key: &'b str) -> Path<'b> {
-        Path::Field(self, key)
-    }
-
-    fn item(&self, i: usize) -> Path<'_> {
-        Path::Item(self, i)
-    }
-
-    /// `spec.items[0].name`; empty at the root.
-    fn render(&self) -> String {
-        let mut out = String::new();
-        self.write_to(&mut out);
-        out
-    }
-
-    /// As the real validator names a field in its messages: `body` at the root.
-    fn shown(&self) -> String {
-        match self {
-            Path::Root => "body".to_string(),
-            _ => self.render(),
-        }
-    }
-
-    fn write_to(&self, out: &mut String) {
-        match self {
-            Path::Root => {}
-            Path::Field(parent, key) => {
-                parent.write_to(out);
-                if !out.is_empty() {
-                    out.push('.');
-                }
-                out.push_str(key);
-            }
-            Path::Item(parent, i) => {
-                parent.write_to(out);
-                out.push('[');
-                out.push_str(&i.to_string());
-                out.push(']');
-            }
-        }
     }
 }
 
@@ -862,6 +812,25 @@ pub(crate) fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn unknown_metadata_of_an_embedded_object_is_named_under_its_path() {
+        let s = Schema::compile(
+            &json!({"type": "object", "properties": {"spec": {"type": "object", "properties": {
+                "templates": {"type": "array", "items": {"type": "object",
+                    "x-kubernetes-embedded-resource": true,
+                    "x-kubernetes-preserve-unknown-fields": true}}}}}}),
+            "schema",
+        )
+        .unwrap();
+        let mut v = json!({"spec": {"templates": [{"apiVersion": "v1", "kind": "K",
+            "metadata": {"name": "n", "colour": "red"}, "spec": {"x": 1}}]}});
+        let mut unknown = Vec::new();
+        s.prune(&mut v, &mut unknown);
+        assert_eq!(unknown, ["spec.templates[0].metadata.colour"]);
+        assert_eq!(v["spec"]["templates"][0]["metadata"], json!({"name": "n"}));
+        assert_eq!(v["spec"]["templates"][0]["spec"]["x"], 1);
+    }
 
     #[test]
     fn messages_name_list_items_by_index_and_the_root_as_body() {
