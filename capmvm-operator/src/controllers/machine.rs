@@ -135,11 +135,9 @@ fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachi
         return decide(obs, Timestamp::now());
     }
     ctx.hosts.place(|| {
-        for (endpoint, facts) in &mut obs.hosts {
-            // Reachability was read through this cluster's credentials moments ago; allocation is
-            // read under the turn, so it counts every placement made before.
-            (facts.allocated_vcpu, facts.allocated_memory_mb) = ctx.hosts.allocation(endpoint);
-        }
+        // Reachability was read through this cluster's credentials moments ago; allocation is read
+        // under the turn, so it counts every placement made before.
+        ctx.hosts.fill_allocation(&mut obs.hosts);
         let plan = decide(obs, Timestamp::now());
         let claim = plan.effects.iter().find_map(|e| match e {
             Effect::RecordHost {

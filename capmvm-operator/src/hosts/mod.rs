@@ -352,6 +352,29 @@ impl Hosts {
         (vcpu, memory_mb)
     }
 
+    /// What [`Hosts::allocation`] says of each host in `facts`, written into it, under one look at
+    /// the observers and one at the reservations: a placement reads every host of its pool.
+    pub fn fill_allocation(&self, facts: &mut BTreeMap<String, HostFacts>) {
+        let listed: Vec<Arc<ListedVms>> = match self.entries.lock() {
+            Ok(entries) => facts
+                .keys()
+                .map(|endpoint| entries.get(endpoint).map(listed_of).unwrap_or_default())
+                .collect(),
+            Err(_) => facts.keys().map(|_| Arc::default()).collect(),
+        };
+        let now = Instant::now();
+        let mut reservations = self.reservations.lock().ok();
+        for ((endpoint, fact), listed) in facts.iter_mut().zip(listed) {
+            let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
+            if let Some(host) = reservations.as_mut().and_then(|r| r.get_mut(endpoint)) {
+                let (v, m) = host.unlisted(&listed, now);
+                vcpu += v;
+                memory_mb += m;
+            }
+            (fact.allocated_vcpu, fact.allocated_memory_mb) = (vcpu, memory_mb);
+        }
+    }
+
     /// Runs one placement decision at a time: `decide` reads the hosts' allocation (through
     /// [`Hosts::allocation`]), decides, and returns its outcome with the host it chose, which is reserved
     /// before the next placement decides. Concurrent reconciles therefore see each other's choices,
@@ -832,6 +855,21 @@ mod reservation_tests {
             assert_eq!(hosts.allocation(endpoint).0, 20);
             assert_eq!(hosts.allocation(endpoint).1, 10 * 2048);
         }
+        // A placement's read of every host at once says the same, and nothing of a host not there.
+        let mut facts: BTreeMap<String, HostFacts> = ENDPOINTS
+            .iter()
+            .chain(&["unobserved.invalid:9090"])
+            .map(|e| (e.to_string(), HostFacts::default()))
+            .collect();
+        hosts.fill_allocation(&mut facts);
+        for (endpoint, fact) in &facts {
+            assert_eq!(
+                (fact.allocated_vcpu, fact.allocated_memory_mb),
+                hosts.allocation(endpoint),
+                "{endpoint}"
+            );
+        }
+        assert_eq!(facts["unobserved.invalid:9090"].allocated_vcpu, 0);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -107,14 +107,18 @@ pub(super) fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> V
 
 /// The failure domain of `host` in the MicrovmCluster's pool.
 pub(super) fn failure_domain_of(infra: &MicrovmCluster, host: &HostEndpoint) -> Option<String> {
-    infra
-        .spec
-        .placement
-        .static_pool
-        .as_ref()?
-        .hosts
+    let hosts = &infra.spec.placement.static_pool.as_ref()?.hosts;
+    // Endpoints are usually written as their canonical form: compare the text first, and parse each
+    // only when none matches (a report runs on every reconcile, over every host of the pool).
+    let canonical = host.to_string();
+    hosts
         .iter()
-        .find(|h| h.endpoint.parse::<HostEndpoint>().ok().as_ref() == Some(host))
+        .find(|h| h.endpoint == canonical)
+        .or_else(|| {
+            hosts
+                .iter()
+                .find(|h| h.endpoint.parse::<HostEndpoint>().ok().as_ref() == Some(host))
+        })
         .map(|h| h.failure_domain_name().to_string())
 }
 
