@@ -126,6 +126,18 @@ fn listed_of(by_config: &HashMap<HostConfig, HostEntry>) -> Arc<ListedVms> {
         .unwrap_or_default()
 }
 
+/// vCPUs and MiB allocated on a host: what its last answered list showed plus its placements not
+/// listed yet. A listed microVM is counted by the list; its reservation is kept a little longer in
+/// case a list that raced the create publishes a snapshot without it.
+fn allocated(
+    listed: &Arc<ListedVms>,
+    reservations: Option<&mut HostReservations>,
+    now: Instant,
+) -> (i64, i64) {
+    let (v, m) = reservations.map_or((0, 0), |host| host.unlisted(listed, now));
+    (listed.vcpu + v, listed.memory_mb + m)
+}
+
 /// How long an observer that no MicrovmCluster declares is kept after a reconcile last asked for it
 /// (a machine reconciled before its cluster declared, a rotated Secret's old config).
 const UNDECLARED_GRACE: Duration = Duration::from_secs(60);
@@ -339,17 +351,12 @@ impl Hosts {
             .ok()
             .and_then(|entries| entries.get(endpoint).map(listed_of))
             .unwrap_or_default();
-        let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
-        if let Ok(mut reservations) = self.reservations.lock()
-            && let Some(host) = reservations.get_mut(endpoint)
-        {
-            // A listed microVM is counted above; its reservation is kept a little longer in case a
-            // list that raced the create publishes a snapshot without it.
-            let (v, m) = host.unlisted(&listed, Instant::now());
-            vcpu += v;
-            memory_mb += m;
-        }
-        (vcpu, memory_mb)
+        let mut reservations = self.reservations.lock().ok();
+        allocated(
+            &listed,
+            reservations.as_mut().and_then(|r| r.get_mut(endpoint)),
+            Instant::now(),
+        )
     }
 
     /// What [`Hosts::allocation`] says of each host in `facts`, written into it, under one look at
@@ -365,18 +372,13 @@ impl Hosts {
         let now = Instant::now();
         let mut reservations = self.reservations.lock().ok();
         for ((endpoint, fact), listed) in facts.iter_mut().zip(listed) {
-            let (mut vcpu, mut memory_mb) = (listed.vcpu, listed.memory_mb);
-            if let Some(host) = reservations.as_mut().and_then(|r| r.get_mut(endpoint)) {
-                let (v, m) = host.unlisted(&listed, now);
-                vcpu += v;
-                memory_mb += m;
-            }
-            (fact.allocated_vcpu, fact.allocated_memory_mb) = (vcpu, memory_mb);
+            let host = reservations.as_mut().and_then(|r| r.get_mut(endpoint));
+            (fact.allocated_vcpu, fact.allocated_memory_mb) = allocated(&listed, host, now);
         }
     }
 
     /// Runs one placement decision at a time: `decide` reads the hosts' allocation (through
-    /// [`Hosts::allocation`]), decides, and returns its outcome with the host it chose, which is reserved
+    /// [`Hosts::fill_allocation`]), decides, and returns its outcome with the host it chose, which is reserved
     /// before the next placement decides. Concurrent reconciles therefore see each other's choices,
     /// and a burst spreads over equal hosts exactly as a slow trickle would. `decide` must be quick
     /// and must not block (it runs under a lock).

@@ -73,6 +73,14 @@ pub(crate) struct Ctx {
     pub(crate) failures: super::retry::Failures,
 }
 
+/// The stand-in's controllers share one retry policy ([`super::retry`]) over this context, reached
+/// directly or through a wrapper such as the MachinePool controller's.
+impl AsRef<Ctx> for Ctx {
+    fn as_ref(&self) -> &Ctx {
+        self
+    }
+}
+
 impl Ctx {
     fn has_adopted(&self, machine: &Machine, uid: &str) -> bool {
         lock(&self.adopted)
@@ -745,12 +753,6 @@ fn deployment_wakes(
         changed.then(|| {
             ObjectRef::new(&owner.name).within(meta.namespace.as_deref().unwrap_or_default())
         })
-    }
-}
-
-impl AsRef<Ctx> for Ctx {
-    fn as_ref(&self) -> &Ctx {
-        self
     }
 }
 
