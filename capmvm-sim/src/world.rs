@@ -250,6 +250,7 @@ impl World {
             workloads.clone(),
             capi::StandInOptions {
                 bootstrap_token_rotation: options.bootstrap_token_rotation,
+                plays: capi::StandInPlays::All,
             },
         );
         let kubelets = Kubelets::start(

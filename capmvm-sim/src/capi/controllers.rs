@@ -150,6 +150,21 @@ pub struct StandInOptions {
     /// Secret (CABPK's `--bootstrap-token-ttl` refresh); `None` never rotates. Default
     /// [`DEFAULT_TOKEN_ROTATION`].
     pub bootstrap_token_rotation: Option<Duration>,
+    /// Which of CAPI's controllers the stand-in plays.
+    pub plays: StandInPlays,
+}
+
+/// Which of CAPI's controllers the stand-in plays.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum StandInPlays {
+    /// All of them: Cluster, MachineDeployment, Machine, MachinePool, MachineHealthCheck,
+    /// KubeadmControlPlane, kubeadm bootstrap (on the API emulator).
+    #[default]
+    All,
+    /// Only the KubeadmControlPlane, beside CAPI's real core and kubeadm bootstrap managers: the
+    /// real KubeadmControlPlane needs etcd inside the workload cluster, reached through a kubelet's
+    /// port-forward (docs/real-stack.md).
+    ControlPlaneOnly,
 }
 
 /// CABPK's token refresh, compressed for simulations (CABPK's own TTL is 15 minutes).
@@ -159,6 +174,7 @@ impl Default for StandInOptions {
     fn default() -> Self {
         Self {
             bootstrap_token_rotation: Some(DEFAULT_TOKEN_ROTATION),
+            plays: StandInPlays::All,
         }
     }
 }
@@ -326,15 +342,18 @@ pub fn run_with_options(
                 ctx.clone(),
             )
             .for_each(|_| async {});
-    let mut tasks = vec![
-        tokio::spawn(clusters),
-        tokio::spawn(deployments),
-        tokio::spawn(machines),
-        super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
-        tokio::spawn(super::kcp::run(ctx.clone())),
-        tokio::spawn(super::machinepool::run(ctx.clone())),
-        tokio::spawn(super::bootstrap::run(ctx.clone())),
-    ];
+    let mut tasks = match ctx.options.plays {
+        StandInPlays::All => vec![
+            tokio::spawn(clusters),
+            tokio::spawn(deployments),
+            tokio::spawn(machines),
+            super::nodes::run_health_checks(ctx.client.clone(), workloads.clone()),
+            tokio::spawn(super::kcp::run(ctx.clone())),
+            tokio::spawn(super::machinepool::run(ctx.clone())),
+            tokio::spawn(super::bootstrap::run(ctx.clone())),
+        ],
+        StandInPlays::ControlPlaneOnly => vec![tokio::spawn(super::kcp::run(ctx.clone()))],
+    };
     // Every controller has subscribed: the watches may start.
     tasks.extend(ctx.caches.start());
     let management = super::kubelet::ManagementView {

@@ -41,7 +41,7 @@ mod retry;
 pub mod workload;
 
 pub use controllers::{
-    DEFAULT_TOKEN_ROTATION, StandIn, StandInOptions, run, run_with, run_with_options,
+    DEFAULT_TOKEN_ROTATION, StandIn, StandInOptions, StandInPlays, run, run_with, run_with_options,
 };
 pub use crds::{
     CAPI_CRDS_VERSION, CrdError, LabelSelector, MachineDeployment, MachineDeploymentSpec, TOUCHED,

@@ -80,9 +80,32 @@ impl std::fmt::Display for ClusterKey {
     }
 }
 
+/// What serves a workload cluster's API.
+enum WorkloadServer {
+    /// An API emulator in this process.
+    Emulated(EmulatorHandle),
+    /// A server run by someone else (the real-stack harness's kube-apiserver): stopping the
+    /// workload cluster only forgets it.
+    External {
+        /// Its URL.
+        url: String,
+    },
+}
+
+impl WorkloadServer {
+    fn url(&self) -> String {
+        match self {
+            WorkloadServer::Emulated(e) => e.base_url(),
+            WorkloadServer::External { url } => url.clone(),
+        }
+    }
+}
+
 /// One running workload cluster.
 struct Workload {
-    emulator: EmulatorHandle,
+    server: WorkloadServer,
+    /// The kubeconfig of its API (the `<cluster>-kubeconfig` Secret's `value`).
+    kubeconfig: String,
     client: kube::Client,
     kubeconfig_path: PathBuf,
     nodes: Store<Node>,
@@ -179,7 +202,7 @@ impl WorkloadClusters {
         self.registry()
             .clusters
             .get(cluster)
-            .map(|w| w.emulator.base_url())
+            .map(|w| w.server.url())
     }
 
     /// The Nodes of `cluster` as its watch cache holds them (empty when it is not served).
@@ -264,8 +287,7 @@ impl WorkloadClusters {
 
     fn kubeconfig_of(&self, key: &ClusterKey) -> Option<String> {
         let registry = self.registry();
-        let w = registry.clusters.get(key)?;
-        Some(capi_kubeconfig(&key.name, &w.emulator.base_url()))
+        registry.clusters.get(key).map(|w| w.kubeconfig.clone())
     }
 
     async fn start(&self, key: &ClusterKey) -> Result<String, WorkloadError> {
@@ -278,6 +300,37 @@ impl WorkloadClusters {
         // The stand-in and the hollow kubelets share the emulator's process: no socket between them.
         let client = emulator.in_process_client();
         let kubeconfig = capi_kubeconfig(&key.name, &emulator.base_url());
+        self.insert(key, WorkloadServer::Emulated(emulator), client, kubeconfig)
+    }
+
+    /// Serves `cluster`'s workload cluster from an API server run elsewhere (the real-stack
+    /// harness's kube-apiserver at `url`), reached with `client` and `kubeconfig`: the hollow
+    /// kubelets register their Nodes there. Nothing else of the stand-in runs for it.
+    pub fn register_external(
+        &self,
+        cluster: &ClusterKey,
+        url: &str,
+        client: kube::Client,
+        kubeconfig: String,
+    ) -> Result<(), WorkloadError> {
+        self.insert(
+            cluster,
+            WorkloadServer::External {
+                url: url.to_string(),
+            },
+            client,
+            kubeconfig,
+        )
+        .map(|_| ())
+    }
+
+    fn insert(
+        &self,
+        key: &ClusterKey,
+        server: WorkloadServer,
+        client: kube::Client,
+        kubeconfig: String,
+    ) -> Result<String, WorkloadError> {
         let kubeconfig_path = write_kubeconfig(&self.dir, key, &kubeconfig)?;
         let (nodes, writer) = reflector::store();
         let node_names = NodeNames::default();
@@ -311,19 +364,20 @@ impl WorkloadClusters {
                 }
             }
         });
-        tracing::info!(cluster = %key, url = %emulator.base_url(), "workload cluster API serving");
+        tracing::info!(cluster = %key, url = %server.url(), "workload cluster API serving");
         let mut registry = self.registry();
         registry.next_serial += 1;
         let serial = registry.next_serial;
         // Another reconcile may have started one meanwhile: keep the first, drop ours.
         if let Some(existing) = registry.clusters.get(key) {
             watch.abort();
-            return Ok(capi_kubeconfig(&key.name, &existing.emulator.base_url()));
+            return Ok(existing.kubeconfig.clone());
         }
         registry.clusters.insert(
             key.clone(),
             Workload {
-                emulator,
+                server,
+                kubeconfig: kubeconfig.clone(),
                 client,
                 kubeconfig_path,
                 nodes,
@@ -351,7 +405,9 @@ impl WorkloadClusters {
         if let Some(w) = removed {
             w.watch.abort();
             let _ = std::fs::remove_file(&w.kubeconfig_path);
-            w.emulator.shutdown().await;
+            if let WorkloadServer::Emulated(emulator) = w.server {
+                emulator.shutdown().await;
+            }
             tracing::info!(%cluster, "workload cluster API stopped");
         }
     }

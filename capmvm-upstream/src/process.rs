@@ -1,0 +1,170 @@
+//! Upstream processes: started with their output in a log file, killed when dropped, waited for
+//! until a probe says they are ready.
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use crate::{Error, Result, io_error};
+
+/// A running upstream process; dropping it kills it.
+#[derive(Debug)]
+pub struct Process {
+    name: String,
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl Process {
+    /// Starts `program` with `args`, its stdout and stderr appended to `log`.
+    pub fn spawn(
+        name: &str,
+        program: &Path,
+        args: &[String],
+        env: &[(&str, &str)],
+        log: &Path,
+    ) -> Result<Process> {
+        if let Some(dir) = log.parent() {
+            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+        }
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .map_err(io_error(log))?;
+        let err = file.try_clone().map_err(io_error(log))?;
+        let mut command = tokio::process::Command::new(program);
+        command
+            .args(args)
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(file)
+            .stderr(err)
+            .kill_on_drop(true);
+        for (k, v) in env {
+            command.env(k, v);
+        }
+        let child = command.spawn().map_err(|source| Error::Spawn {
+            what: name.to_string(),
+            source,
+        })?;
+        tracing::debug!(name, program = %program.display(), log = %log.display(), "upstream process started");
+        Ok(Process {
+            name: name.to_string(),
+            child,
+            log: log.to_path_buf(),
+        })
+    }
+
+    /// Its name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Its log file.
+    pub fn log(&self) -> &Path {
+        &self.log
+    }
+
+    /// Its process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.id()
+    }
+
+    /// Polls `probe` until it answers `Ok(true)`, failing if the process exits first or `timeout`
+    /// passes. The error carries the end of the log.
+    pub async fn wait_ready<F, Fut>(&mut self, timeout: Duration, mut probe: F) -> Result<()>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = std::result::Result<bool, String>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut last = String::from("no answer yet");
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(self.not_ready(format!("it exited with {status}")));
+            }
+            match probe().await {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => last = e,
+            }
+            if Instant::now() > deadline {
+                return Err(self.not_ready(format!("not ready after {timeout:?} ({last})")));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// An error naming this process, with the end of its log.
+    pub fn not_ready(&self, why: String) -> Error {
+        Error::NotReady {
+            what: self.name.clone(),
+            why,
+            log: self.log.clone(),
+            tail: tail(&self.log, 30),
+        }
+    }
+
+    /// Sends SIGTERM and waits up to 10 s, then kills.
+    pub async fn stop(mut self) {
+        if let Some(pid) = self.child.id() {
+            signal(pid, "TERM");
+        }
+        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.kill().await;
+        }
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would.
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+}
+
+/// Sends `SIG<name>` to `pid`.
+pub fn signal(pid: u32, name: &str) {
+    let _ = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// The last `lines` lines of a file (empty if unreadable).
+pub fn tail(path: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+/// `GET path` over plain HTTP on loopback; `Ok(status code)`.
+pub async fn http_status(port: u16, path: &str) -> std::result::Result<u16, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+                .as_bytes(),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .ok_or_else(|| format!("no HTTP status in {response:?}"))
+}

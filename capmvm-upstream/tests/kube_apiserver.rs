@@ -1,0 +1,88 @@
+//! The real kube-apiserver as this crate runs it: the version the build stamped, RBAC refusing a
+//! ServiceAccount what no role grants it, and the audit log counting that refusal.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::time::Duration;
+
+use capmvm_upstream::audit::service_account_user;
+use capmvm_upstream::tools::Kubectl;
+use capmvm_upstream::{ApiServerOptions, Binaries, Etcd, KubeApiServer};
+use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
+use kube::Api;
+use kube::api::{ListParams, PostParams};
+
+#[tokio::test]
+async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log_counts_it() {
+    let Some(binaries) =
+        Binaries::for_test("kube_apiserver", &["etcd", "kube-apiserver", "kubectl"])
+    else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("capmvm-upstream-test-{}", std::process::id()));
+    let etcd = Etcd::start(&binaries, &dir).await.unwrap();
+    let server = KubeApiServer::start(
+        &binaries,
+        ApiServerOptions::new("management", &dir, &etcd.url()),
+    )
+    .await
+    .unwrap();
+
+    // The pinned kubectl reports the pinned version of both ends.
+    let kubectl = Kubectl::new(&binaries, server.kubeconfig()).unwrap();
+    let version = kubectl.run(&["version", "-o", "json"]).await.unwrap();
+    let version: serde_json::Value = serde_json::from_str(&version).unwrap();
+    assert_eq!(version["clientVersion"]["gitVersion"], "v1.36.3");
+    assert_eq!(version["serverVersion"]["gitVersion"], "v1.36.3");
+
+    let admin = server.client().await.unwrap();
+    let ns: Namespace =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "team"}})).unwrap();
+    Api::<Namespace>::all(admin.clone())
+        .create(&PostParams::default(), &ns)
+        .await
+        .unwrap();
+    let sa: ServiceAccount =
+        serde_json::from_value(serde_json::json!({"metadata": {"name": "robot"}})).unwrap();
+    Api::<ServiceAccount>::namespaced(admin.clone(), "team")
+        .create(&PostParams::default(), &sa)
+        .await
+        .unwrap();
+    let kubeconfig = server
+        .service_account_kubeconfig(
+            "team",
+            "robot",
+            Duration::from_secs(3600),
+            &dir.join("robot.kubeconfig"),
+        )
+        .await
+        .unwrap();
+    let robot = capmvm_upstream::kubeapi::client_from(&kubeconfig)
+        .await
+        .unwrap();
+    let refused = Api::<Secret>::namespaced(robot, "team")
+        .list(&ListParams::default())
+        .await
+        .unwrap_err();
+    match refused {
+        kube::Error::Api(status) => assert_eq!(status.code, 403, "{status:?}"),
+        other => panic!("expected a 403, got {other:?}"),
+    }
+
+    let audit = server.audit().unwrap();
+    let user = service_account_user("team", "robot");
+    let mut forbidden = Vec::new();
+    for _ in 0..50 {
+        forbidden = audit.forbidden_for(&user).unwrap();
+        if !forbidden.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(forbidden.len(), 1, "{forbidden:?}");
+    assert_eq!(forbidden[0].verb, "list");
+    assert_eq!(forbidden[0].resource(), "secrets");
+    server.stop().await;
+    etcd.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}
