@@ -126,7 +126,12 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         .emulator
         .counters_of_agent(capmvm_operator::USER_AGENT);
     let started = Instant::now();
-    let mut applied = world.apply_demo_cluster(&[], |_| {}).await?;
+    let mut applied = world
+        .apply_demo_cluster(
+            &[("WORKER_MACHINE_COUNT", (DEPLOYED - 1).to_string())],
+            |_| {},
+        )
+        .await?;
     // Beside the MachineDeployment, the machinepool flavor's pool (its Cluster is the same).
     applied.extend(
         world

@@ -11,7 +11,9 @@ pub mod capi;
 pub mod demo;
 pub mod hosts;
 pub mod manifest;
+pub mod real;
 pub mod soak;
+pub mod stack;
 pub mod world;
 
 pub use capmvm_kube_emulator as kube;

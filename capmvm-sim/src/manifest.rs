@@ -69,6 +69,9 @@ pub fn envsubst(text: &str, vars: &BTreeMap<String, String>) -> Result<String, E
             }
             None => (expr, None),
         };
+        // clusterctl (drone/envsubst with its own check) treats an empty default as no default:
+        // `${VAR:=}` with VAR unset refuses to render, as here.
+        let default = default.filter(|d| !d.is_empty());
         match vars.get(name).map(String::as_str).or(default) {
             Some(value) => out.push_str(value),
             None => return Err(Error::Unset(name.to_string())),
@@ -155,6 +158,9 @@ mod tests {
         );
         assert_eq!(envsubst("${A:=ignored}", &vars).unwrap(), "x");
         assert!(matches!(envsubst("${B}", &vars), Err(Error::Unset(v)) if v == "B"));
+        // An empty default is no default, as clusterctl has it.
+        assert!(matches!(envsubst("${B:=}", &vars), Err(Error::Unset(v)) if v == "B"));
+        assert_eq!(envsubst("${A:=}", &vars).unwrap(), "x");
         assert!(matches!(
             envsubst("a ${B", &vars),
             Err(Error::Unterminated(2))

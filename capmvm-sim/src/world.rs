@@ -10,13 +10,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use capmvm_api::MicrovmMachine;
+use capmvm_flintlock::SecretString;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowConfig, HollowHandle, HollowHost, VmSnapshot};
-use capmvm_flintlock::{Method, SecretString};
-use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
@@ -25,6 +22,7 @@ use crate::capi::workload::{ClusterKey, WorkloadClusters};
 use crate::capi::{self, StandIn};
 use crate::kube::{EmulatorHandle, EmulatorOptions};
 use crate::manifest;
+use crate::stack::{self, RequestCounts, Stack};
 
 /// How hosts authenticate callers.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -138,6 +136,88 @@ impl OperatorProcess {
     }
 }
 
+/// Starts `options.hosts` hollow hosts with `options`' timings and authentication (its PKI written
+/// under `dir/pki` when they use TLS).
+pub async fn start_hosts(
+    options: &WorldOptions,
+    dir: &std::path::Path,
+) -> anyhow::Result<(Vec<HollowHandle>, Option<TestPki>)> {
+    let pki = match &options.auth {
+        HostAuth::MtlsAndToken(_) => {
+            let pki = TestPki::generate().context("generating the hosts' PKI")?;
+            pki.write_to(&dir.join("pki")).context("writing the PKI")?;
+            Some(pki)
+        }
+        _ => None,
+    };
+    let mut hosts = Vec::new();
+    for _ in 0..options.hosts {
+        let config = HollowConfig {
+            provision_time: options.provision_time,
+            delete_time: options.delete_time,
+            time_scale: options.time_scale,
+            basic_auth_token: match &options.auth {
+                HostAuth::None => None,
+                HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => {
+                    Some(SecretString::new(t.clone()))
+                }
+            },
+            tls: pki.as_ref().map(|p| p.server_tls(true)),
+            ..HollowConfig::default()
+        };
+        hosts.push(
+            HollowHost::start(config)
+                .await
+                .context("starting a hollow host")?,
+        );
+    }
+    Ok((hosts, pki))
+}
+
+/// Starts the operator (`command`: the program and the arguments before the operator's flags) with
+/// `kubeconfig`, free metrics and health ports, JSON logs appended to `log`, then `flags`.
+pub fn spawn_operator(
+    command: &(PathBuf, Vec<String>),
+    kubeconfig: &std::path::Path,
+    log: &std::path::Path,
+    flags: &[String],
+    env: &[(&str, &str)],
+) -> anyhow::Result<OperatorProcess> {
+    let metrics = free_port()?;
+    let health = free_port()?;
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .context("opening the operator log")?;
+    let (program, prefix) = command;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(prefix)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg(format!("--diagnostics-address={metrics}"))
+        .arg(format!("--health-addr={health}"))
+        .arg("--log-format=json")
+        .args(flags)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(log.try_clone().context("cloning the log handle")?)
+        .stderr(log)
+        .kill_on_drop(true);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let child = command
+        .spawn()
+        .with_context(|| format!("starting the operator ({})", program.display()))?;
+    Ok(OperatorProcess {
+        child,
+        metrics,
+        health,
+    })
+}
+
 /// `GET path` on `addr` over plain HTTP/1.1; the whole response as text.
 pub async fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -211,35 +291,7 @@ impl World {
                 .with_context(|| format!("installing CRD {}", crd.name_any()))?;
         }
 
-        let pki = match &options.auth {
-            HostAuth::MtlsAndToken(_) => {
-                let pki = TestPki::generate().context("generating the hosts' PKI")?;
-                pki.write_to(&dir.join("pki")).context("writing the PKI")?;
-                Some(pki)
-            }
-            _ => None,
-        };
-        let mut hosts = Vec::new();
-        for _ in 0..options.hosts {
-            let config = HollowConfig {
-                provision_time: options.provision_time,
-                delete_time: options.delete_time,
-                time_scale: options.time_scale,
-                basic_auth_token: match &options.auth {
-                    HostAuth::None => None,
-                    HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => {
-                        Some(SecretString::new(t.clone()))
-                    }
-                },
-                tls: pki.as_ref().map(|p| p.server_tls(true)),
-                ..HollowConfig::default()
-            };
-            hosts.push(
-                HollowHost::start(config)
-                    .await
-                    .context("starting a hollow host")?,
-            );
-        }
+        let (hosts, pki) = start_hosts(&options, &dir).await?;
         // Issue 13: workload clusters served by the stand-in, Nodes registered by hollow kubelets.
         let workloads = WorkloadClusters::new(dir.join("workloads"));
         // Simulators in this process skip loopback TCP: at 10 000 machines the sockets and HTTP
@@ -308,7 +360,7 @@ impl World {
 
     /// The hosts' endpoints.
     pub fn endpoints(&self) -> Vec<String> {
-        self.hosts.iter().map(HollowHandle::endpoint).collect()
+        stack::endpoints(&self.hosts)
     }
 
     /// Where the operator logs.
@@ -332,40 +384,15 @@ impl World {
         flags: &[&str],
         env: &[(&str, &str)],
     ) -> anyhow::Result<OperatorProcess> {
-        let metrics = free_port()?;
-        let health = free_port()?;
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.operator_log())
-            .context("opening the operator log")?;
-        let (program, prefix) = &self.options.operator_command;
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(prefix)
-            .arg("--kubeconfig")
-            .arg(&self.kubeconfig)
-            .arg(format!("--diagnostics-address={metrics}"))
-            .arg(format!("--health-addr={health}"))
-            .arg("--log-format=json")
-            .args(&self.options.operator_flags)
-            .args(flags)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().context("cloning the log handle")?)
-            .stderr(log)
-            .kill_on_drop(true);
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let child = command
-            .spawn()
-            .with_context(|| format!("starting the operator ({})", program.display()))?;
-        Ok(OperatorProcess {
-            child,
-            metrics,
-            health,
-        })
+        let mut all: Vec<String> = self.options.operator_flags.clone();
+        all.extend(flags.iter().map(|f| f.to_string()));
+        spawn_operator(
+            &self.options.operator_command,
+            &self.kubeconfig,
+            &self.operator_log(),
+            &all,
+            env,
+        )
     }
 
     /// The operator's process id, while it runs.
@@ -414,53 +441,7 @@ impl World {
         namespace: &str,
         cluster: &str,
     ) -> anyhow::Result<(Option<String>, Option<String>)> {
-        let secrets: Api<Secret> = Api::namespaced(self.client.clone(), namespace);
-        let mut names = (None, None);
-        let token = match &self.options.auth {
-            HostAuth::None => return Ok(names),
-            HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => t.clone(),
-        };
-        let mut data = BTreeMap::new();
-        for endpoint in self.endpoints() {
-            let ep: capmvm_api::HostEndpoint = endpoint
-                .parse()
-                .map_err(|e| anyhow::anyhow!("{endpoint}: {e}"))?;
-            data.insert(ep.secret_key(), ByteString(token.clone().into_bytes()));
-        }
-        let name = format!("{cluster}-flintlock-token");
-        secrets
-            .create(&PostParams::default(), &secret(&name, namespace, data))
-            .await?;
-        names.0 = Some(name);
-        if let Some(pki) = &self.pki {
-            let material = pki.client_tls(true);
-            let data = BTreeMap::from([
-                (
-                    "ca.crt".to_string(),
-                    ByteString(material.ca_pem.clone().unwrap_or_default()),
-                ),
-                (
-                    "tls.crt".to_string(),
-                    ByteString(material.client_cert_pem.clone().unwrap_or_default()),
-                ),
-                (
-                    "tls.key".to_string(),
-                    ByteString(
-                        material
-                            .client_key_pem
-                            .as_ref()
-                            .map(|k| k.expose().to_vec())
-                            .unwrap_or_default(),
-                    ),
-                ),
-            ]);
-            let name = format!("{cluster}-flintlock-tls");
-            secrets
-                .create(&PostParams::default(), &secret(&name, namespace, data))
-                .await?;
-            names.1 = Some(name);
-        }
-        Ok(names)
+        stack::create_credentials(self, namespace, cluster).await
     }
 
     /// Renders `templates/cluster-template.yaml` with these hosts and `vars` (as clusterctl fills
@@ -483,85 +464,17 @@ impl World {
         vars: &[(&str, String)],
         edit: impl FnOnce(&mut Vec<DynamicObject>),
     ) -> anyhow::Result<Vec<String>> {
-        let mut all: BTreeMap<String, String> = vars
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
-        for (letter, endpoint) in ["HOST_A", "HOST_B", "HOST_C"].iter().zip(self.endpoints()) {
-            all.entry(letter.to_string()).or_insert(endpoint);
-        }
-        let mut objects = manifest::parse(&manifest::envsubst(template, &all)?)?;
-        if all.get("CONTROL_PLANE_MACHINE_COUNT").map(String::as_str) == Some("0") {
-            objects.retain(|o| {
-                o.types
-                    .as_ref()
-                    .is_none_or(|t| t.kind != "KubeadmControlPlane")
-            });
-            for obj in &mut objects {
-                if obj.types.as_ref().is_some_and(|t| t.kind == "Cluster")
-                    && let Some(spec) = obj.data["spec"].as_object_mut()
-                {
-                    spec.remove("controlPlaneRef");
-                }
-            }
-        }
-        // Every host of the world belongs to the pool (the template names three).
-        for obj in &mut objects {
-            if obj
-                .types
-                .as_ref()
-                .is_some_and(|t| t.kind == "MicrovmCluster")
-            {
-                let hosts: Vec<serde_json::Value> = self
-                    .endpoints()
-                    .iter()
-                    .enumerate()
-                    .map(|(i, e)| {
-                        serde_json::json!({
-                            "name": format!("host-{i}"),
-                            "endpoint": e,
-                            "controlplaneAllowed": true,
-                        })
-                    })
-                    .collect();
-                obj.data["spec"]["placement"]["staticPool"]["hosts"] =
-                    serde_json::Value::Array(hosts);
-            }
-        }
-        edit(&mut objects);
-        Ok(manifest::apply(&self.client, &objects).await?)
+        stack::apply_template(self, template, vars, edit).await
     }
 
     /// Every microVM on every host, with the host's endpoint.
     pub fn all_vms(&self) -> Vec<(String, VmSnapshot)> {
-        self.hosts
-            .iter()
-            .flat_map(|h| {
-                h.control()
-                    .vms()
-                    .into_iter()
-                    .map(move |vm| (h.endpoint(), vm))
-            })
-            .collect()
+        stack::all_vms(&self.hosts)
     }
 
     /// Flintlock calls the hosts answered, by method (methods never called left out).
     pub fn flintlock_calls(&self) -> BTreeMap<&'static str, u64> {
-        let mut calls = BTreeMap::new();
-        for host in &self.hosts {
-            let counters = host.control().counters();
-            for method in [
-                Method::Create,
-                Method::Get,
-                Method::List,
-                Method::ListStream,
-                Method::Delete,
-            ] {
-                *calls.entry(method.as_str()).or_insert(0) += counters.of(method);
-            }
-        }
-        calls.retain(|_, n| *n > 0);
-        calls
+        stack::flintlock_calls(&self.hosts)
     }
 
     /// The MicrovmMachines of `namespace`.
@@ -646,23 +559,6 @@ pub fn process_usage(pid: u32) -> Option<(f64, u64)> {
     Some((ticks as f64 / 100.0, hwm))
 }
 
-/// A credentials Secret, labelled so `clusterctl move` carries it (it is referenced by name only).
-fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.to_string()),
-            namespace: Some(namespace.to_string()),
-            labels: Some(BTreeMap::from([(
-                capmvm_api::keys::CLUSTERCTL_MOVE_LABEL.to_string(),
-                String::new(),
-            )])),
-            ..Default::default()
-        },
-        data: Some(data),
-        ..Default::default()
-    }
-}
-
 /// A loopback address with a port free at the time of asking.
 pub fn free_port() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
@@ -674,5 +570,64 @@ impl Drop for World {
         if !self.options.keep_dir && self.operator.is_none() && self.hosts.is_empty() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
+    }
+}
+
+/// Requests by verb from the emulator's counters.
+pub fn request_counts(snapshot: &crate::kube::CounterSnapshot) -> RequestCounts {
+    let mut counts = RequestCounts::default();
+    for (verb, _, n) in snapshot.iter() {
+        *counts.by_verb.entry(verb.as_str().to_string()).or_default() += n;
+    }
+    counts
+}
+
+impl Stack for World {
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn hosts(&self) -> &[HollowHandle] {
+        &self.hosts
+    }
+
+    fn host_auth(&self) -> &HostAuth {
+        &self.options.auth
+    }
+
+    fn host_pki(&self) -> Option<&TestPki> {
+        self.pki.as_ref()
+    }
+
+    fn workloads(&self) -> &WorkloadClusters {
+        &self.workloads
+    }
+
+    fn operator_log(&self) -> PathBuf {
+        self.dir.join("operator.log")
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.kubeconfig.clone()
+    }
+
+    fn api_requests(&self) -> RequestCounts {
+        request_counts(&self.emulator.counters())
+    }
+
+    fn operator_requests(&self) -> RequestCounts {
+        request_counts(&self.emulator.counters_of_agent(capmvm_operator::USER_AGENT))
+    }
+
+    async fn render(
+        &self,
+        template: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> anyhow::Result<Vec<DynamicObject>> {
+        Ok(manifest::parse(&manifest::envsubst(template, vars)?)?)
+    }
+
+    async fn apply(&self, objects: &[DynamicObject]) -> anyhow::Result<Vec<String>> {
+        Ok(manifest::apply(&self.client, objects).await?)
     }
 }

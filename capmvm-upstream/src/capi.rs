@@ -113,7 +113,33 @@ pub struct Capi {
     binaries: Binaries,
 }
 
-/// The group of every CRD file of a provider, to tell which manager converts it.
+/// The labels a provider's `crd/kustomization.yaml` puts on its CRDs (`labels[].pairs`).
+fn kustomize_labels(dir: &Path) -> Result<Vec<(String, String)>> {
+    let file = dir.join("kustomization.yaml");
+    let mut labels = Vec::new();
+    for doc in read_yaml_docs(&file)? {
+        for entry in doc
+            .get("labels")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            for (k, v) in entry
+                .get("pairs")
+                .and_then(Value::as_object)
+                .into_iter()
+                .flatten()
+            {
+                if let Some(v) = v.as_str() {
+                    labels.push((k.clone(), v.to_string()));
+                }
+            }
+        }
+    }
+    Ok(labels)
+}
+
+/// The CRD files of a provider.
 fn crd_files(config: &Path, provider: Provider) -> Result<Vec<PathBuf>> {
     let dir = config.join(provider.config_dir()).join("crd/bases");
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
@@ -172,8 +198,14 @@ impl Capi {
             Provider::KubeadmBootstrap,
             Provider::KubeadmControlPlane,
         ] {
+            let labels = kustomize_labels(&config.join(provider.config_dir()).join("crd"))?;
             for file in crd_files(&config, provider)? {
                 for mut doc in read_yaml_docs(&file)? {
+                    // The contract labels (`cluster.x-k8s.io/v1beta2: v1beta2`) core reads to pick
+                    // a version come from kustomize, not from the CRD files.
+                    for (key, value) in &labels {
+                        doc["metadata"]["labels"][key] = json!(value);
+                    }
                     let versions = doc
                         .pointer("/spec/versions")
                         .and_then(Value::as_array)

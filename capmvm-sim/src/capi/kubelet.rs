@@ -26,8 +26,8 @@ use capmvm_flintlock::hollow::{HostControl, VmSnapshot};
 use capmvm_flintlock::{Microvm, MicrovmState};
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::{
-    Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSwapStatus,
-    NodeSystemInfo, Taint,
+    Node, NodeAddress, NodeCondition, NodeDaemonEndpoints, NodeSpec, NodeStatus, NodeSystemInfo,
+    Taint,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -674,8 +674,9 @@ fn node_object(kubelet: &KubeletBoot, microvm: &Microvm, version: &str, ready: b
                 machine_id: machine_id.clone(),
                 operating_system: "linux".into(),
                 os_image: "Ubuntu 22.04.5 LTS".into(),
-                // MicroVMs have no swap device.
-                swap: Some(NodeSwapStatus { capacity: Some(0) }),
+                // MicroVMs have no swap device, and a kubelet without swap leaves `swap` out: the
+                // real API server refuses a capacity of 0 ("must be greater than zero").
+                swap: None,
                 system_uuid: as_uuid(&digest(&["system-uuid", uid])),
             }),
             ..Default::default()
@@ -705,7 +706,7 @@ mod tests {
         let info = status.node_info.unwrap();
         assert_eq!(info.kubelet_version, "v1.32.4");
         assert_eq!(info.kernel_version, "5.10.77");
-        assert_eq!(info.swap.unwrap().capacity, Some(0));
+        assert_eq!(info.swap, None, "a kubelet without swap reports none");
         assert_eq!(info.machine_id.len(), 32);
         assert_eq!(info.system_uuid.len(), 36);
         let capacity = status.capacity.unwrap();

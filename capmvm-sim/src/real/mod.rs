@@ -1,0 +1,433 @@
+//! The real stack on loopback: etcd, kube-apiserver and kube-controller-manager as a management
+//! cluster; Cluster API v1.14's own core and kubeadm bootstrap managers with their webhooks;
+//! our components rendered by the real clusterctl and applied with the real kubectl; the operator
+//! out of cluster as its ServiceAccount (so RBAC judges every request); per Cluster a workload
+//! kube-apiserver whose Nodes the hollow kubelets register; the hollow flintlock hosts.
+//!
+//! Two parts are not upstream's: the KubeadmControlPlane is played by the stand-in
+//! ([`crate::capi::kcp`]; the real one needs etcd inside the workload cluster, reached through a
+//! kubelet's port-forward), and the hollow kubelets, which register Nodes from each microVM's
+//! cloud-init as on the emulator. docs/real-stack.md says why and what that leaves out.
+
+pub mod components;
+pub mod workload;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use capmvm_flintlock::hollow::pki::TestPki;
+use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
+use capmvm_upstream::audit::{AuditLog, service_account_user};
+use capmvm_upstream::capi::{Capi, CapiOptions};
+use capmvm_upstream::tools::{Clusterctl, Kubectl};
+use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
+use kube::api::DynamicObject;
+
+use crate::capi::kubelet::{KubeletControl, Kubelets};
+use crate::capi::workload::{ClusterKey, WorkloadClusters};
+use crate::capi::{self, StandIn, StandInOptions, StandInPlays};
+use crate::stack::{self, RequestCounts, Stack};
+use crate::world::{HostAuth, OperatorProcess, WorldOptions, spawn_operator, start_hosts};
+
+use self::workload::WorkloadApi;
+
+/// The upstream binaries the real stack runs.
+pub const BINARIES: &[&str] = &[
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kubectl",
+    "capi-manager",
+    "capi-kubeadm-bootstrap-manager",
+    "clusterctl",
+];
+
+/// What the management cluster's kube-controller-manager runs: ownerReferences' garbage
+/// collection and namespace deletion (CAPI relies on both), ServiceAccounts, role aggregation.
+const MANAGEMENT_CONTROLLERS: &str = "garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller";
+
+/// A running real stack.
+pub struct RealStack {
+    /// Working directory: certificates, kubeconfigs, every component's log.
+    pub dir: PathBuf,
+    /// The upstream binaries.
+    pub binaries: Binaries,
+    /// An administrator's client of the management cluster.
+    pub client: kube::Client,
+    /// The pinned kubectl with the administrator's kubeconfig.
+    pub kubectl: Kubectl,
+    /// The pinned clusterctl.
+    pub clusterctl: Clusterctl,
+    /// The kubeconfig the operator uses: its ServiceAccount's token.
+    pub operator_kubeconfig: PathBuf,
+    /// The hollow hosts.
+    pub hosts: Vec<HollowHandle>,
+    pki: Option<TestPki>,
+    workloads: WorkloadClusters,
+    workload_apis: Vec<WorkloadApi>,
+    kubelets: Option<Kubelets>,
+    stand_in: Option<StandIn>,
+    capi: Option<Capi>,
+    controller_manager: Option<ControlPlaneComponent>,
+    management: Option<KubeApiServer>,
+    etcd: Option<Etcd>,
+    operator: Option<OperatorProcess>,
+    options: WorldOptions,
+}
+
+impl RealStack {
+    /// Starts everything but the operator ([`RealStack::start_operator`]). `options` as for a
+    /// [`crate::world::World`]; its emulator settings do not apply, and the real CABPK rotates
+    /// join tokens on its own schedule.
+    pub async fn start(options: WorldOptions) -> anyhow::Result<RealStack> {
+        let binaries = Binaries::locate();
+        if let Some(missing) = BINARIES.iter().find(|b| !binaries.have(&[b])) {
+            anyhow::bail!(
+                "the real stack needs the upstream binaries ({missing} is not in {}): run `hack/upstream.sh build` (it needs Go and the Go module proxy)",
+                binaries.dir().display()
+            );
+        }
+        let dir = std::env::temp_dir().join(format!(
+            "capmvm-real-{}-{}",
+            std::process::id(),
+            k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+        ));
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let etcd = Etcd::start(&binaries, &dir)
+            .await
+            .context("starting etcd")?;
+        let management = KubeApiServer::start(
+            &binaries,
+            ApiServerOptions::new("management", &dir, &etcd.url()),
+        )
+        .await
+        .context("starting the management kube-apiserver")?;
+        let controller_manager = ControlPlaneComponent::controller_manager(
+            &binaries,
+            &management,
+            MANAGEMENT_CONTROLLERS,
+            &[],
+        )
+        .await
+        .context("starting kube-controller-manager")?;
+        let capi = Capi::install(&binaries, &management, &dir, &CapiOptions::default())
+            .await
+            .context("installing Cluster API")?;
+        let client = management.client().await?;
+        let kubectl = Kubectl::new(&binaries, management.kubeconfig())?;
+        let clusterctl = Clusterctl::new(&binaries, &dir.join("clusterctl"))?;
+        components::install(&clusterctl, &kubectl, &client, &dir)
+            .await
+            .context("installing our components")?;
+        let operator_kubeconfig = management
+            .service_account_kubeconfig(
+                components::NAMESPACE,
+                components::SERVICE_ACCOUNT,
+                Duration::from_secs(48 * 3600),
+                &dir.join("operator.kubeconfig"),
+            )
+            .await
+            .context("a token for the operator's ServiceAccount")?;
+
+        let (hosts, pki) = start_hosts(&options, &dir).await?;
+        let workloads = WorkloadClusters::new(dir.join("workloads"));
+        let stand_in = capi::run_with_options(
+            client.clone(),
+            workloads.clone(),
+            StandInOptions {
+                bootstrap_token_rotation: None,
+                plays: StandInPlays::ControlPlaneOnly,
+            },
+        );
+        let kubelets = Kubelets::start(
+            stand_in.management_view(),
+            hosts.iter().map(HollowHandle::control).collect(),
+            workloads.clone(),
+        );
+        Ok(RealStack {
+            dir,
+            binaries,
+            client,
+            kubectl,
+            clusterctl,
+            operator_kubeconfig,
+            hosts,
+            pki,
+            workloads,
+            workload_apis: Vec::new(),
+            kubelets: Some(kubelets),
+            stand_in: Some(stand_in),
+            capi: Some(capi),
+            controller_manager: Some(controller_manager),
+            management: Some(management),
+            etcd: Some(etcd),
+            operator: None,
+            options,
+        })
+    }
+
+    /// The management kube-apiserver.
+    pub fn management(&self) -> Option<&KubeApiServer> {
+        self.management.as_ref()
+    }
+
+    /// The management cluster's audit log.
+    pub fn audit(&self) -> Option<AuditLog> {
+        self.management.as_ref().and_then(KubeApiServer::audit)
+    }
+
+    /// The username the operator's requests carry.
+    pub fn operator_user() -> String {
+        service_account_user(components::NAMESPACE, components::SERVICE_ACCOUNT)
+    }
+
+    /// Starts the workload API of Cluster `namespace/name` (before the Cluster is created) and
+    /// returns the address its template's `CONTROL_PLANE_VIP` must name.
+    pub async fn prepare_cluster(
+        &mut self,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<std::net::Ipv4Addr> {
+        let key = ClusterKey::new(namespace, name);
+        let etcd = self
+            .etcd
+            .as_ref()
+            .map(Etcd::url)
+            .context("the stack is stopped")?;
+        let api = workload::start(&self.client, &self.binaries, &etcd, &self.dir, &key).await?;
+        let client = api.server.client().await?;
+        let kubeconfig = std::fs::read_to_string(api.server.kubeconfig())
+            .context("reading the workload kubeconfig")?;
+        self.workloads
+            .register_external(&key, api.server.url(), client, kubeconfig)?;
+        let vip = api.vip;
+        self.workload_apis.push(api);
+        Ok(vip)
+    }
+
+    /// Where the operator logs.
+    pub fn operator_log(&self) -> PathBuf {
+        self.dir.join("operator.log")
+    }
+
+    /// Starts the operator as its ServiceAccount, with `env` added to its environment.
+    pub fn start_operator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
+        anyhow::ensure!(self.operator.is_none(), "the operator is already running");
+        self.operator = Some(spawn_operator(
+            &self.options.operator_command,
+            &self.operator_kubeconfig,
+            &self.operator_log(),
+            &self.options.operator_flags,
+            env,
+        )?);
+        Ok(())
+    }
+
+    /// The operator process, while it runs.
+    pub fn operator(&self) -> Option<&OperatorProcess> {
+        self.operator.as_ref()
+    }
+
+    /// The operator's process id, while it runs.
+    pub fn operator_pid(&self) -> Option<u32> {
+        self.operator.as_ref().and_then(OperatorProcess::pid)
+    }
+
+    /// Kills the operator at once (SIGKILL), as a crash would.
+    pub async fn kill_operator(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.kill().await;
+        }
+    }
+
+    /// Stops the operator with SIGTERM.
+    pub async fn stop_operator(&mut self) {
+        if let Some(op) = self.operator.take() {
+            op.stop().await;
+        }
+    }
+
+    /// The hollow kubelets.
+    pub fn kubelets(&self) -> KubeletControl {
+        self.kubelets
+            .as_ref()
+            .map(|k| k.control().clone())
+            .unwrap_or_default()
+    }
+
+    /// The hosts' endpoints.
+    pub fn endpoints(&self) -> Vec<String> {
+        stack::endpoints(&self.hosts)
+    }
+
+    /// Every microVM on every host, with the host's endpoint.
+    pub fn all_vms(&self) -> Vec<(String, VmSnapshot)> {
+        stack::all_vms(&self.hosts)
+    }
+
+    /// Flintlock calls the hosts answered, by method.
+    pub fn flintlock_calls(&self) -> BTreeMap<&'static str, u64> {
+        stack::flintlock_calls(&self.hosts)
+    }
+
+    /// The CAPI managers.
+    pub fn capi(&self) -> Option<&Capi> {
+        self.capi.as_ref()
+    }
+
+    /// Stops everything, in the reverse order of starting; keeps the directory if asked to.
+    pub async fn shutdown(mut self) {
+        self.stop_operator().await;
+        self.kubelets = None;
+        if let Some(s) = self.stand_in.take() {
+            s.stop();
+        }
+        self.workloads.stop_all().await;
+        for api in std::mem::take(&mut self.workload_apis) {
+            api.server.stop().await;
+            workload::release_vip(api.vip);
+        }
+        if let Some(capi) = self.capi.take() {
+            capi.stop().await;
+        }
+        if let Some(c) = self.controller_manager.take() {
+            c.stop().await;
+        }
+        if let Some(m) = self.management.take() {
+            m.stop().await;
+        }
+        if let Some(e) = self.etcd.take() {
+            e.stop().await;
+        }
+        for h in std::mem::take(&mut self.hosts) {
+            h.shutdown().await;
+        }
+        if !self.options.keep_dir {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
+
+impl Drop for RealStack {
+    fn drop(&mut self) {
+        for api in &self.workload_apis {
+            workload::release_vip(api.vip);
+        }
+    }
+}
+
+impl Stack for RealStack {
+    fn client(&self) -> &kube::Client {
+        &self.client
+    }
+
+    fn hosts(&self) -> &[HollowHandle] {
+        &self.hosts
+    }
+
+    fn host_auth(&self) -> &HostAuth {
+        &self.options.auth
+    }
+
+    fn host_pki(&self) -> Option<&TestPki> {
+        self.pki.as_ref()
+    }
+
+    fn workloads(&self) -> &WorkloadClusters {
+        &self.workloads
+    }
+
+    fn operator_log(&self) -> PathBuf {
+        self.dir.join("operator.log")
+    }
+
+    fn kubeconfig(&self) -> PathBuf {
+        self.management
+            .as_ref()
+            .map(|m| m.kubeconfig().to_path_buf())
+            .unwrap_or_default()
+    }
+
+    fn api_requests(&self) -> RequestCounts {
+        audit_counts(self.audit(), None)
+    }
+
+    fn operator_requests(&self) -> RequestCounts {
+        audit_counts(self.audit(), Some(&Self::operator_user()))
+    }
+
+    /// `clusterctl generate cluster <name> --from <template>` with `vars` in its environment, as
+    /// a user renders a template.
+    async fn render(
+        &self,
+        template: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> anyhow::Result<Vec<DynamicObject>> {
+        let name = vars
+            .get("CLUSTER_NAME")
+            .cloned()
+            .unwrap_or_else(|| "demo".to_string());
+        let namespace = vars
+            .get("NAMESPACE")
+            .cloned()
+            .unwrap_or_else(|| "default".to_string());
+        let file = self.dir.join(format!(
+            "template-{}.yaml",
+            k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+        ));
+        std::fs::write(&file, template).context("writing the template")?;
+        let vars: Vec<(String, String)> =
+            vars.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let rendered = self
+            .clusterctl
+            .generate_cluster(&name, &file, &namespace, &vars)
+            .await
+            .context("clusterctl generate cluster")?;
+        let _ = std::fs::remove_file(&file);
+        Ok(crate::manifest::parse(&rendered)?)
+    }
+
+    /// `kubectl apply -f -` of the objects, as a user applies a rendered template.
+    async fn apply(&self, objects: &[DynamicObject]) -> anyhow::Result<Vec<String>> {
+        let mut yaml = String::new();
+        let mut names = Vec::new();
+        for object in objects {
+            yaml.push_str("---\n");
+            yaml.push_str(&serde_saphyr::to_string(object).context("serialising a manifest")?);
+            let kind = object
+                .types
+                .as_ref()
+                .map(|t| t.kind.clone())
+                .unwrap_or_default();
+            names.push(format!(
+                "{kind}/{}",
+                object.metadata.name.clone().unwrap_or_default()
+            ));
+        }
+        self.kubectl
+            .apply(&yaml, &[])
+            .await
+            .context("kubectl apply")?;
+        Ok(names)
+    }
+}
+
+/// Requests by verb from the audit log, of one user or of all.
+fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> RequestCounts {
+    let mut counts = RequestCounts::default();
+    let Some(log) = log else {
+        return counts;
+    };
+    let Ok(requests) = log.requests() else {
+        return counts;
+    };
+    for e in requests
+        .iter()
+        .filter(|e| user.is_none_or(|u| e.user.username == u))
+    {
+        *counts.by_verb.entry(e.verb.clone()).or_default() += 1;
+    }
+    counts
+}

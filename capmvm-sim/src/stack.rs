@@ -1,0 +1,281 @@
+//! What the demo and the end-to-end checks need of a running system, whichever serves the API: the
+//! embedded emulator with the CAPI stand-in ([`crate::world::World`]) or the real kube-apiserver with
+//! Cluster API's own managers ([`crate::real::RealStack`]).
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+
+use capmvm_flintlock::Method;
+use capmvm_flintlock::hollow::pki::TestPki;
+use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Api;
+use kube::api::{DynamicObject, PostParams};
+
+use crate::capi::workload::WorkloadClusters;
+use crate::world::HostAuth;
+
+/// API requests counted by verb.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RequestCounts {
+    /// Requests by verb (get, list, watch, create, update, patch, delete, ...).
+    pub by_verb: BTreeMap<String, u64>,
+}
+
+impl RequestCounts {
+    /// Every request.
+    pub fn total(&self) -> u64 {
+        self.by_verb.values().sum()
+    }
+
+    /// Requests that change state.
+    pub fn writes(&self) -> u64 {
+        self.by_verb
+            .iter()
+            .filter(|(v, _)| {
+                matches!(
+                    v.as_str(),
+                    "create" | "update" | "patch" | "delete" | "deletecollection"
+                )
+            })
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// What was counted since `before`.
+    pub fn since(&self, before: &RequestCounts) -> RequestCounts {
+        RequestCounts {
+            by_verb: self
+                .by_verb
+                .iter()
+                .map(|(v, n)| {
+                    (
+                        v.clone(),
+                        n.saturating_sub(before.by_verb.get(v).copied().unwrap_or(0)),
+                    )
+                })
+                .filter(|(_, n)| *n > 0)
+                .collect(),
+        }
+    }
+}
+
+/// A running system: the management API, the hollow hosts, the workload clusters, the operator.
+pub trait Stack {
+    /// A client of the management API (an administrator's).
+    fn client(&self) -> &kube::Client;
+    /// The hollow hosts.
+    fn hosts(&self) -> &[HollowHandle];
+    /// How the hosts authenticate callers.
+    fn host_auth(&self) -> &HostAuth;
+    /// The hosts' PKI, when they use TLS.
+    fn host_pki(&self) -> Option<&TestPki>;
+    /// The workload clusters and the Nodes registered in them.
+    fn workloads(&self) -> &WorkloadClusters;
+    /// Where the operator logs.
+    fn operator_log(&self) -> PathBuf;
+    /// The kubeconfig a user would use for the management cluster.
+    fn kubeconfig(&self) -> PathBuf;
+    /// Every API request counted so far, as the API server counts them.
+    fn api_requests(&self) -> RequestCounts;
+    /// The operator's API requests counted so far.
+    fn operator_requests(&self) -> RequestCounts;
+    /// Renders a cluster template with `vars` as clusterctl fills them.
+    fn render(
+        &self,
+        template: &str,
+        vars: &BTreeMap<String, String>,
+    ) -> impl Future<Output = anyhow::Result<Vec<DynamicObject>>> + Send;
+    /// Creates or updates `objects` as a user would; their `kind/name`s.
+    fn apply(
+        &self,
+        objects: &[DynamicObject],
+    ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
+}
+
+/// The hosts' endpoints.
+pub fn endpoints(hosts: &[HollowHandle]) -> Vec<String> {
+    hosts.iter().map(HollowHandle::endpoint).collect()
+}
+
+/// Every microVM on every host, with the host's endpoint.
+pub fn all_vms(hosts: &[HollowHandle]) -> Vec<(String, VmSnapshot)> {
+    hosts
+        .iter()
+        .flat_map(|h| {
+            h.control()
+                .vms()
+                .into_iter()
+                .map(move |vm| (h.endpoint(), vm))
+        })
+        .collect()
+}
+
+/// Flintlock calls the hosts answered, by method (methods never called left out).
+pub fn flintlock_calls(hosts: &[HollowHandle]) -> BTreeMap<&'static str, u64> {
+    let mut calls = BTreeMap::new();
+    for host in hosts {
+        let counters = host.control().counters();
+        for method in [
+            Method::Create,
+            Method::Get,
+            Method::List,
+            Method::ListStream,
+            Method::Delete,
+        ] {
+            *calls.entry(method.as_str()).or_insert(0) += counters.of(method);
+        }
+    }
+    calls.retain(|_, n| *n > 0);
+    calls
+}
+
+/// Renders `template` with `vars` (the hosts filled in as `HOST_A`..`HOST_C` unless given), puts
+/// every host of `stack` in the MicrovmCluster's pool, lets `edit` change the objects, and applies
+/// them. `CONTROL_PLANE_MACHINE_COUNT` and `WORKER_MACHINE_COUNT` default to 1 and 0, as clusterctl
+/// sets them. With `CONTROL_PLANE_MACHINE_COUNT=0` the cluster has no control plane (no
+/// KubeadmControlPlane and no `controlPlaneRef`: clusterctl refuses 0, CAPI a KubeadmControlPlane
+/// of 0 replicas).
+pub async fn apply_template<S: Stack + Sync>(
+    stack: &S,
+    template: &str,
+    vars: &[(&str, String)],
+    edit: impl FnOnce(&mut Vec<DynamicObject>),
+) -> anyhow::Result<Vec<String>> {
+    let endpoints = endpoints(stack.hosts());
+    let mut all: BTreeMap<String, String> = vars
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect();
+    for (letter, endpoint) in ["HOST_A", "HOST_B", "HOST_C"].iter().zip(&endpoints) {
+        all.entry(letter.to_string())
+            .or_insert_with(|| endpoint.clone());
+    }
+    // clusterctl always sets these two, whatever the template's defaults say: the control plane
+    // count from its flag (default 1, never below 1) and the worker count (default 0).
+    let no_control_plane = all.get("CONTROL_PLANE_MACHINE_COUNT").map(String::as_str) == Some("0");
+    all.insert(
+        "CONTROL_PLANE_MACHINE_COUNT".to_string(),
+        all.get("CONTROL_PLANE_MACHINE_COUNT")
+            .filter(|c| c.as_str() != "0")
+            .cloned()
+            .unwrap_or_else(|| "1".to_string()),
+    );
+    all.entry("WORKER_MACHINE_COUNT".to_string())
+        .or_insert_with(|| "0".to_string());
+    let mut objects = stack.render(template, &all).await?;
+    if no_control_plane {
+        objects.retain(|o| {
+            o.types
+                .as_ref()
+                .is_none_or(|t| t.kind != "KubeadmControlPlane")
+        });
+        for obj in &mut objects {
+            if obj.types.as_ref().is_some_and(|t| t.kind == "Cluster")
+                && let Some(spec) = obj.data["spec"].as_object_mut()
+            {
+                spec.remove("controlPlaneRef");
+            }
+        }
+    }
+    // Every host belongs to the pool (the template names three).
+    for obj in &mut objects {
+        if obj
+            .types
+            .as_ref()
+            .is_some_and(|t| t.kind == "MicrovmCluster")
+        {
+            let hosts: Vec<serde_json::Value> = endpoints
+                .iter()
+                .enumerate()
+                .map(|(i, e)| {
+                    serde_json::json!({
+                        "name": format!("host-{i}"),
+                        "endpoint": e,
+                        "controlplaneAllowed": true,
+                    })
+                })
+                .collect();
+            obj.data["spec"]["placement"]["staticPool"]["hosts"] = serde_json::Value::Array(hosts);
+        }
+    }
+    edit(&mut objects);
+    stack.apply(&objects).await
+}
+
+/// Creates the Secrets the hosts' authentication needs, named `<cluster>-flintlock-token` and
+/// `<cluster>-flintlock-tls`, and returns `(basicAuthSecret, tlsSecretRef)` to put in the
+/// MicrovmCluster.
+pub async fn create_credentials<S: Stack + Sync>(
+    stack: &S,
+    namespace: &str,
+    cluster: &str,
+) -> anyhow::Result<(Option<String>, Option<String>)> {
+    let secrets: Api<Secret> = Api::namespaced(stack.client().clone(), namespace);
+    let mut names = (None, None);
+    let token = match stack.host_auth() {
+        HostAuth::None => return Ok(names),
+        HostAuth::Token(t) | HostAuth::MtlsAndToken(t) => t.clone(),
+    };
+    let mut data = BTreeMap::new();
+    for endpoint in endpoints(stack.hosts()) {
+        let ep: capmvm_api::HostEndpoint = endpoint
+            .parse()
+            .map_err(|e| anyhow::anyhow!("{endpoint}: {e}"))?;
+        data.insert(ep.secret_key(), ByteString(token.clone().into_bytes()));
+    }
+    let name = format!("{cluster}-flintlock-token");
+    secrets
+        .create(&PostParams::default(), &secret(&name, namespace, data))
+        .await?;
+    names.0 = Some(name);
+    if let Some(pki) = stack.host_pki() {
+        let material = pki.client_tls(true);
+        let data = BTreeMap::from([
+            (
+                "ca.crt".to_string(),
+                ByteString(material.ca_pem.clone().unwrap_or_default()),
+            ),
+            (
+                "tls.crt".to_string(),
+                ByteString(material.client_cert_pem.clone().unwrap_or_default()),
+            ),
+            (
+                "tls.key".to_string(),
+                ByteString(
+                    material
+                        .client_key_pem
+                        .as_ref()
+                        .map(|k| k.expose().to_vec())
+                        .unwrap_or_default(),
+                ),
+            ),
+        ]);
+        let name = format!("{cluster}-flintlock-tls");
+        secrets
+            .create(&PostParams::default(), &secret(&name, namespace, data))
+            .await?;
+        names.1 = Some(name);
+    }
+    Ok(names)
+}
+
+/// A credentials Secret, labelled so `clusterctl move` carries it (it is referenced by name only).
+fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.to_string()),
+            namespace: Some(namespace.to_string()),
+            labels: Some(BTreeMap::from([(
+                capmvm_api::keys::CLUSTERCTL_MOVE_LABEL.to_string(),
+                String::new(),
+            )])),
+            ..Default::default()
+        },
+        data: Some(data),
+        ..Default::default()
+    }
+}
