@@ -83,12 +83,16 @@ impl OwnWrites {
         }
     }
 
-    /// Whether `version` of `key` is one our own writes already replaced (the cache is behind).
+    /// Whether `version` of `key` is one our own writes already replaced (the cache is behind). A
+    /// write that changed nothing leaves the version as it was (the API server neither bumps it
+    /// nor sends an event): that version is still current, never stale, or the object would wait
+    /// for a cache update that never comes (seen on the real kube-apiserver: a pool stuck mid-roll).
     pub fn is_stale(&self, key: &str, version: &str) -> bool {
         self.0.lock().is_ok_and(|log| {
-            log.by_key
-                .get(key)
-                .is_some_and(|(_, v)| v[..v.len() - 1].iter().any(|x| x == version))
+            log.by_key.get(key).is_some_and(|(_, v)| {
+                v.last().is_some_and(|last| last != version)
+                    && v[..v.len() - 1].iter().any(|x| x == version)
+            })
         })
     }
 
@@ -166,6 +170,15 @@ mod tests {
             "a later foreign write"
         );
         assert!(!w.is_stale("ns/b", "1"));
+        // A write that changed nothing: the version read is still the current one.
+        w.record("ns/d", &["4".into(), "6".into(), "6".into()]);
+        assert!(w.is_stale("ns/d", "4"));
+        assert!(
+            !w.is_stale("ns/d", "6"),
+            "a no-op write keeps its version current"
+        );
+        w.record("ns/e", &["8".into(), "8".into()]);
+        assert!(!w.is_stale("ns/e", "8"), "only no-op writes: nothing stale");
         w.record("ns/c", &["3".into()]);
         assert!(
             !w.is_stale("ns/c", "3") && !w.is_own("ns/c", "3"),

@@ -14,14 +14,16 @@ use capmvm_api::capi::{Cluster, Machine};
 use capmvm_api::conditions::types::READY;
 use capmvm_api::keys::{CONTROL_PLANE_LABEL, POOL_NAME_LABEL};
 use capmvm_api::{MicrovmMachine, MicrovmMachinePool, VmState};
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
+use kube::api::{ApiResource, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use serde_json::json;
 
 use crate::capi::DEPLOYMENT_NAME_LABEL;
 use crate::capi::machinepool::machine_pool_resource;
-use crate::kube::CounterSnapshot;
-use crate::world::{MACHINEPOOL_CLUSTER, World, WorldOptions};
+use crate::capi::workload::ClusterKey;
+use crate::real::RealStack;
+use crate::stack::{RequestCounts, Stack, apply_template};
+use crate::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, World, WorldOptions};
 
 /// Options of `capmvm-sim demo`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,6 +38,20 @@ pub struct DemoArgs {
     /// Give up on any phase after this many seconds.
     #[arg(long, default_value_t = 180)]
     pub timeout_secs: u64,
+    /// What serves the management cluster: `embedded` (the API emulator and the CAPI stand-in, no
+    /// Go needed) or `real` (etcd, kube-apiserver and Cluster API v1.14's own managers, built by
+    /// `hack/upstream.sh build`).
+    #[arg(long, value_enum, default_value_t = ControlPlane::Embedded)]
+    pub control_plane: ControlPlane,
+}
+
+/// What serves the management cluster.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlPlane {
+    /// The embedded API emulator with the CAPI stand-in.
+    Embedded,
+    /// The real kube-apiserver and Cluster API's own managers.
+    Real,
 }
 
 const NAMESPACE: &str = "default";
@@ -66,90 +82,154 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "--host-poll-interval=5s".into(),
         "--host-poll-interval-busy=250ms".into(),
     ];
-    let timeout = Duration::from_secs(args.timeout_secs);
+    if let Ok(level) = std::env::var("CAPMVM_DEMO_OPERATOR_LOG_LEVEL") {
+        options.operator_flags.push(format!("--log-level={level}"));
+    }
+    match args.control_plane {
+        ControlPlane::Embedded => {
+            println!(
+                "capmvm demo: API emulator, 3 hollow flintlock hosts, CAPI stand-in, operator"
+            );
+            let mut world = World::start(options).await?;
+            println!("  API server   {}", world.emulator.base_url());
+            println!("  kubeconfig   {}", world.kubeconfig.display());
+            world.start_operator(&[])?;
+            let pid = world.operator_pid().unwrap_or_default();
+            let result = demo(&world, &args, pid, Vec::new()).await;
+            world.shutdown().await;
+            result
+        }
+        ControlPlane::Real => {
+            println!(
+                "capmvm demo on the real stack: etcd, kube-apiserver {}, Cluster API {} (core, kubeadm bootstrap), 3 hollow flintlock hosts, operator as its ServiceAccount",
+                "v1.36",
+                capmvm_upstream::capi::CAPI_VERSION
+            );
+            let mut real = RealStack::start(options).await?;
+            let vip = real.prepare_cluster(NAMESPACE, CLUSTER).await?;
+            println!(
+                "  API server   {}",
+                real.management()
+                    .map(|m| m.url().to_string())
+                    .unwrap_or_default()
+            );
+            println!("  kubeconfig   {}", real.kubeconfig().display());
+            println!("  workload API https://{vip}:6443 (Cluster {CLUSTER})");
+            real.start_operator(&[])?;
+            let pid = real.operator_pid().unwrap_or_default();
+            let result = demo(
+                &real,
+                &args,
+                pid,
+                vec![("CONTROL_PLANE_VIP", vip.to_string())],
+            )
+            .await;
+            if result.is_err() {
+                // Every component's log, the audit log and the certificates, for a post-mortem.
+                real.keep_dir();
+                eprintln!("logs kept in {}", real.dir.display());
+            }
+            real.shutdown().await;
+            result
+        }
+    }
+}
 
-    println!("capmvm demo: API emulator, 3 hollow flintlock hosts, CAPI stand-in, operator");
-    let mut world = World::start(options).await?;
-    println!("  API server   {}", world.emulator.base_url());
-    println!("  kubeconfig   {}", world.kubeconfig.display());
-    for (i, e) in world.endpoints().iter().enumerate() {
+/// The demo on `stack`, its operator running as `pid`; `vars` are added to the templates'.
+async fn demo<S: Stack + Sync>(
+    stack: &S,
+    args: &DemoArgs,
+    pid: u32,
+    vars: Vec<(&'static str, String)>,
+) -> anyhow::Result<()> {
+    for (i, e) in crate::stack::endpoints(stack.hosts()).iter().enumerate() {
         println!("  host-{i}       {e}");
     }
-    world.start_operator(&[])?;
     println!(
-        "  operator     pid {} (log {})",
-        world.operator_pid().unwrap_or_default(),
-        world.operator_log().display()
+        "  operator     pid {pid} (log {})",
+        stack.operator_log().display()
     );
-
-    let result = drive(&mut world, &args, timeout).await;
+    let timeout = Duration::from_secs(args.timeout_secs);
+    let result = drive(stack, args, timeout, &vars).await;
     if let Err(e) = &result {
         eprintln!("\ndemo failed: {e:#}");
         eprintln!(
             "last lines of the operator log ({}):",
-            world.operator_log().display()
+            stack.operator_log().display()
         );
-        for line in tail(&world.operator_log(), 15) {
+        for line in tail(&stack.operator_log(), 15) {
             eprintln!("  {line}");
         }
     }
     if args.keep && result.is_ok() {
+        let kubeconfig = stack.kubeconfig();
         println!("\nEverything keeps running. Try:");
         println!(
             "  kubectl --kubeconfig {} get mvmc,mvmm,mvmmt,mvmmp,mp",
-            world.kubeconfig.display()
+            kubeconfig.display()
         );
         println!(
             "  kubectl --kubeconfig {} get cluster-api",
-            world.kubeconfig.display()
+            kubeconfig.display()
         );
         // Issue 13: the workload cluster's Nodes, through the kubeconfig Secret as with real CAPI.
         println!("The workload cluster's Nodes (kubeconfig from the Secret {CLUSTER}-kubeconfig):");
         println!(
             "  kubectl --kubeconfig {} get secret {CLUSTER}-kubeconfig -o jsonpath='{{.data.value}}' | base64 -d > {CLUSTER}.kubeconfig",
-            world.kubeconfig.display()
+            kubeconfig.display()
         );
         println!("  kubectl --kubeconfig {CLUSTER}.kubeconfig get nodes -o wide");
-        if let Some(path) = world.workload_kubeconfig(NAMESPACE, CLUSTER) {
+        if let Some(path) = stack
+            .workloads()
+            .kubeconfig_path(&ClusterKey::new(NAMESPACE, CLUSTER))
+        {
             println!("  (the same file: {})", path.display());
         }
         println!("Ctrl-C stops it all.");
         let _ = tokio::signal::ctrl_c().await;
     }
-    world.shutdown().await;
     result
 }
 
-async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow::Result<()> {
-    let api_before = world.emulator.counters();
-    let operator_before = world
-        .emulator
-        .counters_of_agent(capmvm_operator::USER_AGENT);
+async fn drive<S: Stack + Sync>(
+    stack: &S,
+    args: &DemoArgs,
+    timeout: Duration,
+    vars: &[(&'static str, String)],
+) -> anyhow::Result<()> {
+    let api_before = stack.api_requests();
+    let operator_before = stack.operator_requests();
     let started = Instant::now();
-    let mut applied = world
-        .apply_demo_cluster(
-            &[("WORKER_MACHINE_COUNT", (DEPLOYED - 1).to_string())],
-            |_| {},
-        )
-        .await?;
+    let with = |extra: (&'static str, String)| {
+        let mut all = vars.to_vec();
+        all.push(extra);
+        all
+    };
+    let mut applied = apply_template(
+        stack,
+        DEMO_CLUSTER,
+        &with(("WORKER_MACHINE_COUNT", (DEPLOYED - 1).to_string())),
+        |_| {},
+    )
+    .await?;
     // Beside the MachineDeployment, the machinepool flavor's pool (its Cluster is the same).
     applied.extend(
-        world
-            .apply_template(
-                MACHINEPOOL_CLUSTER,
-                &[("WORKER_MACHINE_COUNT", POOL_SIZES[0].to_string())],
-                |objects| {
-                    objects.retain(|o| {
-                        o.types.as_ref().is_some_and(|t| {
-                            matches!(
-                                t.kind.as_str(),
-                                "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
-                            )
-                        })
+        apply_template(
+            stack,
+            MACHINEPOOL_CLUSTER,
+            &with(("WORKER_MACHINE_COUNT", POOL_SIZES[0].to_string())),
+            |objects| {
+                objects.retain(|o| {
+                    o.types.as_ref().is_some_and(|t| {
+                        matches!(
+                            t.kind.as_str(),
+                            "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
+                        )
                     })
-                },
-            )
-            .await?,
+                })
+            },
+        )
+        .await?,
     );
     println!("\ncreated {}", applied.join(", "));
     println!();
@@ -158,7 +238,7 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
     let deadline = Instant::now() + timeout;
     let total = DEPLOYED + POOL_SIZES[0];
     wait_until(
-        world,
+        stack,
         &mut table,
         deadline,
         "the cluster to be ready",
@@ -166,17 +246,14 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
     )
     .await?;
     let time_to_ready = started.elapsed();
-    let api_to_ready = world.emulator.counters().since(&api_before);
-    let flintlock_to_ready = world.flintlock_calls();
+    let api_to_ready = stack.api_requests().since(&api_before);
+    let flintlock_to_ready = crate::stack::flintlock_calls(stack.hosts());
     println!(
         "\nall {total} machines ready in {:.1}s (provisioning takes {:.1}s on the hosts)",
         time_to_ready.as_secs_f64(),
         args.provision_ms as f64 / 1000.0
     );
-    let operator_to_ready = world
-        .emulator
-        .counters_of_agent(capmvm_operator::USER_AGENT)
-        .since(&operator_before);
+    let operator_to_ready = stack.operator_requests().since(&operator_before);
     if args.keep {
         summary(
             time_to_ready,
@@ -188,28 +265,28 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
         return Ok(());
     }
 
-    pool_steps(world, &mut table, timeout).await?;
+    pool_steps(stack, &mut table, timeout).await?;
 
     println!("\ndeleting Cluster {CLUSTER}");
     let deleted_at = Instant::now();
-    Api::<Cluster>::namespaced(world.client.clone(), NAMESPACE)
-        .delete(CLUSTER, &DeleteParams::default())
+    stack
+        .delete(&cluster_resource(), NAMESPACE, CLUSTER)
         .await
         .context("deleting the Cluster")?;
-    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let machines: Api<MicrovmMachine> = Api::namespaced(stack.client().clone(), NAMESPACE);
     loop {
         let list = machines.list(&ListParams::default()).await?.items;
-        table.show(&list, &node_names(world, &list));
-        let cluster_gone = Api::<Cluster>::namespaced(world.client.clone(), NAMESPACE)
+        table.show(&list, &node_names(stack, &list));
+        let cluster_gone = Api::<Cluster>::namespaced(stack.client().clone(), NAMESPACE)
             .get_opt(CLUSTER)
             .await?
             .is_none();
-        if cluster_gone && list.is_empty() && world.all_vms().is_empty() {
+        let vms = crate::stack::all_vms(stack.hosts());
+        if cluster_gone && list.is_empty() && vms.is_empty() {
             break;
         }
         if Instant::now() > deadline.max(deleted_at + timeout) {
-            let left: Vec<String> = world
-                .all_vms()
+            let left: Vec<String> = vms
                 .iter()
                 .map(|(h, vm)| format!("{} on {h}", vm.uid()))
                 .collect();
@@ -225,40 +302,37 @@ async fn drive(world: &mut World, args: &DemoArgs, timeout: Duration) -> anyhow:
     summary(
         time_to_ready,
         Some(time_to_clean),
-        &world.emulator.counters().since(&api_before),
-        &world
-            .emulator
-            .counters_of_agent(capmvm_operator::USER_AGENT)
-            .since(&operator_before),
-        &world.flintlock_calls(),
+        &stack.api_requests().since(&api_before),
+        &stack.operator_requests().since(&operator_before),
+        &crate::stack::flintlock_calls(stack.hosts()),
     );
     Ok(())
 }
 
+/// `Cluster` (cluster.x-k8s.io/v1beta2) as a dynamic resource.
+fn cluster_resource() -> ApiResource {
+    ApiResource::erase::<Cluster>(&())
+}
+
 /// The pool's steps: scaled up and down through the scale subresource (as `kubectl scale mp` and
 /// cluster-autoscaler do), then rolled to a new memory size.
-async fn pool_steps(world: &World, table: &mut LiveTable, timeout: Duration) -> anyhow::Result<()> {
-    let pools = Api::<kube::api::DynamicObject>::namespaced_with(
-        world.client.clone(),
-        NAMESPACE,
-        &machine_pool_resource(),
-    );
+async fn pool_steps<S: Stack + Sync>(
+    stack: &S,
+    table: &mut LiveTable,
+    timeout: Duration,
+) -> anyhow::Result<()> {
     for size in &POOL_SIZES[1..] {
         println!(
             "\nscaling MachinePool {POOL} to {size} (kubectl scale mp {POOL} --replicas={size})"
         );
         let step = Instant::now();
-        pools
-            .patch_scale(
-                POOL,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": size}})),
-            )
+        stack
+            .scale(&machine_pool_resource(), NAMESPACE, POOL, *size)
             .await
             .context("scaling the MachinePool")?;
         let total = DEPLOYED + size;
         wait_until(
-            world,
+            stack,
             table,
             Instant::now() + timeout,
             &format!("the pool to reach {size}"),
@@ -275,7 +349,7 @@ async fn pool_steps(world: &World, table: &mut LiveTable, timeout: Duration) -> 
         "\nrolling MicrovmMachinePool {POOL} to memoryMb {memory} (maxSurge 1, maxUnavailable 0)"
     );
     let step = Instant::now();
-    Api::<MicrovmMachinePool>::namespaced(world.client.clone(), NAMESPACE)
+    Api::<MicrovmMachinePool>::namespaced(stack.client().clone(), NAMESPACE)
         .patch(
             POOL,
             &PatchParams::default(),
@@ -284,7 +358,7 @@ async fn pool_steps(world: &World, table: &mut LiveTable, timeout: Duration) -> 
         .await
         .context("changing the pool's template")?;
     let total = DEPLOYED + POOL_SIZES[2];
-    wait_until(world, table, Instant::now() + timeout, "the roll", |s| {
+    wait_until(stack, table, Instant::now() + timeout, "the roll", |s| {
         s.settled(total, memory)
     })
     .await?;
@@ -319,18 +393,18 @@ impl Snapshot {
 }
 
 /// Shows the table until `done` holds, or fails at `deadline` naming `what`.
-async fn wait_until(
-    world: &World,
+async fn wait_until<S: Stack + Sync>(
+    stack: &S,
     table: &mut LiveTable,
     deadline: Instant,
     what: &str,
     done: impl Fn(&Snapshot) -> bool,
 ) -> anyhow::Result<()> {
-    let machines: Api<MicrovmMachine> = Api::namespaced(world.client.clone(), NAMESPACE);
-    let capi_machines: Api<Machine> = Api::namespaced(world.client.clone(), NAMESPACE);
+    let machines: Api<MicrovmMachine> = Api::namespaced(stack.client().clone(), NAMESPACE);
+    let capi_machines: Api<Machine> = Api::namespaced(stack.client().clone(), NAMESPACE);
     loop {
         let list = machines.list(&ListParams::default()).await?.items;
-        let nodes = node_names(world, &list);
+        let nodes = node_names(stack, &list);
         table.show(&list, &nodes);
         let capi_with_provider_id = capi_machines
             .list(&ListParams::default())
@@ -365,33 +439,24 @@ fn is_ready(m: &MicrovmMachine) -> bool {
 fn summary(
     ready: Duration,
     clean: Option<Duration>,
-    api: &CounterSnapshot,
-    operator: &CounterSnapshot,
+    api: &RequestCounts,
+    operator: &RequestCounts,
     flintlock: &BTreeMap<&str, u64>,
 ) {
-    let by_verb = |c: &CounterSnapshot| {
-        let mut m: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for (verb, _, n) in c.iter() {
-            *m.entry(verb.as_str()).or_default() += n;
-        }
-        m
-    };
     println!("\nsummary");
     println!("  time to ready          {:.1}s", ready.as_secs_f64());
     if let Some(clean) = clean {
         println!("  time to clean up       {:.1}s", clean.as_secs_f64());
     }
     println!(
-        "  API requests           {} by the operator, {} by all clients (CAPI stand-in, demo)",
+        "  API requests           {} by the operator, {} by all clients (CAPI, demo)",
         operator.total(),
         api.total()
     );
-    let all = by_verb(api);
-    let own = by_verb(operator);
-    for (verb, n) in &all {
+    for (verb, n) in &api.by_verb {
         println!(
             "    {verb:<20} {:>5} {:>7}",
-            own.get(verb).copied().unwrap_or(0),
+            operator.by_verb.get(verb).copied().unwrap_or(0),
             n
         );
     }
@@ -505,13 +570,13 @@ fn group_of(m: &MicrovmMachine) -> String {
 
 /// Issue 13: each machine's Node in the workload cluster (registered with its providerID), by
 /// machine name.
-fn node_names(world: &World, machines: &[MicrovmMachine]) -> BTreeMap<String, String> {
-    let cluster = crate::capi::workload::ClusterKey::new(NAMESPACE, CLUSTER);
+fn node_names<S: Stack>(stack: &S, machines: &[MicrovmMachine]) -> BTreeMap<String, String> {
+    let cluster = ClusterKey::new(NAMESPACE, CLUSTER);
     machines
         .iter()
         .filter_map(|m| {
             let pid = m.spec.provider_id.as_deref()?;
-            let node = world.workloads().node_by_provider_id(&cluster, pid)?;
+            let node = stack.workloads().node_by_provider_id(&cluster, pid)?;
             Some((m.name_any(), node.name_any()))
         })
         .collect()

@@ -13,7 +13,7 @@ use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
-use kube::api::{DynamicObject, PostParams};
+use kube::api::{ApiResource, DynamicObject, PostParams};
 
 use crate::capi::workload::WorkloadClusters;
 use crate::world::HostAuth;
@@ -94,6 +94,21 @@ pub trait Stack {
         &self,
         objects: &[DynamicObject],
     ) -> impl Future<Output = anyhow::Result<Vec<String>>> + Send;
+    /// Sets `replicas` through the scale subresource, as `kubectl scale` does.
+    fn scale(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+        replicas: usize,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
+    /// Deletes an object as a user does (without waiting for it to go).
+    fn delete(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> impl Future<Output = anyhow::Result<()>> + Send;
 }
 
 /// The hosts' endpoints.

@@ -14,7 +14,7 @@ use capmvm_flintlock::SecretString;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowConfig, HollowHandle, HollowHost, VmSnapshot};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{DynamicObject, ListParams, PostParams};
+use kube::api::{ApiResource, DynamicObject, ListParams, PostParams};
 use kube::{Api, ResourceExt};
 
 use crate::capi::kubelet::{KubeletControl, Kubelets};
@@ -629,5 +629,34 @@ impl Stack for World {
 
     async fn apply(&self, objects: &[DynamicObject]) -> anyhow::Result<Vec<String>> {
         Ok(manifest::apply(&self.client, objects).await?)
+    }
+
+    async fn scale(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+        replicas: usize,
+    ) -> anyhow::Result<()> {
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, resource)
+            .patch_scale(
+                name,
+                &kube::api::PatchParams::default(),
+                &kube::api::Patch::Merge(serde_json::json!({"spec": {"replicas": replicas}})),
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn delete(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, resource)
+            .delete(name, &kube::api::DeleteParams::default())
+            .await?;
+        Ok(())
     }
 }

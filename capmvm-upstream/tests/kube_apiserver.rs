@@ -86,3 +86,64 @@ async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log
     etcd.stop().await;
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Removing an object's last finalizer deletes it, and the DELETED watch event carries the last
+/// stored state: the finalizer just removed is still on it (a controller that waits for "deleting
+/// and no finalizers" in its watch never sees that state).
+#[tokio::test]
+async fn the_deleted_event_of_a_finalized_object_carries_its_last_stored_finalizer() {
+    use futures::StreamExt as _;
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{DeleteParams, Patch, PatchParams, WatchEvent, WatchParams};
+
+    let Some(binaries) = Binaries::for_test("kube_apiserver", &["etcd", "kube-apiserver"]) else {
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("capmvm-upstream-deleted-{}", std::process::id()));
+    let etcd = Etcd::start(&binaries, &dir).await.unwrap();
+    let server = KubeApiServer::start(
+        &binaries,
+        ApiServerOptions::new("management", &dir, &etcd.url()),
+    )
+    .await
+    .unwrap();
+    let client = server.client().await.unwrap();
+    let maps: Api<ConfigMap> = Api::namespaced(client, "default");
+    let cm: ConfigMap = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "held", "finalizers": ["example.com/hold"]}
+    }))
+    .unwrap();
+    let created = maps.create(&PostParams::default(), &cm).await.unwrap();
+    maps.delete("held", &DeleteParams::default()).await.unwrap();
+    let watch = maps
+        .watch(
+            &WatchParams::default().fields("metadata.name=held"),
+            &created.metadata.resource_version.clone().unwrap(),
+        )
+        .await
+        .unwrap();
+    maps.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(serde_json::json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
+    let mut watch = std::pin::pin!(watch);
+    let deleted = loop {
+        match tokio::time::timeout(Duration::from_secs(10), watch.next()).await {
+            Ok(Some(Ok(WatchEvent::Deleted(obj)))) => break obj,
+            Ok(Some(Ok(_))) => continue,
+            other => panic!("no DELETED event: {other:?}"),
+        }
+    };
+    assert!(deleted.metadata.deletion_timestamp.is_some());
+    assert_eq!(
+        deleted.metadata.finalizers,
+        Some(vec!["example.com/hold".to_string()]),
+        "the DELETED event carries the last stored state"
+    );
+    server.stop().await;
+    etcd.stop().await;
+    let _ = std::fs::remove_dir_all(&dir);
+}

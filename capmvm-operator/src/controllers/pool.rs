@@ -123,6 +123,7 @@ pub async fn reconcile(obj: Arc<MicrovmMachinePool>, ctx: Arc<Ctx>) -> Result<Ac
             },
         );
     if behind {
+        debug!("the caches are behind this pool's last writes; retrying shortly");
         return Ok(Action::requeue(CACHE_CATCH_UP_RETRY));
     }
     let mut versions = vec![version];

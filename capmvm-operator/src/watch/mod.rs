@@ -584,7 +584,8 @@ async fn follow<K, S>(
     let mut listed: Vec<ObjectRef<K>> = Vec::new();
     while let Some(item) = stream.next().await {
         match item {
-            Ok(watcher::Event::Apply(obj) | watcher::Event::Delete(obj)) => on_change(&obj),
+            Ok(watcher::Event::Apply(obj)) => on_change(&obj),
+            Ok(watcher::Event::Delete(obj)) => on_change(&as_gone(obj)),
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(obj)) => {
                 listed.push(ObjectRef::from_obj_with(&obj, Default::default()));
@@ -609,6 +610,22 @@ async fn follow<K, S>(
             }
         }
     }
+}
+
+/// A deleted object as the handlers test for "gone": a deletion timestamp and no finalizers. The
+/// real API server's DELETED event carries the last stored state, so an object whose last finalizer
+/// was just removed still shows that finalizer there (the emulator showed none): handlers that
+/// waited for "deleting with no finalizers" never saw the deletion, and a pool stopped mid-roll on
+/// the real stack.
+fn as_gone<K: Resource>(mut obj: K) -> K {
+    let meta = obj.meta_mut();
+    meta.finalizers = None;
+    if meta.deletion_timestamp.is_none() {
+        meta.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            k8s_openapi::jiff::Timestamp::now(),
+        ));
+    }
+    obj
 }
 
 /// Fingerprints of what matters about each object, to skip changes that do not.
@@ -738,6 +755,52 @@ mod tests {
         assert!(
             woken.iter().all(|(_, cached)| *cached),
             "woken before the cache showed it: {woken:?}"
+        );
+    }
+
+    /// A DELETED event wakes as a deletion, whatever state it carries: the real API server sends the
+    /// last stored one, the finalizer just removed still on it.
+    #[tokio::test]
+    async fn a_deleted_object_is_seen_gone_though_its_event_shows_the_last_finalizer() {
+        let (cache, writer) = reflector::store::<ConfigMap>();
+        let mut deleting = config_map("a");
+        deleting.metadata.finalizers = Some(vec!["ours".into()]);
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+            ));
+        let events = vec![
+            Ok(watcher::Event::Init),
+            Ok(watcher::Event::InitDone),
+            Ok(watcher::Event::Apply(deleting.clone())),
+            // The finalizer is removed: the server deletes the object and sends its last stored state.
+            Ok(watcher::Event::Delete(deleting)),
+            // One deleted without finalizers carries no deletion timestamp.
+            Ok(watcher::Event::Delete(config_map("b"))),
+        ];
+        let stream = futures::stream::iter(events).reflect(writer);
+        let seen = Fingerprints::default();
+        let changes = Mutex::new(Vec::new());
+        follow(
+            stream,
+            cache,
+            "ConfigMap".to_string(),
+            crate::server::Readiness::default(),
+            |cm: &ConfigMap| {
+                let gone = cm.meta().deletion_timestamp.is_some()
+                    && cm.meta().finalizers.as_ref().is_none_or(Vec::is_empty);
+                let changed = seen.changed(cm, fingerprint(cm, &cm.data));
+                changes.lock().unwrap().push((cm.name_any(), gone, changed));
+            },
+        )
+        .await;
+        assert_eq!(
+            changes.into_inner().unwrap(),
+            [
+                ("a".to_string(), false, true),
+                ("a".to_string(), true, true),
+                ("b".to_string(), true, true),
+            ]
         );
     }
 

@@ -23,7 +23,7 @@ use capmvm_upstream::audit::{AuditLog, service_account_user};
 use capmvm_upstream::capi::{Capi, CapiOptions};
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
-use kube::api::DynamicObject;
+use kube::api::{ApiResource, DynamicObject};
 
 use crate::capi::kubelet::{KubeletControl, Kubelets};
 use crate::capi::workload::{ClusterKey, WorkloadClusters};
@@ -277,6 +277,11 @@ impl RealStack {
         self.capi.as_ref()
     }
 
+    /// Keeps the working directory (logs, certificates, kubeconfigs) after shutdown.
+    pub fn keep_dir(&mut self) {
+        self.options.keep_dir = true;
+    }
+
     /// Stops everything, in the reverse order of starting; keeps the directory if asked to.
     pub async fn shutdown(mut self) {
         self.stop_operator().await;
@@ -411,6 +416,47 @@ impl Stack for RealStack {
             .await
             .context("kubectl apply")?;
         Ok(names)
+    }
+
+    /// `kubectl scale <plural>.<group> <name> --replicas=N`.
+    async fn scale(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+        replicas: usize,
+    ) -> anyhow::Result<()> {
+        self.kubectl
+            .run(&[
+                "scale",
+                "-n",
+                namespace,
+                &format!("{}.{}/{name}", resource.plural, resource.group),
+                &format!("--replicas={replicas}"),
+            ])
+            .await
+            .context("kubectl scale")?;
+        Ok(())
+    }
+
+    /// `kubectl delete <plural>.<group> <name> --wait=false`.
+    async fn delete(
+        &self,
+        resource: &ApiResource,
+        namespace: &str,
+        name: &str,
+    ) -> anyhow::Result<()> {
+        self.kubectl
+            .run(&[
+                "delete",
+                "-n",
+                namespace,
+                &format!("{}.{}/{name}", resource.plural, resource.group),
+                "--wait=false",
+            ])
+            .await
+            .context("kubectl delete")?;
+        Ok(())
     }
 }
 
