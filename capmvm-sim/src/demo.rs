@@ -100,12 +100,12 @@ async fn run(args: DemoArgs) -> anyhow::Result<()> {
             result
         }
         ControlPlane::Real => {
+            let mut real = RealStack::start(options).await?;
+            let version = real.client.apiserver_version().await?.git_version;
             println!(
-                "capmvm demo on the real stack: etcd, kube-apiserver {}, Cluster API {} (core, kubeadm bootstrap), 3 hollow flintlock hosts, operator as its ServiceAccount",
-                "v1.36",
+                "capmvm demo on the real stack: etcd, kube-apiserver {version}, Cluster API {} (core, kubeadm bootstrap), 3 hollow flintlock hosts, the operator as its ServiceAccount",
                 capmvm_upstream::capi::CAPI_VERSION
             );
-            let mut real = RealStack::start(options).await?;
             let vip = real.prepare_cluster(NAMESPACE, CLUSTER).await?;
             println!(
                 "  API server   {}",
