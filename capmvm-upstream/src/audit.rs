@@ -29,6 +29,10 @@ pub struct AuditEvent {
     pub response_status: Option<AuditStatus>,
     /// The client's user agent.
     pub user_agent: String,
+    /// The server's notes: `authorization.k8s.io/decision` is `forbid` when authorization (RBAC)
+    /// refused the request, `allow` when it passed (a 403 then came from admission, such as a
+    /// namespace being terminated).
+    pub annotations: std::collections::BTreeMap<String, String>,
 }
 
 /// The authenticated user of an audit event.
@@ -81,6 +85,13 @@ impl AuditEvent {
     /// Its HTTP status code (0 if none was logged).
     pub fn code(&self) -> u16 {
         self.response_status.as_ref().map_or(0, |s| s.code)
+    }
+
+    /// Whether authorization (RBAC) refused the request.
+    pub fn denied_by_authorization(&self) -> bool {
+        self.annotations
+            .get("authorization.k8s.io/decision")
+            .is_some_and(|d| d == "forbid")
     }
 
     /// `resource` or `resource/subresource`.
@@ -150,12 +161,13 @@ impl AuditLog {
         ))
     }
 
-    /// The requests of `username` the server refused as forbidden (403).
+    /// The requests of `username` that authorization (RBAC) refused: a verb or resource missing
+    /// from its roles. A 403 from admission (a namespace being terminated) is not one.
     pub fn forbidden_for(&self, username: &str) -> Result<Vec<AuditEvent>> {
         Ok(self
             .requests()?
             .into_iter()
-            .filter(|e| e.user.username == username && e.code() == 403)
+            .filter(|e| e.user.username == username && e.denied_by_authorization())
             .collect())
     }
 }
@@ -192,7 +204,12 @@ mod tests {
         let path = dir.join("audit.log");
         let line = |id: &str, stage: &str, verb: &str, code: u16| {
             format!(
-                r#"{{"kind":"Event","auditID":"{id}","stage":"{stage}","verb":"{verb}","requestURI":"/x","user":{{"username":"system:serviceaccount:capmvm-system:capmvm-manager"}},"objectRef":{{"resource":"microvmmachines","subresource":"status","apiGroup":"infrastructure.cluster.x-k8s.io"}},"responseStatus":{{"code":{code}}}}}"#
+                r#"{{"kind":"Event","auditID":"{id}","stage":"{stage}","verb":"{verb}","requestURI":"/x","user":{{"username":"system:serviceaccount:capmvm-system:capmvm-manager"}},"objectRef":{{"resource":"microvmmachines","subresource":"status","apiGroup":"infrastructure.cluster.x-k8s.io"}},"responseStatus":{{"code":{code}}},"annotations":{{"authorization.k8s.io/decision":"{decision}"}}}}"#,
+                decision = if code == 403 {
+                    { "forbid" }
+                } else {
+                    { "allow" }
+                }
             )
         };
         let text = [
@@ -200,6 +217,8 @@ mod tests {
             line("b", "ResponseComplete", "patch", 200),
             line("a", "ResponseComplete", "watch", 200),
             line("c", "ResponseComplete", "get", 403),
+            // Refused by admission (a namespace being terminated), not by RBAC.
+            line("d", "ResponseComplete", "create", 403).replace("\"forbid\"", "\"allow\""),
             "{\"kind\":\"Ev".to_string(),
         ]
         .join("\n");
@@ -207,9 +226,9 @@ mod tests {
         let log = AuditLog::new(&path);
         let user = service_account_user("capmvm-system", "capmvm-manager");
         let counts = log.counts_for(&user).unwrap();
-        assert_eq!(counts.requests, 3);
-        assert_eq!(counts.writes, 1);
-        assert_eq!(counts.by_code.get(&403), Some(&1));
+        assert_eq!(counts.requests, 4);
+        assert_eq!(counts.writes, 2);
+        assert_eq!(counts.by_code.get(&403), Some(&2));
         let forbidden = log.forbidden_for(&user).unwrap();
         assert_eq!(forbidden.len(), 1);
         assert_eq!(forbidden[0].resource(), "microvmmachines/status");

@@ -37,6 +37,12 @@ pub fn kubeadm_control_plane_resource() -> ApiResource {
     )
 }
 
+/// The real KubeadmControlPlane's finalizer.
+pub const CONTROL_PLANE_FINALIZER: &str = "kubeadm.controlplane.cluster.x-k8s.io";
+/// How soon a deleting control plane looks again while Machines remain (the real one waits 30 s;
+/// its Machines' changes wake it sooner here).
+const DELETE_REQUEUE: Duration = Duration::from_secs(2);
+
 /// Starts the KubeadmControlPlane controller.
 pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
     let resource = kubeadm_control_plane_resource();
@@ -70,12 +76,33 @@ fn owner_of(kcp: &DynamicObject) -> OwnerReference {
 }
 
 async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    if kcp.meta().deletion_timestamp.is_some() {
-        // Its Machines go through garbage collection (it is their controller).
-        return Ok(Action::await_change());
-    }
     let ns = kcp.namespace().unwrap_or_default();
     let name = kcp.name_any();
+    let kcps = Api::<DynamicObject>::namespaced_with(
+        ctx.client.clone(),
+        &ns,
+        &kubeadm_control_plane_resource(),
+    );
+    if kcp.meta().deletion_timestamp.is_some() {
+        return reconcile_delete(&kcp, &kcps, &ctx).await;
+    }
+    if !kcp
+        .finalizers()
+        .iter()
+        .any(|f| f == CONTROL_PLANE_FINALIZER)
+    {
+        // As the real KubeadmControlPlane: its finalizer holds the Cluster's deletion until its
+        // Machines are gone (without it, CAPI removed the Cluster under a Machine still deleting).
+        let mut finalizers = kcp.finalizers().to_vec();
+        finalizers.push(CONTROL_PLANE_FINALIZER.to_string());
+        kcps.patch(
+            &name,
+            &params(),
+            &Patch::Merge(&json!({"metadata": {"finalizers": finalizers, "resourceVersion": kcp.resource_version()}})),
+        )
+        .await?;
+        return Ok(Action::await_change());
+    }
     // The Cluster controller labels its control plane with the cluster's name.
     let Some(cluster) = kcp.labels().get(CLUSTER_NAME_LABEL).cloned() else {
         return Ok(Action::requeue(Duration::from_secs(1)));
@@ -151,6 +178,61 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
         .await?;
     }
     Ok(Action::requeue(Duration::from_secs(60)))
+}
+
+/// Deletion as the real KubeadmControlPlane does it: while the cluster has other Machines (workers,
+/// pool instances) it waits for them; then it deletes its own Machines and waits for them to go;
+/// then it releases its finalizer.
+async fn reconcile_delete(
+    kcp: &DynamicObject,
+    kcps: &Api<DynamicObject>,
+    ctx: &Ctx,
+) -> Result<Action, Error> {
+    let ns = kcp.namespace().unwrap_or_default();
+    let name = kcp.name_any();
+    let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
+    let mine = machines
+        .list(&ListParams::default().labels(&format!("{CONTROL_PLANE_NAME_LABEL}={name}")))
+        .await?
+        .items;
+    if mine.is_empty() {
+        if kcp
+            .finalizers()
+            .iter()
+            .any(|f| f == CONTROL_PLANE_FINALIZER)
+        {
+            let finalizers: Vec<&String> = kcp
+                .finalizers()
+                .iter()
+                .filter(|f| *f != CONTROL_PLANE_FINALIZER)
+                .collect();
+            kcps.patch(
+                &name,
+                &params(),
+                &Patch::Merge(&json!({"metadata": {"finalizers": finalizers, "resourceVersion": kcp.resource_version()}})),
+            )
+            .await?;
+        }
+        return Ok(Action::await_change());
+    }
+    let cluster = kcp
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .cloned()
+        .unwrap_or_default();
+    let all = machines
+        .list(&ListParams::default().labels(&format!("{CLUSTER_NAME_LABEL}={cluster}")))
+        .await?
+        .items;
+    if all.len() == mine.len() {
+        for m in mine
+            .iter()
+            .filter(|m| m.meta().deletion_timestamp.is_none())
+        {
+            delete_quietly(&machines, &m.name_any()).await?;
+        }
+    }
+    Ok(Action::requeue(DELETE_REQUEUE))
 }
 
 /// A control-plane Machine of `kcp`: `init` renders `kubeadm init` (no joinConfiguration), otherwise

@@ -235,6 +235,15 @@ impl RealStack {
         self.operator.as_ref().and_then(OperatorProcess::pid)
     }
 
+    /// Waits up to `timeout` for the operator to exit by itself; its exit code.
+    pub async fn wait_operator_exit(&mut self, timeout: Duration) -> Option<i32> {
+        let code = self.operator.as_mut()?.wait_exit(timeout).await;
+        if code.is_some() {
+            self.operator = None;
+        }
+        code
+    }
+
     /// Kills the operator at once (SIGKILL), as a crash would.
     pub async fn kill_operator(&mut self) {
         if let Some(op) = self.operator.take() {

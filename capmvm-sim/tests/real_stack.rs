@@ -1,0 +1,532 @@
+//! End to end on the real stack: etcd, kube-apiserver and kube-controller-manager, Cluster API
+//! v1.14's own core and kubeadm bootstrap managers, our components rendered by the real clusterctl
+//! and applied with the real kubectl, the operator as its ServiceAccount, hollow flintlock hosts.
+//! Each test asserts what a user sees, and that the API server's audit log holds no 403 for our
+//! ServiceAccount.
+//!
+//! Needs the upstream binaries (`hack/upstream.sh build`): under CI a missing one fails the test,
+//! locally the test is reported as skipped.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use capmvm_api::MicrovmMachine;
+use capmvm_api::capi::Machine;
+use capmvm_api::keys::{DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
+use capmvm_flintlock::{Method, MicrovmState};
+use capmvm_sim::real::{BINARIES, RealStack};
+use capmvm_sim::stack::{self, Stack};
+use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, WorldOptions, wait_for};
+use capmvm_upstream::Binaries;
+use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
+use kube::{Api, ResourceExt};
+use serde_json::json;
+
+const WAIT: Duration = Duration::from_secs(180);
+const POLL: Duration = Duration::from_millis(500);
+
+/// One real stack at a time: each is an etcd, two kube-apiservers and four controllers, and the
+/// machine has two cores.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+fn options() -> WorldOptions {
+    let mut o = WorldOptions::new(
+        3,
+        Duration::from_millis(500),
+        PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
+    );
+    o.operator_flags = vec![
+        "--host-poll-interval=2s".into(),
+        "--host-poll-interval-busy=200ms".into(),
+    ];
+    o
+}
+
+/// A real stack with its operator running, or `None` (the test skipped) without the binaries.
+async fn real_stack(test: &str) -> Option<RealStack> {
+    Binaries::for_test(test, BINARIES)?;
+    let mut real = RealStack::start(options())
+        .await
+        .expect("the real stack starts");
+    real.start_operator(&[]).expect("the operator starts");
+    Some(real)
+}
+
+/// Applies the demo template (and the pool flavor's pool when `pool` > 0) for Cluster `ns/name`.
+async fn apply_cluster(
+    real: &mut RealStack,
+    ns: &str,
+    name: &str,
+    control_planes: usize,
+    workers: usize,
+    pool: usize,
+) {
+    let vip = real.prepare_cluster(ns, name).await.unwrap();
+    let vars = |workers: usize| {
+        vec![
+            ("CLUSTER_NAME", name.to_string()),
+            ("NAMESPACE", ns.to_string()),
+            ("CONTROL_PLANE_VIP", vip.to_string()),
+            ("CONTROL_PLANE_MACHINE_COUNT", control_planes.to_string()),
+            ("WORKER_MACHINE_COUNT", workers.to_string()),
+        ]
+    };
+    stack::apply_template(&*real, DEMO_CLUSTER, &vars(workers), |_| {})
+        .await
+        .unwrap();
+    if pool > 0 {
+        stack::apply_template(&*real, MACHINEPOOL_CLUSTER, &vars(pool), |objects| {
+            objects.retain(|o| {
+                o.types.as_ref().is_some_and(|t| {
+                    matches!(
+                        t.kind.as_str(),
+                        "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
+                    )
+                })
+            })
+        })
+        .await
+        .unwrap();
+    }
+}
+
+fn is_ready(m: &MicrovmMachine) -> bool {
+    m.status.as_ref().is_some_and(|s| {
+        s.conditions
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True")
+    })
+}
+
+/// Waits until `ns` has exactly `n` MicrovmMachines, all Ready, each with a CAPI Machine of the
+/// same providerID whose `status.nodeRef` names a Node with that providerID in the workload cluster.
+async fn wait_ready_with_nodes(
+    real: &RealStack,
+    ns: &str,
+    cluster: &str,
+    n: usize,
+) -> Vec<MicrovmMachine> {
+    let key = capmvm_sim::capi::workload::ClusterKey::new(ns, cluster);
+    let log = real.operator_log();
+    wait_for(
+        &format!(
+            "{n} ready machines with Nodes in {ns} (operator log {})",
+            log.display()
+        ),
+        WAIT,
+        POLL,
+        || async {
+            let ms = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            if ms.len() != n || !ms.iter().all(is_ready) {
+                return Ok(None);
+            }
+            // Machines as CAPI writes them (the provider's view of a Machine leaves out nodeRef).
+            let machines = Api::<DynamicObject>::namespaced_with(
+                real.client.clone(),
+                ns,
+                &ApiResource::erase::<Machine>(&()),
+            )
+            .list(&ListParams::default())
+            .await?
+            .items;
+            let all_matched = ms.iter().all(|m| {
+                let Some(pid) = m.spec.provider_id.as_deref() else {
+                    return false;
+                };
+                let node = real.workloads().node_by_provider_id(&key, pid);
+                machines.iter().any(|capi| {
+                    capi.data
+                        .pointer("/spec/providerID")
+                        .and_then(|v| v.as_str())
+                        == Some(pid)
+                        && node.as_ref().is_some_and(|node| {
+                            capi.data
+                                .pointer("/status/nodeRef/name")
+                                .and_then(|v| v.as_str())
+                                == Some(node.name_any().as_str())
+                        })
+                })
+            });
+            Ok(all_matched.then_some(ms))
+        },
+    )
+    .await
+    .unwrap()
+}
+
+/// The microVMs on the hosts that are not being deleted: (host, uid, namespace/name).
+fn live_vms(real: &RealStack) -> Vec<(String, String, String)> {
+    real.all_vms()
+        .into_iter()
+        .filter(|(_, vm)| vm.state() != MicrovmState::Deleting)
+        .map(|(h, vm)| {
+            let id = format!("{}/{}", vm.microvm.spec.namespace, vm.microvm.spec.id);
+            (h, vm.uid().to_string(), id)
+        })
+        .collect()
+}
+
+/// Waits until no microVM of namespace `ns` is left on any host.
+async fn wait_no_vms_in(real: &RealStack, ns: &str) {
+    wait_for(
+        &format!("every microVM of {ns} gone"),
+        WAIT,
+        POLL,
+        || async {
+            let left: Vec<_> = real
+                .all_vms()
+                .into_iter()
+                .filter(|(_, vm)| vm.microvm.spec.namespace == ns)
+                .collect();
+            Ok(left.is_empty().then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+}
+
+/// No request of our ServiceAccount was refused by RBAC in the whole run.
+fn assert_no_forbidden(real: &RealStack) {
+    let audit = real.audit().expect("the management API keeps an audit log");
+    let forbidden = audit.forbidden_for(&RealStack::operator_user()).unwrap();
+    let requests = audit.counts_for(&RealStack::operator_user()).unwrap();
+    assert!(
+        requests.requests > 0,
+        "the audit log holds the operator's requests"
+    );
+    assert!(
+        forbidden.is_empty(),
+        "403s for our ServiceAccount: {:?}",
+        forbidden
+            .iter()
+            .map(|e| format!("{} {}", e.verb, e.request_uri))
+            .collect::<Vec<_>>()
+    );
+}
+
+async fn machines_in(real: &RealStack, ns: &str) -> Vec<Machine> {
+    Api::<Machine>::namespaced(real.client.clone(), ns)
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+}
+
+/// A MachineDeployment scaled up and down, a MachinePool whose Machines real core creates for our
+/// instances and whose scale-down takes exactly the Machine the autoscaler marked, and a paused
+/// Cluster that changes nothing on the hosts until it is resumed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn machine_deployments_pools_and_pause_on_real_capi() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut real) = real_stack("machine_deployments_pools_and_pause_on_real_capi").await
+    else {
+        return;
+    };
+    let ns = "default";
+    apply_cluster(&mut real, ns, "demo", 1, 2, 2).await;
+    let ready = wait_ready_with_nodes(&real, ns, "demo", 5).await;
+
+    // Real core made a Machine for each pool instance, of the same name, owned by the MachinePool,
+    // and became the instance's controller.
+    let machines = machines_in(&real, ns).await;
+    let instances: Vec<&MicrovmMachine> = ready
+        .iter()
+        .filter(|m| m.labels().contains_key(POOL_NAME_LABEL))
+        .collect();
+    assert_eq!(instances.len(), 2);
+    for instance in &instances {
+        let machine = machines
+            .iter()
+            .find(|m| m.name_any() == instance.name_any())
+            .expect("a MachinePool Machine per instance");
+        assert!(
+            machine
+                .owner_references()
+                .iter()
+                .any(|o| o.kind == "MachinePool" && o.controller == Some(true)),
+            "{:?}",
+            machine.owner_references()
+        );
+        let controller = instance
+            .owner_references()
+            .iter()
+            .find(|o| o.controller == Some(true))
+            .expect("the instance has a controller");
+        assert_eq!(
+            (controller.kind.as_str(), controller.name.as_str()),
+            ("Machine", machine.name_any().as_str())
+        );
+    }
+
+    // The MachineDeployment: 2 -> 3 -> 1 with the real kubectl.
+    let md = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
+        "machinedeployments",
+    );
+    real.scale(&md, ns, "demo-md-0", 3).await.unwrap();
+    wait_ready_with_nodes(&real, ns, "demo", 6).await;
+    real.scale(&md, ns, "demo-md-0", 1).await.unwrap();
+    wait_ready_with_nodes(&real, ns, "demo", 4).await;
+    assert_eq!(live_vms(&real).len(), 4, "{:?}", live_vms(&real));
+
+    // The autoscaler's path: mark one pool Machine, lower the replicas through the scale
+    // subresource; exactly that instance's microVM goes.
+    let victim = instances[0].name_any();
+    let survivor = instances[1].name_any();
+    let survivor_uid = instances[1].spec.provider_id.clone().unwrap();
+    Api::<Machine>::namespaced(real.client.clone(), ns)
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(
+                json!({"metadata": {"annotations": {DELETE_MACHINE_ANNOTATION: "true"}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    let pool = capmvm_sim::capi::machinepool::machine_pool_resource();
+    real.scale(&pool, ns, "demo-mp-0", 1).await.unwrap();
+    let after = wait_ready_with_nodes(&real, ns, "demo", 3).await;
+    let names: BTreeSet<String> = after.iter().map(|m| m.name_any()).collect();
+    assert!(
+        !names.contains(&victim),
+        "the marked instance went: {names:?}"
+    );
+    let kept = after.iter().find(|m| m.name_any() == survivor).unwrap();
+    assert_eq!(
+        kept.spec.provider_id.as_deref(),
+        Some(survivor_uid.as_str())
+    );
+    assert!(
+        !live_vms(&real)
+            .iter()
+            .any(|(_, _, id)| id == &format!("{ns}/{victim}")),
+        "the victim's microVM is gone"
+    );
+
+    // Paused: a scale-up waits, nothing is created on the hosts; resumed, it happens.
+    let creates_before: u64 = real
+        .hosts
+        .iter()
+        .map(|h| h.control().counters().of(Method::Create))
+        .sum();
+    real.kubectl
+        .run(&[
+            "patch",
+            "cluster",
+            "demo",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":true}}"#,
+        ])
+        .await
+        .unwrap();
+    wait_for("every MicrovmMachine Paused", WAIT, POLL, || async {
+        let ms = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
+            .list(&ListParams::default())
+            .await?
+            .items;
+        let paused = ms.iter().all(|m| {
+            m.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Paused" && c.status == "True")
+            })
+        });
+        Ok(paused.then_some(()))
+    })
+    .await
+    .unwrap();
+    real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let creates_paused: u64 = real
+        .hosts
+        .iter()
+        .map(|h| h.control().counters().of(Method::Create))
+        .sum();
+    assert_eq!(
+        creates_paused, creates_before,
+        "nothing created while paused"
+    );
+    real.kubectl
+        .run(&[
+            "patch",
+            "cluster",
+            "demo",
+            "-n",
+            ns,
+            "--type=merge",
+            "-p",
+            r#"{"spec":{"paused":false}}"#,
+        ])
+        .await
+        .unwrap();
+    wait_ready_with_nodes(&real, ns, "demo", 4).await;
+
+    assert_no_forbidden(&real);
+    real.shutdown().await;
+}
+
+/// A namespace deleted whole, and a MicrovmCluster deleted before its Cluster: every microVM goes,
+/// every finalizer is released, and nothing is left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let Some(mut real) =
+        real_stack("namespace_and_infra_cluster_first_deletions_leave_no_microvm").await
+    else {
+        return;
+    };
+    apply_cluster(&mut real, "team-a", "alpha", 1, 1, 1).await;
+    apply_cluster(&mut real, "team-b", "beta", 1, 1, 0).await;
+    wait_ready_with_nodes(&real, "team-a", "alpha", 3).await;
+    wait_ready_with_nodes(&real, "team-b", "beta", 2).await;
+
+    real.kubectl
+        .run(&["delete", "namespace", "team-a", "--wait=false"])
+        .await
+        .unwrap();
+    real.kubectl
+        .run(&[
+            "delete",
+            "microvmcluster",
+            "beta",
+            "-n",
+            "team-b",
+            "--wait=false",
+        ])
+        .await
+        .unwrap();
+    real.kubectl
+        .run(&["delete", "cluster", "beta", "-n", "team-b", "--wait=false"])
+        .await
+        .unwrap();
+    wait_no_vms_in(&real, "team-a").await;
+    wait_no_vms_in(&real, "team-b").await;
+    wait_for("namespace team-a gone", WAIT, POLL, || async {
+        let gone = real
+            .kubectl
+            .run(&[
+                "get",
+                "namespace",
+                "team-a",
+                "--ignore-not-found",
+                "-o",
+                "name",
+            ])
+            .await?
+            .trim()
+            .is_empty();
+        Ok(gone.then_some(()))
+    })
+    .await
+    .unwrap();
+    let left = wait_for("team-b's cluster objects gone", WAIT, POLL, || async {
+        let left = real
+            .kubectl
+            .run(&[
+                "get",
+                "clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,microvmmachines,microvmclusters",
+                "-n",
+                "team-b",
+                "-o",
+                "name",
+            ])
+            .await?;
+        Ok(left.trim().is_empty().then_some(()))
+    })
+    .await;
+    if let Err(e) = left {
+        real.keep_dir();
+        let dump = real
+            .kubectl
+            .run(&["get", "clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,microvmmachines,microvmclusters", "-n", "team-b", "-o", "yaml"])
+            .await
+            .unwrap_or_default();
+        panic!("{e}; left (logs in {}):\n{dump}", real.dir.display());
+    }
+    assert!(real.all_vms().is_empty(), "{:?}", live_vms(&real));
+    assert_no_forbidden(&real);
+    real.shutdown().await;
+}
+
+/// The operator killed right after a create, before it could record anything: restarted, it adopts
+/// that microVM (one per machine, no second create). And a MicrovmMachine with invalid fields is
+/// refused by the real API server with our schema's message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    if Binaries::for_test("a_crash_after_create_adopts", BINARIES).is_none() {
+        return;
+    }
+    let mut real = RealStack::start(options()).await.unwrap();
+    real.start_operator(&[("CAPMVM_FAULT_CRASH_AT", "after-create")])
+        .unwrap();
+    // Workers need a control plane on real CAPI (CABPK renders their join once it is initialised).
+    apply_cluster(&mut real, "default", "crash", 1, 1, 0).await;
+    // The operator exits with 86 at the fault, right after its first create.
+    let exited = real
+        .wait_operator_exit(WAIT)
+        .await
+        .expect("the operator exits at the fault");
+    assert_eq!(exited, 86, "the fault's exit code");
+    let creates = |real: &RealStack| -> u64 {
+        real.hosts
+            .iter()
+            .map(|h| h.control().counters().of(Method::Create))
+            .sum()
+    };
+    assert_eq!(creates(&real), 1, "one create before the crash");
+    real.start_operator(&[]).unwrap();
+    wait_ready_with_nodes(&real, "default", "crash", 2).await;
+    assert_eq!(
+        creates(&real),
+        2,
+        "no second create for the adopted machine"
+    );
+    let vms = live_vms(&real);
+    let ids: BTreeSet<&str> = vms.iter().map(|(_, _, id)| id.as_str()).collect();
+    assert_eq!(
+        (vms.len(), ids.len()),
+        (2, 2),
+        "one microVM per machine: {vms:?}"
+    );
+
+    let invalid = r#"apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2
+kind: MicrovmMachine
+metadata:
+  name: invalid
+  namespace: default
+spec:
+  vcpu: 0
+  memoryMb: -1
+  rootVolume:
+    id: root
+    image: ghcr.io/liquidmetal-dev/capmvm-kubernetes:1.23.5
+  kernel:
+    image: ghcr.io/liquidmetal-dev/kernel-bin:5.10.77
+    filename: boot/vmlinux
+"#;
+    let refused = real
+        .kubectl
+        .apply(invalid, &[])
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("spec.vcpu"), "{refused}");
+    assert!(refused.contains("spec.memoryMb"), "{refused}");
+    assert!(
+        refused.contains("should be greater than or equal to 1"),
+        "the schema's words: {refused}"
+    );
+    assert_no_forbidden(&real);
+    real.shutdown().await;
+}
