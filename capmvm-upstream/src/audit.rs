@@ -205,11 +205,7 @@ mod tests {
         let line = |id: &str, stage: &str, verb: &str, code: u16| {
             format!(
                 r#"{{"kind":"Event","auditID":"{id}","stage":"{stage}","verb":"{verb}","requestURI":"/x","user":{{"username":"system:serviceaccount:capmvm-system:capmvm-manager"}},"objectRef":{{"resource":"microvmmachines","subresource":"status","apiGroup":"infrastructure.cluster.x-k8s.io"}},"responseStatus":{{"code":{code}}},"annotations":{{"authorization.k8s.io/decision":"{decision}"}}}}"#,
-                decision = if code == 403 {
-                    { "forbid" }
-                } else {
-                    { "allow" }
-                }
+                decision = if code == 403 { "forbid" } else { "allow" }
             )
         };
         let text = [
