@@ -20,7 +20,8 @@ use futures::StreamExt as _;
 use kube::Api;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 
-use crate::kube::{CounterSnapshot, Verb};
+use crate::real::RealStack;
+use crate::stack::{RequestCounts, Stack};
 use crate::world::{World, WorldOptions};
 
 /// A count of at least one (every ratio the bench reports divides by it).
@@ -55,6 +56,12 @@ pub struct BenchArgs {
     /// Measure a MachinePool instead (`bench_pool`: 0 -> 200 -> 20 -> 200 and a roll).
     #[arg(long)]
     pub pool: bool,
+    /// What serves the management cluster: `embedded` (the API emulator and the CAPI stand-in) or
+    /// `real` (etcd, kube-apiserver and Cluster API's own managers; `hack/upstream.sh build`). On
+    /// the real stack the cluster first gets its control plane (real CABPK joins workers only to an
+    /// initialised one), then the clock starts as its MachineDeployment is scaled to `--machines`.
+    #[arg(long, value_enum, default_value_t = crate::demo::ControlPlane::Embedded)]
+    pub control_plane: crate::demo::ControlPlane,
 }
 
 /// What a run measured.
@@ -65,10 +72,10 @@ pub struct Report {
     /// Time from applying the cluster to every machine ready.
     pub time_to_ready: Duration,
     /// The operator's requests until ready.
-    pub operator_requests: CounterSnapshot,
-    /// Every client's API requests (operator, CAPI stand-in, hollow kubelets) until ready: what the
-    /// emulator served.
-    pub all_requests: CounterSnapshot,
+    pub operator_requests: RequestCounts,
+    /// Every client's API requests (operator, CAPI or its stand-in, hollow kubelets) until ready:
+    /// what the management API served (the emulator's counters, or the real server's audit log).
+    pub all_requests: RequestCounts,
     /// Flintlock calls until ready, by method.
     pub flintlock_to_ready: BTreeMap<&'static str, u64>,
     /// Flintlock calls during the steady-state window, by method.
@@ -78,8 +85,15 @@ pub struct Report {
     /// The operator's CPU seconds and peak RSS (KiB) at the end.
     pub operator_usage: Option<(f64, u64)>,
     /// The bench process's own CPU seconds over the same run (its children excluded): the
-    /// simulators the operator talks to (emulator, CAPI stand-in, hollow hosts, hollow kubelets).
+    /// simulators the operator talks to (emulator, CAPI stand-in, hollow hosts, hollow kubelets;
+    /// on the real stack the hollow hosts and kubelets and the KubeadmControlPlane stand-in).
     pub simulators_cpu: Option<f64>,
+    /// On the real stack, the upstream processes' CPU seconds (etcd, kube-apiservers,
+    /// kube-controller-manager, CAPI's managers) over the whole run.
+    pub upstream_cpu: Option<f64>,
+    /// On the real stack, the API server's 429 answers (priority and fairness) until ready, of all
+    /// clients and of the operator.
+    pub throttled: Option<(u64, u64)>,
 }
 
 /// Runs the benchmark and prints its report.
@@ -136,45 +150,67 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
     let options = world_options(&args, exe);
     let own_cpu_before = own_cpu();
-    let mut world = World::start(options).await?;
-    world.start_operator(&[])?;
-    let result = measure(&mut world, &args).await.map(|mut report| {
-        report.simulators_cpu = own_cpu()
-            .zip(own_cpu_before)
-            .map(|(after, before)| after - before);
-        report
-    });
-    eprintln!("operator log: {}", world.operator_log().display());
-    world.shutdown().await;
-    result
+    match args.control_plane {
+        crate::demo::ControlPlane::Embedded => {
+            let mut world = World::start(options).await?;
+            world.start_operator(&[])?;
+            let result = measure(&world, &args, Start::Apply).await;
+            eprintln!("operator log: {}", world.operator_log().display());
+            world.shutdown().await;
+            result.map(|report| with_own_cpu(report, own_cpu_before))
+        }
+        crate::demo::ControlPlane::Real => {
+            let mut real = RealStack::start(options).await?;
+            let vip = real.prepare_cluster("default", "demo").await?;
+            real.start_operator(&[])?;
+            let result = measure(&real, &args, Start::ScaleAfterControlPlane(vip)).await;
+            let upstream_cpu: f64 = real
+                .upstream_pids()
+                .into_iter()
+                .filter_map(|pid| crate::world::process_usage(pid).map(|(cpu, _)| cpu))
+                .sum();
+            eprintln!("operator log: {}", real.operator_log().display());
+            if result.is_err() {
+                real.keep_dir();
+                eprintln!("logs kept in {}", real.dir.display());
+            }
+            real.shutdown().await;
+            result.map(|mut report| {
+                report.upstream_cpu = Some(upstream_cpu);
+                with_own_cpu(report, own_cpu_before)
+            })
+        }
+    }
 }
 
-async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> {
+fn with_own_cpu(mut report: Report, before: Option<f64>) -> Report {
+    report.simulators_cpu = own_cpu().zip(before).map(|(after, before)| after - before);
+    report
+}
+
+/// How the measured machines come to be.
+enum Start {
+    /// The template applied with the machines as workers and no control plane (the stand-in
+    /// allows it), the clock started at the apply.
+    Apply,
+    /// The template applied with one control-plane machine (its workload API at this address)
+    /// and no workers; once the control plane is ready the clock starts and the MachineDeployment
+    /// is scaled to the machines.
+    ScaleAfterControlPlane(std::net::Ipv4Addr),
+}
+
+async fn measure<S: Stack + Sync>(
+    stack: &S,
+    args: &BenchArgs,
+    start: Start,
+) -> anyhow::Result<Report> {
     eprintln!(
         "bench: {} machines on {} hosts, provisioning {} ms, host poll {} s",
         args.machines, args.hosts, args.provision_ms, args.poll_secs
     );
     // Let the operator start and settle before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let api_before = world
-        .emulator
-        .counters_of_agent(capmvm_operator::USER_AGENT);
-    let all_before = world.emulator.counters();
-    for h in &world.hosts {
-        h.control().reset_counters();
-    }
-    let started = Instant::now();
-    world
-        .apply_demo_cluster(
-            &[
-                ("CONTROL_PLANE_MACHINE_COUNT", "0".to_string()),
-                ("WORKER_MACHINE_COUNT", args.machines.to_string()),
-            ],
-            |_| {},
-        )
-        .await?;
-    let machines: Api<MicrovmMachine> = Api::namespaced(world.in_process_client(), "default");
-    let deadline = started + Duration::from_secs(args.timeout_secs);
+    let machines: Api<MicrovmMachine> = Api::namespaced(stack.client().clone(), "default");
     // A watch cache, not a list every half second: listing 10 000 objects twice a second made the
     // bench itself a noticeable share of the simulators' CPU.
     let (cache, writer) = reflector::store::<MicrovmMachine>();
@@ -183,8 +219,8 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
             .reflect(writer)
             .for_each(|_| futures::future::ready(())),
     );
-    loop {
-        let ready = cache
+    let ready_count = || {
+        cache
             .state()
             .iter()
             .filter(|m| {
@@ -194,17 +230,85 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
                         .any(|c| c.type_ == READY && c.status == "True")
                 })
             })
-            .count();
-        progress(ready, args.machines, started.elapsed());
-        if ready == args.machines {
+            .count()
+    };
+    let mut expected = args.machines;
+    let (api_before, all_before, started) = match start {
+        Start::Apply => {
+            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            for h in stack.hosts() {
+                h.control().reset_counters();
+            }
+            let started = Instant::now();
+            crate::stack::apply_template(
+                stack,
+                crate::world::DEMO_CLUSTER,
+                &[
+                    ("CONTROL_PLANE_MACHINE_COUNT", "0".to_string()),
+                    ("WORKER_MACHINE_COUNT", args.machines.to_string()),
+                ],
+                |_| {},
+            )
+            .await?;
+            (api_before, all_before, started)
+        }
+        Start::ScaleAfterControlPlane(vip) => {
+            crate::stack::apply_template(
+                stack,
+                crate::world::DEMO_CLUSTER,
+                &[
+                    ("CONTROL_PLANE_VIP", vip.to_string()),
+                    ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
+                    ("WORKER_MACHINE_COUNT", "0".to_string()),
+                ],
+                |_| {},
+            )
+            .await?;
+            let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
+            while ready_count() < 1 {
+                if Instant::now() > deadline {
+                    watch.abort();
+                    bail!(
+                        "the control plane was not ready after {}s",
+                        args.timeout_secs
+                    );
+                }
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            eprintln!(
+                "bench: control plane ready; scaling the MachineDeployment to {}",
+                args.machines
+            );
+            expected += 1;
+            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            for h in stack.hosts() {
+                h.control().reset_counters();
+            }
+            let started = Instant::now();
+            stack
+                .scale(
+                    &machine_deployment_resource(),
+                    "default",
+                    "demo-md-0",
+                    args.machines,
+                )
+                .await?;
+            (api_before, all_before, started)
+        }
+    };
+    let throttled_before = stack.throttled();
+    let deadline = started + Duration::from_secs(args.timeout_secs);
+    loop {
+        let ready = ready_count();
+        progress(ready, expected, started.elapsed());
+        if ready == expected {
             break;
         }
         if Instant::now() > deadline {
             watch.abort();
             eprintln!();
             bail!(
-                "only {ready} of {} machines ready after {}s",
-                args.machines,
+                "only {ready} of {expected} machines ready after {}s",
                 args.timeout_secs
             );
         }
@@ -213,20 +317,21 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
     let time_to_ready = started.elapsed();
     watch.abort();
     eprintln!();
-    let operator_requests = world
-        .emulator
-        .counters_of_agent(capmvm_operator::USER_AGENT)
-        .since(&api_before);
-    let all_requests = world.emulator.counters().since(&all_before);
-    let flintlock_to_ready = world.flintlock_calls();
+    let operator_requests = stack.operator_requests().since(&api_before);
+    let all_requests = stack.api_requests().since(&all_before);
+    let throttled = stack
+        .throttled()
+        .zip(throttled_before)
+        .map(|((all, op), (all0, op0))| (all.saturating_sub(all0), op.saturating_sub(op0)));
+    let flintlock_to_ready = crate::stack::flintlock_calls(stack.hosts());
     // Issue 13: the hollow kubelets keep up (their Nodes are not part of the targets).
-    let at_ready = world.kubelets().registered().len();
-    while world.kubelets().registered().len() < args.machines && Instant::now() < deadline {
+    let at_ready = stack.kubelets().registered().len();
+    while stack.kubelets().registered().len() < expected && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     eprintln!(
         "hollow kubelets: {at_ready} Nodes registered when all machines were ready, {} after {:.1} s",
-        world.kubelets().registered().len(),
+        stack.kubelets().registered().len(),
         started.elapsed().as_secs_f64()
     );
 
@@ -234,12 +339,12 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
         "steady state: measuring flintlock calls for {} s",
         args.steady_secs
     );
-    for h in &world.hosts {
+    for h in stack.hosts() {
         h.control().reset_counters();
     }
     let steady_started = Instant::now();
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
-    let flintlock_steady = world.flintlock_calls();
+    let flintlock_steady = crate::stack::flintlock_calls(stack.hosts());
     Ok(Report {
         args: args.clone(),
         time_to_ready,
@@ -248,9 +353,19 @@ async fn measure(world: &mut World, args: &BenchArgs) -> anyhow::Result<Report> 
         flintlock_to_ready,
         flintlock_steady,
         steady: steady_started.elapsed(),
-        operator_usage: world.operator_usage(),
+        operator_usage: stack.operator_pid().and_then(crate::world::process_usage),
         simulators_cpu: None,
+        upstream_cpu: None,
+        throttled,
     })
+}
+
+/// `MachineDeployment` (cluster.x-k8s.io/v1beta2) as a dynamic resource.
+fn machine_deployment_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
+        "machinedeployments",
+    )
 }
 
 /// This process's own CPU seconds (its children excluded).
@@ -280,17 +395,7 @@ impl Report {
 
     /// The operator's writes per machine until ready.
     pub fn writes_per_machine(&self) -> f64 {
-        let writes: u64 = [
-            Verb::Create,
-            Verb::Update,
-            Verb::Patch,
-            Verb::Delete,
-            Verb::DeleteCollection,
-        ]
-        .into_iter()
-        .map(|v| self.operator_requests.verb_total(v))
-        .sum();
-        writes as f64 / self.args.machines as f64
+        self.operator_requests.writes() as f64 / self.args.machines as f64
     }
 
     /// The operator's writes that each machine causes, per machine until ready: everything but the
@@ -301,7 +406,7 @@ impl Report {
             .operator_requests
             .iter()
             .filter(|(v, r, _)| {
-                !matches!(v, Verb::Get | Verb::List | Verb::Watch)
+                crate::stack::is_write(v)
                     && !r.starts_with("infrastructure.cluster.x-k8s.io/microvmclusters")
                     && !r.starts_with("infrastructure.cluster.x-k8s.io/microvmmachinetemplates")
             })
@@ -316,7 +421,7 @@ impl Report {
             .operator_requests
             .iter()
             .filter(|(v, r, _)| {
-                !matches!(v, Verb::Get | Verb::List | Verb::Watch)
+                crate::stack::is_write(v)
                     && r.starts_with("infrastructure.cluster.x-k8s.io/microvmmachines")
             })
             .map(|(_, _, n)| n)
@@ -427,9 +532,18 @@ impl Report {
             out.push_str(&s);
             out.push('\n');
         };
+        let real = a.control_plane == crate::demo::ControlPlane::Real;
         line(format!(
-            "### {} machines on {} hosts (provision {} ms, host poll {} s)\n",
-            a.machines, a.hosts, a.provision_ms, a.poll_secs
+            "### {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            a.machines,
+            a.hosts,
+            a.provision_ms,
+            a.poll_secs,
+            if real {
+                ", real stack: kube-apiserver, etcd, CAPI core and CABPK; counts from the audit log"
+            } else {
+                ", embedded API emulator and CAPI stand-in"
+            }
         ));
         line("| measure | value | target |".into());
         line("|---|---|---|".into());
@@ -488,9 +602,28 @@ impl Report {
                 mark(rss <= self.rss_target_mib() * 1024)
             ));
         }
+        if let Some(cpu) = self.upstream_cpu {
+            line(format!(
+                "| upstream CPU (etcd, kube-apiservers, kube-controller-manager, CAPI core and CABPK) | {cpu:.1} s | |"
+            ));
+            line(format!(
+                "| upstream CPU per machine | {:.2} ms | |",
+                cpu * 1000.0 / m
+            ));
+        }
+        if let Some((all, operator)) = self.throttled {
+            line(format!(
+                "| requests answered 429 (priority and fairness) until ready | {all} ({operator} of the operator's) | |"
+            ));
+        }
         if let Some(cpu) = self.simulators_cpu {
             line(format!(
-                "| simulators CPU (bench process: emulator, CAPI stand-in, hollow hosts and kubelets) | {cpu:.1} s | |"
+                "| simulators CPU (bench process: {}) | {cpu:.1} s | |",
+                if real {
+                    "hollow hosts and kubelets, KubeadmControlPlane stand-in"
+                } else {
+                    "emulator, CAPI stand-in, hollow hosts and kubelets"
+                }
             ));
             line(format!(
                 "| simulators CPU per machine | {:.2} ms | |",
@@ -509,7 +642,12 @@ impl Report {
         }
         line(String::new());
         line(format!(
-            "All API requests until ready (operator, CAPI stand-in, hollow kubelets), per machine: {:.1}\n",
+            "All API requests until ready ({}), per machine: {:.1}\n",
+            if real {
+                "operator, CAPI core, CABPK, kube-controller-manager, the stand-in, the bench"
+            } else {
+                "operator, CAPI stand-in, hollow kubelets"
+            },
             self.all_requests.total() as f64 / m
         ));
         line("| verb | resource | per machine | total |".into());

@@ -453,10 +453,11 @@ fn summary(
         operator.total(),
         api.total()
     );
-    for (verb, n) in &api.by_verb {
+    let own = operator.by_verb();
+    for (verb, n) in &api.by_verb() {
         println!(
             "    {verb:<20} {:>5} {:>7}",
-            operator.by_verb.get(verb).copied().unwrap_or(0),
+            own.get(verb).copied().unwrap_or(0),
             n
         );
     }

@@ -18,49 +18,83 @@ use kube::api::{ApiResource, DynamicObject, PostParams};
 use crate::capi::workload::WorkloadClusters;
 use crate::world::HostAuth;
 
-/// API requests counted by verb.
+/// API requests counted by verb and resource (`<group, or core>/<plural>[/<subresource>]`, as the
+/// emulator's counters name them), from the emulator's counters or the real server's audit log.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct RequestCounts {
-    /// Requests by verb (get, list, watch, create, update, patch, delete, ...).
-    pub by_verb: BTreeMap<String, u64>,
+    counts: BTreeMap<(String, String), u64>,
 }
 
 impl RequestCounts {
+    /// Counts `n` more requests of `verb` on `resource`.
+    pub fn add(&mut self, verb: &str, resource: &str, n: u64) {
+        *self
+            .counts
+            .entry((verb.to_string(), resource.to_string()))
+            .or_default() += n;
+    }
+
+    /// Every (verb, resource, count), ordered by verb then resource.
+    pub fn iter(&self) -> impl Iterator<Item = (&str, &str, u64)> {
+        self.counts
+            .iter()
+            .map(|((v, r), n)| (v.as_str(), r.as_str(), *n))
+    }
+
+    /// Requests by verb.
+    pub fn by_verb(&self) -> BTreeMap<String, u64> {
+        let mut by_verb = BTreeMap::new();
+        for ((verb, _), n) in &self.counts {
+            *by_verb.entry(verb.clone()).or_default() += n;
+        }
+        by_verb
+    }
+
+    /// Requests of one verb.
+    pub fn verb_total(&self, verb: &str) -> u64 {
+        self.iter()
+            .filter(|(v, _, _)| *v == verb)
+            .map(|(_, _, n)| n)
+            .sum()
+    }
+
     /// Every request.
     pub fn total(&self) -> u64 {
-        self.by_verb.values().sum()
+        self.counts.values().sum()
     }
 
     /// Requests that change state.
     pub fn writes(&self) -> u64 {
-        self.by_verb
-            .iter()
-            .filter(|(v, _)| {
-                matches!(
-                    v.as_str(),
-                    "create" | "update" | "patch" | "delete" | "deletecollection"
-                )
-            })
-            .map(|(_, n)| n)
+        self.iter()
+            .filter(|(v, _, _)| is_write(v))
+            .map(|(_, _, n)| n)
             .sum()
     }
 
     /// What was counted since `before`.
     pub fn since(&self, before: &RequestCounts) -> RequestCounts {
         RequestCounts {
-            by_verb: self
-                .by_verb
+            counts: self
+                .counts
                 .iter()
-                .map(|(v, n)| {
+                .map(|(k, n)| {
                     (
-                        v.clone(),
-                        n.saturating_sub(before.by_verb.get(v).copied().unwrap_or(0)),
+                        k.clone(),
+                        n.saturating_sub(before.counts.get(k).copied().unwrap_or(0)),
                     )
                 })
                 .filter(|(_, n)| *n > 0)
                 .collect(),
         }
     }
+}
+
+/// Whether a verb changes state.
+pub fn is_write(verb: &str) -> bool {
+    matches!(
+        verb,
+        "create" | "update" | "patch" | "delete" | "deletecollection"
+    )
 }
 
 /// A running system: the management API, the hollow hosts, the workload clusters, the operator.
@@ -77,12 +111,22 @@ pub trait Stack {
     fn workloads(&self) -> &WorkloadClusters;
     /// Where the operator logs.
     fn operator_log(&self) -> PathBuf;
+    /// The operator's process id, while it runs.
+    fn operator_pid(&self) -> Option<u32>;
+    /// The hollow kubelets: the Nodes they registered.
+    fn kubelets(&self) -> crate::capi::kubelet::KubeletControl;
     /// The kubeconfig a user would use for the management cluster.
     fn kubeconfig(&self) -> PathBuf;
     /// Every API request counted so far, as the API server counts them.
     fn api_requests(&self) -> RequestCounts;
     /// The operator's API requests counted so far.
     fn operator_requests(&self) -> RequestCounts;
+    /// Requests the server answered 429 (priority and fairness) so far, of all clients and of the
+    /// operator, where the server reports it (the real stack's audit log; the emulator throttles
+    /// nobody unless told to).
+    fn throttled(&self) -> Option<(u64, u64)> {
+        None
+    }
     /// Renders a cluster template with `vars` as clusterctl fills them.
     fn render(
         &self,

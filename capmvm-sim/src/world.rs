@@ -573,11 +573,11 @@ impl Drop for World {
     }
 }
 
-/// Requests by verb from the emulator's counters.
+/// Requests by verb and resource from the emulator's counters.
 pub fn request_counts(snapshot: &crate::kube::CounterSnapshot) -> RequestCounts {
     let mut counts = RequestCounts::default();
-    for (verb, _, n) in snapshot.iter() {
-        *counts.by_verb.entry(verb.as_str().to_string()).or_default() += n;
+    for (verb, resource, n) in snapshot.iter() {
+        counts.add(verb.as_str(), resource, n);
     }
     counts
 }
@@ -605,6 +605,17 @@ impl Stack for World {
 
     fn operator_log(&self) -> PathBuf {
         self.dir.join("operator.log")
+    }
+
+    fn operator_pid(&self) -> Option<u32> {
+        self.operator.as_ref().and_then(OperatorProcess::pid)
+    }
+
+    fn kubelets(&self) -> crate::capi::kubelet::KubeletControl {
+        self.kubelets
+            .as_ref()
+            .map(|k| k.control().clone())
+            .unwrap_or_default()
     }
 
     fn kubeconfig(&self) -> PathBuf {

@@ -281,6 +281,29 @@ impl RealStack {
         stack::flintlock_calls(&self.hosts)
     }
 
+    /// The upstream processes' ids (etcd, the kube-apiservers, kube-controller-manager, CAPI's
+    /// managers), for measuring what they cost.
+    pub fn upstream_pids(&self) -> Vec<u32> {
+        let mut pids: Vec<Option<u32>> = vec![
+            self.etcd.as_ref().and_then(Etcd::pid),
+            self.management.as_ref().and_then(KubeApiServer::pid),
+            self.controller_manager
+                .as_ref()
+                .and_then(ControlPlaneComponent::pid),
+        ];
+        pids.extend(self.workload_apis.iter().map(|a| a.server.pid()));
+        if let Some(capi) = &self.capi {
+            pids.extend(
+                [
+                    capmvm_upstream::capi::Provider::Core,
+                    capmvm_upstream::capi::Provider::KubeadmBootstrap,
+                ]
+                .map(|p| capi.pid(p)),
+            );
+        }
+        pids.into_iter().flatten().collect()
+    }
+
     /// The CAPI managers.
     pub fn capi(&self) -> Option<&Capi> {
         self.capi.as_ref()
@@ -357,6 +380,17 @@ impl Stack for RealStack {
         self.dir.join("operator.log")
     }
 
+    fn operator_pid(&self) -> Option<u32> {
+        self.operator.as_ref().and_then(OperatorProcess::pid)
+    }
+
+    fn kubelets(&self) -> crate::capi::kubelet::KubeletControl {
+        self.kubelets
+            .as_ref()
+            .map(|k| k.control().clone())
+            .unwrap_or_default()
+    }
+
     fn kubeconfig(&self) -> PathBuf {
         self.management
             .as_ref()
@@ -370,6 +404,16 @@ impl Stack for RealStack {
 
     fn operator_requests(&self) -> RequestCounts {
         audit_counts(self.audit(), Some(&Self::operator_user()))
+    }
+
+    fn throttled(&self) -> Option<(u64, u64)> {
+        let requests = self.audit()?.requests().ok()?;
+        let operator = Self::operator_user();
+        let throttled = requests.iter().filter(|e| e.code() == 429);
+        let (all, ours) = throttled.fold((0, 0), |(all, ours), e| {
+            (all + 1, ours + u64::from(e.user.username == operator))
+        });
+        Some((all, ours))
     }
 
     /// `clusterctl generate cluster <name> --from <template>` with `vars` in its environment, as
@@ -469,7 +513,27 @@ impl Stack for RealStack {
     }
 }
 
-/// Requests by verb from the audit log, of one user or of all.
+/// An audited request's resource as the emulator's counters name it:
+/// `<group, or core>/<plural>[/<subresource>]` (empty for a non-resource path such as /version).
+fn counter_resource(e: &capmvm_upstream::AuditEvent) -> String {
+    match &e.object_ref {
+        Some(o) => {
+            let group = if o.api_group.is_empty() {
+                "core"
+            } else {
+                o.api_group.as_str()
+            };
+            if o.subresource.is_empty() {
+                format!("{group}/{}", o.resource)
+            } else {
+                format!("{group}/{}/{}", o.resource, o.subresource)
+            }
+        }
+        None => String::new(),
+    }
+}
+
+/// Requests by verb and resource from the audit log, of one user or of all.
 fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> RequestCounts {
     let mut counts = RequestCounts::default();
     let Some(log) = log else {
@@ -482,7 +546,7 @@ fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> RequestCounts {
         .iter()
         .filter(|e| user.is_none_or(|u| e.user.username == u))
     {
-        *counts.by_verb.entry(e.verb.clone()).or_default() += 1;
+        counts.add(&e.verb, &counter_resource(e), 1);
     }
     counts
 }
