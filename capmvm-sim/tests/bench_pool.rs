@@ -15,6 +15,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         steady_secs: 0,
         timeout_secs: 120,
         pool: true,
+        control_plane: capmvm_sim::demo::ControlPlane::Embedded,
     };
     let plan = PoolPlan {
         peak: 6,
