@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capmvm_api::capi::Machine;
-use capmvm_api::keys::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL};
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, PAUSED_ANNOTATION};
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch};
@@ -42,6 +42,9 @@ pub const CONTROL_PLANE_FINALIZER: &str = "kubeadm.controlplane.cluster.x-k8s.io
 /// How soon a deleting control plane looks again while Machines remain (the real one waits 30 s;
 /// its Machines' changes wake it sooner here).
 const DELETE_REQUEUE: Duration = Duration::from_secs(2);
+
+/// How soon a paused control plane looks again.
+const PAUSED_REQUEUE: Duration = Duration::from_secs(2);
 
 /// Starts the KubeadmControlPlane controller.
 pub(crate) fn run(ctx: Arc<Ctx>) -> impl std::future::Future<Output = ()> {
@@ -83,6 +86,23 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
         &ns,
         &kubeadm_control_plane_resource(),
     );
+    // Paused as the real KubeadmControlPlane is: by its Cluster's `spec.paused` (which
+    // `clusterctl move` sets on the source) or its own annotation. Without it, the source's stand-in
+    // re-created the Machines the move had just removed.
+    let cluster_paused = kcp
+        .labels()
+        .get(CLUSTER_NAME_LABEL)
+        .and_then(|c| {
+            ctx.caches
+                .clusters
+                .store()
+                .get(&kube::runtime::reflector::ObjectRef::new(c).within(&ns))
+        })
+        .is_some_and(|c| c.spec.paused == Some(true));
+    if cluster_paused || kcp.annotations().contains_key(PAUSED_ANNOTATION) {
+        // Nothing maps a Cluster's changes to its control plane here: look again shortly.
+        return Ok(Action::requeue(PAUSED_REQUEUE));
+    }
     if kcp.meta().deletion_timestamp.is_some() {
         return reconcile_delete(&kcp, &kcps, &ctx).await;
     }

@@ -48,6 +48,12 @@ pub const BINARIES: &[&str] = &[
 /// collection and namespace deletion (CAPI relies on both), ServiceAccounts, role aggregation.
 const MANAGEMENT_CONTROLLERS: &str = "garbage-collector-controller,namespace-controller,serviceaccount-controller,clusterrole-aggregation-controller";
 
+/// What a `clusterctl move` target shares with the stack it moves from.
+struct Shared {
+    host_controls: Vec<capmvm_flintlock::hollow::HostControl>,
+    endpoints: Vec<String>,
+}
+
 /// A running real stack.
 pub struct RealStack {
     /// Working directory: certificates, kubeconfigs, every component's log.
@@ -64,6 +70,8 @@ pub struct RealStack {
     pub operator_kubeconfig: PathBuf,
     /// The hollow hosts.
     pub hosts: Vec<HollowHandle>,
+    /// The endpoints of another stack's hosts this one uses (a `clusterctl move` target).
+    shared_endpoints: Vec<String>,
     pki: Option<TestPki>,
     workloads: WorkloadClusters,
     workload_apis: Vec<WorkloadApi>,
@@ -82,6 +90,37 @@ impl RealStack {
     /// [`crate::world::World`]; its emulator settings do not apply, and the real CABPK rotates
     /// join tokens on its own schedule.
     pub async fn start(options: WorldOptions) -> anyhow::Result<RealStack> {
+        Self::start_with(options, None).await
+    }
+
+    /// A second management cluster for `clusterctl move`: its own etcd, kube-apiserver, CAPI and
+    /// components (and its own KubeadmControlPlane stand-in and kubelets' view of it), over this
+    /// stack's hosts and workload clusters. Its operator is started separately, as here.
+    pub async fn start_move_target(&self) -> anyhow::Result<RealStack> {
+        let mut options = self.options.clone();
+        options.hosts = 0;
+        let shared = Shared {
+            host_controls: self.hosts.iter().map(HollowHandle::control).collect(),
+            endpoints: self.endpoints(),
+        };
+        let target = Self::start_with(options, Some(shared)).await?;
+        for api in &self.workload_apis {
+            let kubeconfig = std::fs::read_to_string(api.server.kubeconfig())
+                .context("reading a workload kubeconfig")?;
+            target.workloads.register_external(
+                &api.cluster,
+                api.server.url(),
+                api.server.client().await?,
+                kubeconfig,
+            )?;
+        }
+        Ok(target)
+    }
+
+    async fn start_with(
+        options: WorldOptions,
+        shared: Option<Shared>,
+    ) -> anyhow::Result<RealStack> {
         let binaries = Binaries::locate();
         if let Some(missing) = BINARIES.iter().find(|b| !binaries.have(&[b])) {
             anyhow::bail!(
@@ -132,6 +171,13 @@ impl RealStack {
             .context("a token for the operator's ServiceAccount")?;
 
         let (hosts, pki) = start_hosts(&options, &dir).await?;
+        let (host_controls, shared_endpoints) = match shared {
+            Some(s) => (s.host_controls, s.endpoints),
+            None => (
+                hosts.iter().map(HollowHandle::control).collect(),
+                Vec::new(),
+            ),
+        };
         let workloads = WorkloadClusters::new(dir.join("workloads"));
         let stand_in = capi::run_with_options(
             client.clone(),
@@ -141,11 +187,8 @@ impl RealStack {
                 plays: StandInPlays::ControlPlaneOnly,
             },
         );
-        let kubelets = Kubelets::start(
-            stand_in.management_view(),
-            hosts.iter().map(HollowHandle::control).collect(),
-            workloads.clone(),
-        );
+        let kubelets =
+            Kubelets::start(stand_in.management_view(), host_controls, workloads.clone());
         Ok(RealStack {
             dir,
             binaries,
@@ -154,6 +197,7 @@ impl RealStack {
             clusterctl,
             operator_kubeconfig,
             hosts,
+            shared_endpoints,
             pki,
             workloads,
             workload_apis: Vec::new(),
@@ -266,9 +310,13 @@ impl RealStack {
             .unwrap_or_default()
     }
 
-    /// The hosts' endpoints.
+    /// The hosts' endpoints (another stack's, for a `clusterctl move` target).
     pub fn endpoints(&self) -> Vec<String> {
-        stack::endpoints(&self.hosts)
+        if self.hosts.is_empty() {
+            self.shared_endpoints.clone()
+        } else {
+            stack::endpoints(&self.hosts)
+        }
     }
 
     /// Every microVM on every host, with the host's endpoint.
