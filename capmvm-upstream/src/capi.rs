@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use base64::Engine as _;
+use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::{Value, json};
@@ -256,26 +258,20 @@ impl Capi {
         wait_crds_established(&crds).await?;
 
         // The managers, each in a namespace of its own as clusterctl installs them.
-        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+        let namespaces: Api<Namespace> = Api::all(client.clone());
         let mut managers = Vec::new();
         for (provider, port) in &ports {
-            let ns = provider.namespace();
-            let namespace =
-                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
-            if let Err(e) = namespaces
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(namespace).map_err(|e| Error::Manifest {
-                        path: PathBuf::from(ns),
-                        message: e.to_string(),
-                    })?,
-                )
-                .await
-            {
-                match e {
-                    kube::Error::Api(ref s) if s.code == 409 => {}
-                    e => return Err(e.into()),
-                }
+            let namespace = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(provider.namespace().to_string()),
+                    ..Default::default()
+                },
+                ..Default::default()
+            };
+            match namespaces.create(&PostParams::default(), &namespace).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e.into()),
             }
             let args = manager_args(server, &cert_dir, *port, &options.extra_args)?;
             let process = spawn_manager(binaries, *provider, &args, &dir)?;
