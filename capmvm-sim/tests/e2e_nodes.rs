@@ -123,7 +123,8 @@ async fn nodes_register_machines_get_their_node_and_the_cluster_takes_them_along
         assert_eq!(info["kubeletVersion"], "v1.33.0");
         assert_eq!(info["architecture"], "amd64");
         assert_eq!(info["operatingSystem"], "linux");
-        assert_eq!(info["swap"], json!({"capacity": 0}));
+        // A kubelet without swap leaves `swap` out (the real API server refuses a capacity of 0).
+        assert!(info.get("swap").is_none(), "{info}");
         // The Node carries the microVM's size: 2 vCPUs, 2048 MiB.
         let capacity = node.status.as_ref().unwrap().capacity.as_ref().unwrap();
         assert_eq!(capacity["cpu"].0, "2");
