@@ -143,7 +143,9 @@ pub struct MicrovmHost {
     pub name: Option<String>,
 
     /// The flintlock gRPC endpoint, `host:port` (IPv6 as `[addr]:port`).
-    #[schemars(length(min = 1, max = 256))]
+    // The shape is checked at admission, so a typo is refused by `kubectl apply` naming the host;
+    // the finer rules (port range, canonical form, uniqueness) are `validation`'s.
+    #[schemars(length(min = 1, max = 256), pattern(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?(\.[A-Za-z0-9]([-A-Za-z0-9]*[A-Za-z0-9])?)*):[0-9]{1,5}$"))]
     pub endpoint: String,
 
     /// Whether control-plane machines may be placed on this host.

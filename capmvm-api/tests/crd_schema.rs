@@ -231,6 +231,44 @@ fn defaults_the_api_relies_on_are_in_the_schema() {
     assert_eq!(fds["x-kubernetes-list-type"], "map");
 }
 
+/// The endpoint's schema pattern (what the API server checks at admission) lets through every
+/// endpoint the parser accepts in canonical form, and refuses what is not `host:port` at all.
+#[test]
+fn the_endpoint_pattern_agrees_with_the_parser() {
+    let cluster = serde_json::to_value(&crds()[0]).unwrap();
+    let host = &cluster["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["properties"]["placement"]["properties"]["staticPool"]["properties"]["hosts"]["items"];
+    let pattern = regex::Regex::new(host["properties"]["endpoint"]["pattern"].as_str().unwrap())
+        .unwrap();
+    for accepted in [
+        "10.0.0.5:9090",
+        "host-a.example.com:443",
+        "[fd00::5]:9090",
+        "[::ffff:10.0.0.1]:1",
+        "localhost:65535",
+        "A1.b-2.C:9090",
+    ] {
+        let parsed: capmvm_api::HostEndpoint = accepted.parse().unwrap();
+        assert_eq!(parsed.to_string(), accepted, "canonical");
+        assert!(pattern.is_match(accepted), "{accepted}");
+    }
+    for refused in [
+        "not a host",
+        "10.0.0.5",
+        "http://10.0.0.5:9090",
+        "fd00::5:9090",
+        "host_a:9090",
+        "-host:9090",
+        "host.:9090",
+        ":9090",
+        "host:",
+        "",
+    ] {
+        assert!(refused.parse::<capmvm_api::HostEndpoint>().is_err(), "{refused}");
+        assert!(!pattern.is_match(refused), "{refused}");
+    }
+}
+
 #[test]
 fn crd_metadata_follows_the_capi_contract() {
     let expected = [

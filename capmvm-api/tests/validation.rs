@@ -619,6 +619,65 @@ fn authorized_keys_must_be_openssh_public_keys() {
     assert_eq!(validate_machine_spec(&spec), Ok(()));
 }
 
+/// What sshd accepts in `authorized_keys` is accepted: a key with options before it (`command=`,
+/// `from=`, flags; quoted values may hold spaces, commas and escaped quotes). What it refuses is
+/// refused, naming the option or the quoting.
+#[test]
+fn authorized_keys_may_carry_the_options_sshd_accepts() {
+    let keys = |list: &[&str]| {
+        vec![SshPublicKey {
+            user: "ops".into(),
+            authorized_keys: list.iter().map(|k| k.to_string()).collect(),
+        }]
+    };
+    let blob = ED25519_KEY.trim_start_matches("ssh-ed25519 ");
+    let accepted = [
+        format!("command=\"/usr/bin/backup --all\" ssh-ed25519 {blob}"),
+        format!("from=\"10.0.0.0/8,192.168.1.*\" ssh-ed25519 {blob}"),
+        format!("no-pty,no-port-forwarding,command=\"echo \\\"hi there\\\"\" ssh-ed25519 {blob}"),
+        format!("restrict,pty {ECDSA_KEY}"),
+        format!("NO-PTY,Environment=\"A=b c\",expiry-time=\"20301231\" {RSA_KEY}"),
+        format!("cert-authority,principals=\"ops,admin\" ssh-ed25519 {blob}"),
+    ];
+    for key in &accepted {
+        let mut spec = valid_machine();
+        spec.ssh_public_keys = keys(&[key]);
+        assert_eq!(validate_machine_spec(&spec), Ok(()), "{key}");
+        let mut cluster = valid_cluster();
+        cluster.ssh_public_keys = keys(&[key]);
+        assert_eq!(validate_cluster_spec(&cluster), Ok(()), "{key}");
+    }
+    for (bad, needle) in [
+        (
+            format!("bogus-option ssh-ed25519 {blob}"),
+            "option \"bogus-option\" is not one sshd accepts",
+        ),
+        (
+            format!("command=\"unterminated ssh-ed25519 {blob}"),
+            "unterminated quote",
+        ),
+        (
+            format!("command=unquoted ssh-ed25519 {blob}"),
+            "option \"command\" needs a quoted value",
+        ),
+        (
+            format!("no-pty=\"x\" ssh-ed25519 {blob}"),
+            "option \"no-pty\" takes no value",
+        ),
+        (
+            "no-pty ssh-ed25519 not*base64".to_string(),
+            "not base64",
+        ),
+        ("no-pty".to_string(), "[options] <type> <base64> [comment]"),
+    ] {
+        machine_error(
+            |s| s.ssh_public_keys = keys(&[ED25519_KEY, &bad]),
+            "spec.sshPublicKeys[0].authorizedKeys[1]",
+            needle,
+        );
+    }
+}
+
 fn valid_pool() -> MicrovmMachinePoolSpec {
     MicrovmMachinePoolSpec {
         template: valid_machine(),

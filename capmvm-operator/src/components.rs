@@ -67,6 +67,10 @@ pub const FLAG_VARIABLES: &[(&str, &str)] = &[
         "microvmmachinetemplate-concurrency",
         "CAPMVM_MICROVMMACHINETEMPLATE_CONCURRENCY",
     ),
+    (
+        "microvmmachinepool-concurrency",
+        "CAPMVM_MICROVMMACHINEPOOL_CONCURRENCY",
+    ),
     ("sync-period", "CAPMVM_SYNC_PERIOD"),
     ("host-poll-interval", "CAPMVM_HOST_POLL_INTERVAL"),
     ("flintlock-call-timeout", "CAPMVM_FLINTLOCK_CALL_TIMEOUT"),
@@ -423,6 +427,34 @@ mod tests {
         );
         assert_eq!(container.name, "manager");
         assert_eq!(container.image.as_deref(), Some("${CAPMVM_IMAGE}"));
+    }
+
+    /// Each controller's concurrency is a flag, and a clusterctl variable of the install.
+    #[test]
+    fn every_controllers_concurrency_is_a_flag_and_a_clusterctl_variable() {
+        let command = Flags::command();
+        for controller in [
+            "microvmcluster",
+            "microvmmachine",
+            "microvmmachinetemplate",
+            "microvmmachinepool",
+        ] {
+            let flag = format!("{controller}-concurrency");
+            assert!(
+                command
+                    .get_arguments()
+                    .any(|a| a.get_long() == Some(flag.as_str())),
+                "no --{flag}"
+            );
+            let variable = format!("CAPMVM_{}_CONCURRENCY", controller.to_uppercase());
+            assert!(
+                FLAG_VARIABLES.contains(&(flag.as_str(), variable.as_str())),
+                "--{flag} is not the clusterctl variable {variable}"
+            );
+        }
+        let flags = Flags::try_parse_from(["capmvm-operator", "--microvmmachinepool-concurrency=3"])
+            .unwrap();
+        assert_eq!(flags.microvmmachinepool_concurrency, 3);
     }
 
     #[test]

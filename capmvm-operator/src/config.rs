@@ -59,6 +59,10 @@ pub struct Flags {
     #[arg(long, default_value_t = 10)]
     pub microvmmachinetemplate_concurrency: u16,
 
+    /// MicrovmMachinePools reconciled at once.
+    #[arg(long, default_value_t = 10)]
+    pub microvmmachinepool_concurrency: u16,
+
     /// Reconcile every object at least this often, even without a change.
     #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
     pub sync_period: Duration,

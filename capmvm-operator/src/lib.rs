@@ -278,7 +278,7 @@ pub async fn run(
             )
             .for_each(|_| async {});
     let pools = Controller::for_stream(futures::stream::empty(), stores.pools.clone())
-        .with_config(ControllerConfig::default().concurrency(controllers::pool::CONCURRENCY))
+        .with_config(ControllerConfig::default().concurrency(flags.microvmmachinepool_concurrency))
         .reconcile_on(UnboundedReceiverStream::new(pool_rx))
         .graceful_shutdown_on(shutdown.clone())
         .run(

@@ -35,9 +35,6 @@ use crate::watch::api_group;
 /// Controller name in metrics and events.
 pub const CONTROLLER: &str = "microvmmachinepool";
 
-/// How many pools are reconciled at once.
-pub const CONCURRENCY: u16 = 10;
-
 /// How soon to look again while the caches have not caught up with our own writes.
 const CACHE_CATCH_UP_RETRY: Duration = Duration::from_millis(200);
 
