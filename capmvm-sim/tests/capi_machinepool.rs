@@ -10,7 +10,6 @@
 
 mod e2e_support;
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use capmvm_sim::world::{World, wait_for};
@@ -85,7 +84,8 @@ async fn apply_pool(w: &World, edit: impl FnOnce(&mut Value)) {
             .join("../templates/cluster-template-machinepool.yaml"),
     )
     .unwrap();
-    let vars = BTreeMap::from([("WORKER_MACHINE_COUNT".to_string(), "3".to_string())]);
+    let mut vars = capmvm_sim::world::template_variables(&w.endpoints());
+    vars.insert("WORKER_MACHINE_COUNT".to_string(), "3".to_string());
     let mut objects = manifest::parse(&manifest::envsubst(&text, &vars).unwrap()).unwrap();
     objects.retain(|o| {
         matches!(
@@ -550,8 +550,7 @@ async fn machine_pool_core_follows_its_infrastructure_pool_as_capi_v1_14_does() 
 /// Creates each object, as stored, on an emulator serving CAPI's own CRDs with
 /// `fieldValidation=Strict`, and writes its status the same way: no error, no warning.
 async fn strict_check(w: &World, objects: &[(&ApiResource, &str)]) {
-    let Some(dir) = capi::real_crds_dir() else {
-        eprintln!("CAPI's CRDs not found: strict check skipped");
+    let Some(dir) = capi::real_crds_dir_or_skip("strict_check of the MachinePool objects") else {
         return;
     };
     let target = capmvm_sim::kube::Emulator::start(Default::default())

@@ -65,11 +65,11 @@ fn repo_root() -> PathBuf {
 }
 
 /// An emulator serving the project's CRDs and CAPI's own; `webhooks` registers CAPI's defaulting.
-async fn capi_emulator(webhooks: bool) -> Option<(capmvm_sim::kube::EmulatorHandle, kube::Client)> {
-    let Some(dir) = capi::real_crds_dir() else {
-        eprintln!("CAPI's CRDs not found (../shared/capi-crds or CAPMVM_SHARED_DIR): skipped");
-        return None;
-    };
+async fn capi_emulator(
+    test: &str,
+    webhooks: bool,
+) -> Option<(capmvm_sim::kube::EmulatorHandle, kube::Client)> {
+    let dir = capi::real_crds_dir_or_skip(test)?;
     let emulator = Emulator::start(EmulatorOptions::default()).await.unwrap();
     let client = emulator.client().unwrap();
     if webhooks {
@@ -117,7 +117,12 @@ fn yaml_files(dir: &Path, out: &mut Vec<PathBuf>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_object_of_templates_and_examples_validates_against_capi_crds() {
     // Manifests are written for a real management cluster: CAPI's webhooks default them there.
-    let Some((emulator, client)) = capi_emulator(true).await else {
+    let Some((emulator, client)) = capi_emulator(
+        "every_object_of_templates_and_examples_validates_against_capi_crds",
+        true,
+    )
+    .await
+    else {
         return;
     };
     let mut files = Vec::new();
@@ -138,9 +143,9 @@ async fn every_object_of_templates_and_examples_validates_against_capi_crds() {
     );
     let mut kinds = Vec::new();
     for file in &files {
-        // Filled as clusterctl fills them: the defaults.
-        let text =
-            manifest::envsubst(&std::fs::read_to_string(file).unwrap(), &BTreeMap::new()).unwrap();
+        // Filled as clusterctl fills them: the required variables given, the defaults for the rest.
+        let vars = capmvm_sim::world::template_variables(&["10.0.0.11:9090".into()]);
+        let text = manifest::envsubst(&std::fs::read_to_string(file).unwrap(), &vars).unwrap();
         for obj in manifest::parse(&text).unwrap() {
             let value = serde_json::to_value(&obj).unwrap();
             let what = format!(
@@ -212,7 +217,12 @@ const WRITTEN: &[(&str, &str)] = &[
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_object_the_stand_in_writes_validates_against_capi_crds() {
     // No webhooks here: what the stand-in stored must be valid as it is.
-    let Some((emulator, target)) = capi_emulator(false).await else {
+    let Some((emulator, target)) = capi_emulator(
+        "every_object_the_stand_in_writes_validates_against_capi_crds",
+        false,
+    )
+    .await
+    else {
         return;
     };
     let w = world(options(3)).await;
@@ -305,4 +315,43 @@ async fn every_object_the_stand_in_writes_validates_against_capi_crds() {
     assert_eq!(checked.get("KubeadmControlPlane"), Some(&1), "{checked:?}");
     w.shutdown().await;
     emulator.shutdown().await;
+}
+
+/// Without CAPI's CRDs a check against them cannot pass unseen: under CI (`CI=true`) it fails
+/// naming where the CRDs were looked for; on a developer's machine it is skipped and says so on
+/// the terminal (past the harness's capture). Runs one of this file's checks in a child process of
+/// this test binary, with `CAPMVM_SHARED_DIR` pointing at an empty directory.
+#[test]
+fn without_capis_crds_ci_fails_and_a_local_run_reports_a_skip() {
+    let empty = std::env::temp_dir().join(format!("capmvm-no-shared-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let run = |ci: Option<&str>| {
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap());
+        child
+            .args([
+                "every_object_of_templates_and_examples_validates_against_capi_crds",
+                "--exact",
+            ])
+            .env("CAPMVM_SHARED_DIR", &empty);
+        match ci {
+            Some(v) => child.env("CI", v),
+            None => child.env_remove("CI"),
+        };
+        child.output().unwrap()
+    };
+    let ci = run(Some("true"));
+    let text = String::from_utf8_lossy(&ci.stdout).into_owned() + &String::from_utf8_lossy(&ci.stderr);
+    assert!(!ci.status.success(), "passed under CI without its input:\n{text}");
+    assert!(
+        text.contains("CI=true") && text.contains(&empty.display().to_string()),
+        "{text}"
+    );
+    let local = run(None);
+    let stderr = String::from_utf8_lossy(&local.stderr);
+    assert!(local.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("SKIPPED every_object_of_templates_and_examples_validates_against_capi_crds"),
+        "the skip is said: {stderr}"
+    );
+    let _ = std::fs::remove_dir(&empty);
 }

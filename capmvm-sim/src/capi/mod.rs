@@ -45,7 +45,8 @@ pub use controllers::{
 };
 pub use crds::{
     CAPI_CRDS_VERSION, CrdError, LabelSelector, MachineDeployment, MachineDeploymentSpec, TOUCHED,
-    capi_crds, crds, parse_touched, read_crds, real_crds_dir, schema_at, v1beta2_schema,
+    capi_crds, crds, parse_touched, read_crds, real_crds_dir, real_crds_dir_or_skip, schema_at,
+    under_ci, v1beta2_schema,
 };
 
 /// Finalizer CAPI puts on Clusters.
