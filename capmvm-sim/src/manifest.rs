@@ -60,15 +60,7 @@ pub fn envsubst(text: &str, vars: &BTreeMap<String, String>) -> Result<String, E
         out.push_str(&rest[..start]);
         let after = &rest[start + 2..];
         let end = after.find('}').ok_or(Error::Unterminated(offset + start))?;
-        let expr = after[..end].trim();
-        let (name, default) = match expr.find([':', '=']) {
-            Some(i) => {
-                let (name, tail) = expr.split_at(i);
-                let default = tail.trim_start_matches([':', '=', '-']).trim();
-                (name.trim(), Some(default))
-            }
-            None => (expr, None),
-        };
+        let (name, default) = split_expression(after[..end].trim());
         // clusterctl (drone/envsubst with its own check) treats an empty default as no default:
         // `${VAR:=}` with VAR unset refuses to render, as here.
         let default = default.filter(|d| !d.is_empty());
@@ -81,6 +73,37 @@ pub fn envsubst(text: &str, vars: &BTreeMap<String, String>) -> Result<String, E
     }
     out.push_str(rest);
     Ok(out)
+}
+
+/// The variables of `text` as `clusterctl generate cluster --list-variables` sorts them: name to
+/// `None` when required (some use has no default), else to its default.
+pub fn variables(text: &str) -> Result<BTreeMap<String, Option<String>>, Error> {
+    let mut found: BTreeMap<String, Option<String>> = BTreeMap::new();
+    let mut rest = text;
+    let mut offset = 0;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let end = after.find('}').ok_or(Error::Unterminated(offset + start))?;
+        let (name, default) = split_expression(after[..end].trim());
+        let entry = found.entry(name.to_string()).or_insert(default.map(str::to_string));
+        if default.is_none() {
+            *entry = None;
+        }
+        offset += start + 2 + end + 1;
+        rest = &after[end + 1..];
+    }
+    Ok(found)
+}
+
+/// `NAME`, `NAME:=default`, `NAME:-default` or `NAME=default`: the name and the default.
+fn split_expression(expr: &str) -> (&str, Option<&str>) {
+    match expr.find([':', '=']) {
+        Some(i) => {
+            let (name, tail) = expr.split_at(i);
+            (name.trim(), Some(tail.trim_start_matches([':', '=', '-']).trim()))
+        }
+        None => (expr, None),
+    }
 }
 
 /// Parses multi-document YAML into objects (empty documents skipped).
@@ -169,13 +192,28 @@ mod tests {
     }
 
     #[test]
+    fn variables_are_listed_as_clusterctl_lists_them() {
+        let listed = variables("${A} ${B:=1} ${C:-} ${A:=x} ${D:=2} ${D}").unwrap();
+        assert_eq!(
+            listed,
+            BTreeMap::from([
+                ("A".to_string(), None),
+                ("B".to_string(), Some("1".to_string())),
+                ("C".to_string(), Some(String::new())),
+                ("D".to_string(), None),
+            ])
+        );
+    }
+
+    #[test]
     fn the_cluster_template_renders_into_valid_objects() {
         let text = std::fs::read_to_string(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/../templates/cluster-template.yaml"
         ))
         .unwrap();
-        let objects = parse(&envsubst(&text, &BTreeMap::new()).unwrap()).unwrap();
+        let vars = crate::world::template_variables(&["10.0.0.11:9090".into()]);
+        let objects = parse(&envsubst(&text, &vars).unwrap()).unwrap();
         let kinds: Vec<_> = objects
             .iter()
             .map(|o| o.types.as_ref().unwrap().kind.as_str())

@@ -205,14 +205,9 @@ pub async fn apply_template<S: Stack + Sync>(
     edit: impl FnOnce(&mut Vec<DynamicObject>),
 ) -> anyhow::Result<Vec<String>> {
     let endpoints = endpoints(stack.hosts());
-    let mut all: BTreeMap<String, String> = vars
-        .iter()
-        .map(|(k, v)| (k.to_string(), v.clone()))
-        .collect();
-    for (letter, endpoint) in ["HOST_A", "HOST_B", "HOST_C"].iter().zip(&endpoints) {
-        all.entry(letter.to_string())
-            .or_insert_with(|| endpoint.clone());
-    }
+    // The required variables as a user fills them (every host of the stack in the pool), then `vars`.
+    let mut all: BTreeMap<String, String> = crate::world::template_variables(&endpoints);
+    all.extend(vars.iter().map(|(k, v)| (k.to_string(), v.clone())));
     // clusterctl always sets these two, whatever the template's defaults say: the control plane
     // count from its flag (default 1, never below 1) and the worker count (default 0).
     let no_control_plane = all.get("CONTROL_PLANE_MACHINE_COUNT").map(String::as_str) == Some("0");
@@ -238,27 +233,6 @@ pub async fn apply_template<S: Stack + Sync>(
             {
                 spec.remove("controlPlaneRef");
             }
-        }
-    }
-    // Every host belongs to the pool (the template names three).
-    for obj in &mut objects {
-        if obj
-            .types
-            .as_ref()
-            .is_some_and(|t| t.kind == "MicrovmCluster")
-        {
-            let hosts: Vec<serde_json::Value> = endpoints
-                .iter()
-                .enumerate()
-                .map(|(i, e)| {
-                    serde_json::json!({
-                        "name": format!("host-{i}"),
-                        "endpoint": e,
-                        "controlplaneAllowed": true,
-                    })
-                })
-                .collect();
-            obj.data["spec"]["placement"]["staticPool"]["hosts"] = serde_json::Value::Array(hosts);
         }
     }
     edit(&mut objects);

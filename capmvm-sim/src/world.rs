@@ -517,6 +517,31 @@ pub const DEMO_CLUSTER: &str = include_str!("../../templates/cluster-template.ya
 pub const MACHINEPOOL_CLUSTER: &str =
     include_str!("../../templates/cluster-template-machinepool.yaml");
 
+/// The SSH key the demo and the tests put on their machines (its private half is nowhere).
+pub const DEMO_SSH_PUBLIC_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIHmW0bV5Ckb2wA1X8nN2xY2q8C0Qe4yN6q3yF0z1xk7P demo@capmvm";
+/// The control-plane VIP the demo gives its clusters (hollow machines serve no API).
+pub const DEMO_CONTROL_PLANE_VIP: &str = "10.10.0.100";
+
+/// The templates' required variables, filled as a user fills them for `clusterctl generate
+/// cluster`: every one of `endpoints` is a host of the pool (control planes allowed), the demo's
+/// key and VIP. Credentials stay unset (plaintext, no basic auth).
+pub fn template_variables(endpoints: &[String]) -> BTreeMap<String, String> {
+    let hosts: Vec<String> = endpoints
+        .iter()
+        .enumerate()
+        .map(|(i, e)| format!("{{name: host-{i}, endpoint: {e:?}, controlplaneAllowed: true}}"))
+        .collect();
+    BTreeMap::from([
+        ("FLINTLOCK_HOSTS".to_string(), format!("[{}]", hosts.join(", "))),
+        ("SSH_PUBLIC_KEY".to_string(), DEMO_SSH_PUBLIC_KEY.to_string()),
+        (
+            "CONTROL_PLANE_VIP".to_string(),
+            DEMO_CONTROL_PLANE_VIP.to_string(),
+        ),
+    ])
+}
+
 /// Polls `check` every `every` until it returns `Some`, or fails after `timeout` with `what`.
 pub async fn wait_for<T, F, Fut>(
     what: &str,
