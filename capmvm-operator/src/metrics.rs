@@ -84,6 +84,7 @@ pub struct Metrics {
     host_reachable: Family<HostLabels, Gauge>,
     microvms: Family<HostStateLabels, Gauge>,
     orphaned_microvms: Family<ClusterLabels, Gauge>,
+    host_observer_starts: Family<HostLabels, Counter>,
 }
 
 impl Metrics {
@@ -142,6 +143,12 @@ impl Metrics {
             "MicroVMs on a MicrovmCluster's hosts that carry the uid of a MicrovmMachine that no longer exists",
             orphaned_microvms.clone(),
         );
+        let host_observer_starts = Family::<HostLabels, Counter>::default();
+        registry.register(
+            "capmvm_host_observer_starts",
+            "Host observers started, by host: one per set of credentials in use; a count that rises while credentials stay the same means observers are stopped and started again",
+            host_observer_starts.clone(),
+        );
         Arc::new(Self {
             registry,
             reconcile_total,
@@ -152,6 +159,7 @@ impl Metrics {
             host_reachable,
             microvms,
             orphaned_microvms,
+            host_observer_starts,
         })
     }
 
@@ -198,6 +206,15 @@ impl Metrics {
                 cluster: cluster.to_string(),
             })
             .set(i64::try_from(count).unwrap_or(i64::MAX));
+    }
+
+    /// An observer of `host` started (under one set of credentials).
+    pub fn host_observer_started(&self, host: &str) {
+        self.host_observer_starts
+            .get_or_create(&HostLabels {
+                host: host.to_string(),
+            })
+            .inc();
     }
 
     /// Drops the gauges of a MicrovmCluster that is gone.

@@ -404,6 +404,19 @@ async fn a_credential_secret_of_cluster_apis_type_is_refused_by_name() {
     w.shutdown().await;
 }
 
+/// `capmvm_host_observer_starts_total` by host, from the operator's `/metrics`.
+async fn observer_starts(w: &World) -> BTreeMap<String, u64> {
+    let metrics = w.operator().unwrap().scrape_metrics().await.unwrap();
+    metrics
+        .lines()
+        .filter_map(|l| l.strip_prefix("capmvm_host_observer_starts_total{host=\""))
+        .filter_map(|l| {
+            let (host, count) = l.split_once("\"} ")?;
+            Some((host.to_string(), count.trim().parse().ok()?))
+        })
+        .collect()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_sees_a_host_only_through_its_own_credentials() {
     let w = world(options(2, "2s")).await;
@@ -435,13 +448,16 @@ async fn a_cluster_sees_a_host_only_through_its_own_credentials() {
     assert!(!machine_ready(&beta_machines[0]));
     assert_eq!(live_vms_in(&w, "tenant-b"), 0);
 
-    // Both observers stay: demo's machines keep being observed while beta is refused.
-    tokio::time::sleep(Duration::from_secs(5)).await;
-    let log = std::fs::read_to_string(w.operator_log()).unwrap();
-    assert!(
-        !log.contains("restarting its observer"),
-        "no observer restarts"
+    // Both observers stay: demo's machines keep being observed while beta is refused. Each host
+    // has had exactly one observer per tenant's credentials, and no more start while both run.
+    let starts = observer_starts(&w).await;
+    assert_eq!(
+        starts,
+        w.endpoints().iter().map(|e| (e.clone(), 2)).collect(),
+        "one observer per host and credentials"
     );
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert_eq!(observer_starts(&w).await, starts, "no observer restarted");
     assert_eq!(
         machines(&w, "default")
             .await

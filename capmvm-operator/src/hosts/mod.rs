@@ -217,6 +217,7 @@ impl Hosts {
             kick: Notify::new(),
         });
         let task = self.spawn(config.clone(), state.clone());
+        self.metrics.host_observer_started(&config.endpoint);
         debug!(host = %config.endpoint, "observing host");
         by_config.insert(
             config.clone(),
