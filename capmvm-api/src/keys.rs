@@ -141,6 +141,9 @@ pub mod metadata {
     /// Instance meta-data key with the uid of the MicrovmMachine that asked for the VM. It is how we
     /// recognise our own VM after a crash between create and the providerID write (exactly-once).
     pub const MACHINE_UID: &str = "capmvm_machine_uid";
+    /// Instance meta-data key with the name of the CAPI Cluster the machine belongs to: tells which
+    /// of the MicrovmClusters sharing a host a microVM left behind came from (flintlock drops labels).
+    pub const CLUSTER_NAME: &str = "capmvm_cluster_name";
     /// The platform value the Go provider sends.
     pub const PLATFORM_LIQUID_METAL: &str = "liquid_metal";
 }

@@ -124,6 +124,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                     state: VmState::Created,
                     retry: 0,
                     machine_uid: observed.machine.metadata.uid.clone(),
+                    cluster: None,
                     running: Some(RunningSpec {
                         vcpu: i64::from(spec.vcpu),
                         memory_mb: i64::from(spec.memory_mb),

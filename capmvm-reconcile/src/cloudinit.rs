@@ -3,8 +3,8 @@
 //!
 //! - `user-data`: the bootstrap Secret's `value`, verbatim.
 //! - `vendor-data`: `#cloud-config` with hostname, users and their keys, final_message and bootcmd.
-//! - `meta-data`: `local_hostname`, `platform: liquid_metal`, `vm_host`, and `capmvm_machine_uid` (ours);
-//!   flintlock adds `instance_id` itself.
+//! - `meta-data`: `local_hostname`, `platform: liquid_metal`, `vm_host`, and `capmvm_machine_uid` and
+//!   `capmvm_cluster_name` (ours); flintlock adds `instance_id` itself.
 //!
 //! Every value is standard base64 with padding. Documents are rendered from structs and sorted maps,
 //! so the same inputs give byte-identical output.
@@ -29,6 +29,8 @@ pub struct CloudInit<'a> {
     pub hostname: &'a str,
     /// The MicrovmMachine uid, carried in meta-data to recognise the microVM later.
     pub machine_uid: &'a str,
+    /// The CAPI Cluster's name, carried in meta-data to tell which cluster made a microVM.
+    pub cluster_name: &'a str,
     /// The host endpoint (`vm_host`, templated into kubelet's `--provider-id`).
     pub vm_host: &'a str,
     /// SSH users: the machine's when it has any, else the cluster's.
@@ -76,6 +78,7 @@ pub fn metadata(
         (keys::PLATFORM, keys::PLATFORM_LIQUID_METAL),
         (keys::VM_HOST, input.vm_host),
         (keys::MACHINE_UID, input.machine_uid),
+        (keys::CLUSTER_NAME, input.cluster_name),
     ]);
     let meta_data = serde_saphyr::to_string(&meta)?;
 
@@ -92,15 +95,37 @@ pub fn metadata(
 #[derive(Deserialize)]
 struct MachineMarker {
     capmvm_machine_uid: Option<String>,
+    capmvm_cluster_name: Option<String>,
+}
+
+/// What capmvm wrote into a microVM's meta-data to know it again.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Marker {
+    /// The uid of the MicrovmMachine that asked for it (see [`machine_uid_from_metadata`]).
+    pub machine_uid: Option<String>,
+    /// The name of its CAPI Cluster; microVMs created before it was written carry none.
+    pub cluster: Option<String>,
+}
+
+/// The marker in a microVM's meta-data; empty for microVMs that are not ours.
+pub fn marker_from_metadata(metadata: &BTreeMap<String, String>) -> Marker {
+    let marker = || -> Option<MachineMarker> {
+        let encoded = metadata.get(keys::META_DATA)?;
+        let decoded = STANDARD.decode(encoded).ok()?;
+        let text = String::from_utf8(decoded).ok()?;
+        serde_saphyr::from_str(&text).ok()
+    };
+    marker()
+        .map(|m| Marker {
+            machine_uid: m.capmvm_machine_uid.filter(|u| !u.is_empty()),
+            cluster: m.capmvm_cluster_name.filter(|c| !c.is_empty()),
+        })
+        .unwrap_or_default()
 }
 
 /// The MicrovmMachine uid in a microVM's meta-data, if it carries one (ours do; others' do not).
 pub fn machine_uid_from_metadata(metadata: &BTreeMap<String, String>) -> Option<String> {
-    let encoded = metadata.get(keys::META_DATA)?;
-    let decoded = STANDARD.decode(encoded).ok()?;
-    let text = String::from_utf8(decoded).ok()?;
-    let marker: MachineMarker = serde_saphyr::from_str(&text).ok()?;
-    marker.capmvm_machine_uid.filter(|u| !u.is_empty())
+    marker_from_metadata(metadata).machine_uid
 }
 
 #[cfg(test)]
@@ -124,6 +149,7 @@ mod tests {
         let m = metadata(&CloudInit {
             hostname: "demo-md-0-abc",
             machine_uid: "6f1c2a9e-0000-4000-8000-000000000001",
+            cluster_name: "demo",
             vm_host: "10.0.0.5:9090",
             ssh_public_keys: &keys,
             user_data: b"#cloud-config\nruncmd: [kubeadm join]\n",
@@ -135,7 +161,7 @@ mod tests {
         );
         assert_eq!(
             decode(&m, "meta-data"),
-            "capmvm_machine_uid: 6f1c2a9e-0000-4000-8000-000000000001\nlocal_hostname: demo-md-0-abc\nplatform: liquid_metal\nvm_host: 10.0.0.5:9090\n"
+            "capmvm_cluster_name: demo\ncapmvm_machine_uid: 6f1c2a9e-0000-4000-8000-000000000001\nlocal_hostname: demo-md-0-abc\nplatform: liquid_metal\nvm_host: 10.0.0.5:9090\n"
         );
         assert_eq!(
             decode(&m, "user-data"),
@@ -148,6 +174,7 @@ mod tests {
         let m = metadata(&CloudInit {
             hostname: "h",
             machine_uid: "u",
+            cluster_name: "demo",
             vm_host: "h:1",
             ssh_public_keys: &[],
             user_data: b"",
@@ -161,14 +188,18 @@ mod tests {
         let m = metadata(&CloudInit {
             hostname: "h",
             machine_uid: "6f1c2a9e-0000-4000-8000-000000000001",
+            cluster_name: "demo",
             vm_host: "[fd00::5]:9090",
             ssh_public_keys: &[],
             user_data: b"",
         })
         .unwrap();
         assert_eq!(
-            machine_uid_from_metadata(&m).as_deref(),
-            Some("6f1c2a9e-0000-4000-8000-000000000001")
+            marker_from_metadata(&m),
+            Marker {
+                machine_uid: Some("6f1c2a9e-0000-4000-8000-000000000001".into()),
+                cluster: Some("demo".into()),
+            }
         );
         // The IPv6 vm_host is quoted so it stays a string (a bare `[` starts a YAML sequence).
         let meta: BTreeMap<String, String> =
@@ -178,6 +209,8 @@ mod tests {
         let rewritten = "capmvm_machine_uid: 6f1c2a9e-0000-4000-8000-000000000001\ninstance_id: 01KE75BHT9H6D7V5YG0KYGRXX2\nlocal_hostname: h\n";
         let m2 = BTreeMap::from([("meta-data".to_string(), STANDARD.encode(rewritten))]);
         assert!(machine_uid_from_metadata(&m2).is_some());
+        // A microVM made before the cluster was written down: its uid, no cluster.
+        assert_eq!(marker_from_metadata(&m2).cluster, None);
         // Someone else's VM, or garbage, carries no uid.
         let other =
             BTreeMap::from([("meta-data".to_string(), STANDARD.encode("instance_id: x\n"))]);
@@ -192,6 +225,7 @@ mod tests {
         let input = CloudInit {
             hostname: "n",
             machine_uid: "u",
+            cluster_name: "demo",
             vm_host: "h:1",
             ssh_public_keys: &keys,
             user_data: b"x",

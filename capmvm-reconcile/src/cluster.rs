@@ -13,7 +13,9 @@ use std::time::Duration;
 
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{CLUSTER_FINALIZER, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
-use capmvm_api::{FailureDomain, HostEndpoint, Initialization, MicrovmClusterStatus, validation};
+use capmvm_api::{
+    FailureDomain, HostEndpoint, Initialization, MicrovmCluster, MicrovmClusterStatus, validation,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
@@ -28,14 +30,26 @@ pub const HOST_TRANSPORT_SECURE: &str = "HostTransportSecure";
 /// removal sends.
 pub const MACHINES_GONE_RECHECK: Duration = Duration::from_secs(10);
 
+/// A microVM left behind on one of the cluster's hosts (see [`orphans`]).
+#[derive(Debug, PartialEq, Eq)]
+pub struct Orphan<'a> {
+    /// The microVM and its host.
+    pub hosted: &'a HostedVm,
+    /// The other Clusters whose MicrovmClusters list its host and report it too, when its meta-data
+    /// does not name a cluster of the host: empty unless it is reported by more than one.
+    pub shared_with: Vec<&'a str>,
+}
+
 /// The microVMs on the cluster's hosts that carry the uid of a MicrovmMachine that no longer exists:
 /// in the cluster's namespace, not being deleted. Reported, never deleted: only a person can tell a
-/// leak from a machine restored from a backup without its annotations. (Flintlock drops a microVM's
-/// labels, so its cluster is not known: MicrovmClusters of one namespace that share a host each
-/// report what is left there.)
-pub fn orphans(obs: &ObservedCluster) -> Vec<&HostedVm> {
+/// leak from a machine restored from a backup without its annotations. Each is reported once, by
+/// the cluster its meta-data names; one whose meta-data names no cluster that lists its host (made
+/// before the name was written, or by a cluster gone since) is reported by every MicrovmCluster of
+/// the namespace listing the host, each saying the host is shared.
+pub fn orphans(obs: &ObservedCluster) -> Vec<Orphan<'_>> {
     let namespace = obs.microvm_cluster.namespace().unwrap_or_default();
-    let mut out: Vec<&HostedVm> = obs
+    let mine = own_cluster_name(obs);
+    let mut out: Vec<Orphan<'_>> = obs
         .microvms
         .iter()
         .filter(|h| h.vm.namespace == namespace && h.vm.state != VmState::Deleting)
@@ -44,10 +58,58 @@ pub fn orphans(obs: &ObservedCluster) -> Vec<&HostedVm> {
                 .as_ref()
                 .is_some_and(|uid| !obs.known_machine_uids.contains(uid))
         })
+        .filter_map(|h| {
+            let sharers = obs.shared_hosts.get(&h.host);
+            match h.vm.cluster.as_deref() {
+                Some(c) if Some(c) == mine => Some(Orphan {
+                    hosted: h,
+                    shared_with: Vec::new(),
+                }),
+                // Another cluster on the host made it: that one reports it.
+                Some(c) if sharers.is_some_and(|s| s.contains(c)) => None,
+                _ => Some(Orphan {
+                    hosted: h,
+                    shared_with: sharers
+                        .into_iter()
+                        .flatten()
+                        .map(String::as_str)
+                        .collect(),
+                }),
+            }
+        })
         .collect();
-    out.sort_by(|a, b| (&a.host, &a.vm.uid).cmp(&(&b.host, &b.vm.uid)));
-    out.dedup_by(|a, b| a.vm.uid == b.vm.uid);
+    out.sort_by(|a, b| {
+        (&a.hosted.host, &a.hosted.vm.uid).cmp(&(&b.hosted.host, &b.hosted.vm.uid))
+    });
+    out.dedup_by(|a, b| a.hosted.vm.uid == b.hosted.vm.uid);
     out
+}
+
+/// The name of the CAPI Cluster this MicrovmCluster belongs to: its owner, else its
+/// ownerReference, else its cluster-name label.
+pub fn own_cluster_name(obs: &ObservedCluster) -> Option<&str> {
+    if let Some(owner) = &obs.owner {
+        return owner.metadata.name.as_deref();
+    }
+    cluster_name_of(&obs.microvm_cluster)
+}
+
+/// The name of the CAPI Cluster owning `mc` (ownerReference kind Cluster), else its cluster-name
+/// label.
+pub fn cluster_name_of(mc: &MicrovmCluster) -> Option<&str> {
+    mc.owner_references()
+        .iter()
+        .find(|o| {
+            o.kind == "Cluster"
+                && o.api_version.rsplit_once('/').map(|(g, _)| g)
+                    == Some(capmvm_api::capi::CAPI_GROUP)
+        })
+        .map(|o| o.name.as_str())
+        .or_else(|| {
+            mc.labels()
+                .get(capmvm_api::keys::CLUSTER_NAME_LABEL)
+                .map(String::as_str)
+        })
 }
 
 /// Decides what to do for one MicrovmCluster.
@@ -417,11 +479,23 @@ impl ClusterDecision<'_> {
         }
         let described: Vec<String> = found
             .iter()
-            .map(|h| {
-                format!(
+            .map(|o| {
+                let h = o.hosted;
+                let mut text = format!(
                     "microVM {}/{} (uid {}) on host {}",
                     h.vm.namespace, h.vm.name, h.vm.uid, h.host
-                )
+                );
+                if !o.shared_with.is_empty() {
+                    let made_by = match &h.vm.cluster {
+                        Some(c) => format!("its meta-data names Cluster {c:?}, which no longer lists that host"),
+                        None => "its meta-data does not say which cluster made it".to_string(),
+                    };
+                    text.push_str(&format!(
+                        " (a host shared with Cluster(s) {}, which report it too: {made_by})",
+                        o.shared_with.join(", ")
+                    ));
+                }
+                text
             })
             .collect();
         let message = format!(
@@ -438,13 +512,13 @@ impl ClusterDecision<'_> {
             .map(|c| {
                 found
                     .iter()
-                    .filter(|h| c.message.contains(h.vm.uid.as_str()))
-                    .map(|h| h.vm.uid.as_str())
+                    .filter(|o| c.message.contains(o.hosted.vm.uid.as_str()))
+                    .map(|o| o.hosted.vm.uid.as_str())
                     .collect()
             })
             .unwrap_or_default();
-        for (h, text) in found.iter().zip(&described) {
-            if !before.contains(h.vm.uid.as_str()) {
+        for (o, text) in found.iter().zip(&described) {
+            if !before.contains(o.hosted.vm.uid.as_str()) {
                 self.event(
                     EventKind::Warning,
                     events::ORPHANED_MICROVM,

@@ -532,6 +532,7 @@ impl<'a> Decision<'a> {
         let metadata = match cloudinit::metadata(&CloudInit {
             hostname: &hostname,
             machine_uid,
+            cluster_name,
             vm_host: &vm_host,
             ssh_public_keys: keys,
             user_data: user_data.expose(),

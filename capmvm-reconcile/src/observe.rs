@@ -139,6 +139,9 @@ pub struct ObservedVm {
     /// The MicrovmMachine uid carried in the VM's meta-data, if any
     /// (see [`crate::cloudinit::machine_uid_from_metadata`]).
     pub machine_uid: Option<String>,
+    /// The CAPI Cluster name carried in the VM's meta-data, if any (microVMs created before it was
+    /// written carry none).
+    pub cluster: Option<String>,
     /// What the microVM runs with, as its host echoes it; `None` if not known.
     pub running: Option<RunningSpec>,
 }
@@ -189,6 +192,10 @@ pub struct ObservedCluster {
     pub known_machine_uids: BTreeSet<String>,
     /// The microVMs in its namespace on the hosts it uses, as listed with its own credentials.
     pub microvms: Vec<HostedVm>,
+    /// For each of its hosts that other MicrovmClusters of the namespace also list (canonical
+    /// endpoint): those MicrovmClusters' Cluster names. A microVM left behind there is reported by
+    /// the cluster its meta-data names, else by each, saying the host is shared.
+    pub shared_hosts: BTreeMap<String, BTreeSet<String>>,
     /// The Secrets its spec names for host credentials.
     pub credential_secrets: Vec<CredentialSecret>,
     /// Secrets of the namespace that carry the credentials finalizer although no MicrovmCluster names

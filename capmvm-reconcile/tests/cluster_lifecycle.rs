@@ -206,9 +206,60 @@ fn orphan(uid: &str, machine_uid: &str) -> HostedVm {
             state: VmState::Created,
             retry: 0,
             machine_uid: Some(machine_uid.into()),
+            cluster: None,
             running: None,
         },
     }
+}
+
+fn made_by(cluster: Option<&str>, hosted: HostedVm) -> HostedVm {
+    HostedVm {
+        vm: ObservedVm {
+            cluster: cluster.map(str::to_string),
+            ..hosted.vm
+        },
+        ..hosted
+    }
+}
+
+/// Two Clusters of a namespace share host 10.0.0.2:9090. A microVM left there is reported once, by
+/// the cluster its meta-data names; one whose meta-data names no cluster of the host (made before
+/// the name was written, or by a cluster gone since) by each, saying the host is shared.
+#[test]
+fn an_orphan_on_a_shared_host_is_reported_by_the_cluster_that_made_it() {
+    let mut obs = observed_cluster();
+    obs.shared_hosts = [(HOSTS[1].to_string(), ["beta".to_string()].into())].into();
+    obs.microvms = vec![
+        made_by(Some("demo"), orphan("01A", "gone-a")),
+        made_by(Some("beta"), orphan("01B", "gone-b")),
+        made_by(None, orphan("01C", "gone-c")),
+        made_by(Some("long-gone"), orphan("01D", "gone-d")),
+    ];
+    let reported: Vec<(&str, Vec<&str>)> = cluster::orphans(&obs)
+        .into_iter()
+        .map(|o| (o.hosted.vm.uid.as_str(), o.shared_with))
+        .collect();
+    assert_eq!(
+        reported,
+        [
+            ("01A", vec![]),
+            ("01C", vec!["beta"]),
+            ("01D", vec!["beta"]),
+        ],
+        "beta's own microVM is beta's to report"
+    );
+    let (_, _, message) = condition(&decide_cluster(&obs, now()), "OrphanedMicrovms");
+    assert!(!message.contains("01B"), "{message}");
+    assert!(
+        message.contains("uid 01C) on host 10.0.0.2:9090 (a host shared with Cluster(s) beta, which report it too: its meta-data does not say which cluster made it)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("its meta-data names Cluster \"long-gone\", which no longer lists that host"),
+        "{message}"
+    );
+    // Not shared: what this cluster's machines made is reported without a note.
+    assert!(!message.contains("uid 01A) on host 10.0.0.2:9090 (a host"), "{message}");
 }
 
 #[test]
@@ -267,7 +318,7 @@ fn microvms_of_machines_that_no_longer_exist_are_reported_never_deleted() {
     assert_eq!(
         cluster::orphans(&obs)
             .iter()
-            .map(|h| h.vm.uid.as_str())
+            .map(|o| o.hosted.vm.uid.as_str())
             .collect::<Vec<_>>(),
         ["01B"]
     );

@@ -125,6 +125,7 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
 fn foreign(uid: &str, state: VmState, machine_uid: Option<&str>) -> ObservedVm {
     ObservedVm {
         machine_uid: machine_uid.map(str::to_string),
+        cluster: None,
         ..vm(uid, state, false)
     }
 }

@@ -174,6 +174,7 @@ fn execute(
                     state: VmState::Pending,
                     retry: 0,
                     machine_uid: machine_uid_from_metadata(&spec.metadata),
+                    cluster: None,
                     running: Some(RunningSpec {
                         vcpu: spec.vcpu.into(),
                         memory_mb: spec.memory_mb.into(),

@@ -206,6 +206,23 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
         .into_iter()
         .filter(|o| o.namespace().as_deref() == Some(ns.as_str()) && o.uid() != mc.uid())
         .collect();
+    // Which of its hosts the namespace's other MicrovmClusters list, and for which Clusters.
+    let mut shared_hosts: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for other in &others {
+        let Some(cluster) = owner_cluster_name(other) else {
+            continue;
+        };
+        for host in other.spec.placement.static_pool.iter().flat_map(|p| &p.hosts) {
+            if let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>()
+                && hosts.contains_key(&endpoint.to_string())
+            {
+                shared_hosts
+                    .entry(endpoint.to_string())
+                    .or_default()
+                    .insert(cluster.clone());
+            }
+        }
+    }
     let credential_secrets = credential_secret_names(mc)
         .into_iter()
         .map(|name| {
@@ -253,6 +270,7 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
             .flatten()
             .collect(),
         microvms,
+        shared_hosts,
         credential_secrets,
         unclaimed_secrets,
     })

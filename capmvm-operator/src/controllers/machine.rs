@@ -311,9 +311,7 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
                     .map(|vm| {
                         observed_vm(
                             vm,
-                            capmvm_reconcile::cloudinit::machine_uid_from_metadata(
-                                &vm.spec.metadata,
-                            ),
+                            capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
                         )
                     })
                     .collect(),
@@ -341,7 +339,7 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
         match client.get(&uid).await {
             Ok(vm) => vms.push(observed_vm(
                 &vm,
-                capmvm_reconcile::cloudinit::machine_uid_from_metadata(&vm.spec.metadata),
+                capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
             )),
             Err(e) if e.kind() == ErrorKind::NotFound => {}
             Err(e) => return HostLookup::Unreachable(e.to_string()),
@@ -464,9 +462,7 @@ async fn execute(
                         ctx.hosts.record_created(&host.to_string(), &vm);
                         created.push(observed_vm(
                             &vm,
-                            capmvm_reconcile::cloudinit::machine_uid_from_metadata(
-                                &vm.spec.metadata,
-                            ),
+                            capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
                         ));
                     }),
                     Err(e) => Err(e),

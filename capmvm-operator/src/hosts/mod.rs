@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use capmvm_flintlock::{ClientPool, ErrorKind, FlintlockClient, HostConfig, Microvm, MicrovmState};
-use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
+use capmvm_reconcile::cloudinit::{Marker, marker_from_metadata};
 use capmvm_reconcile::{HostFacts, ObservedVm, Reachability, RunningSpec, VmState};
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
@@ -418,7 +418,7 @@ impl Hosts {
     /// Records a microVM this operator just created, so cache readers see it before the next list, and
     /// polls the host fast while it starts.
     pub fn record_created(&self, endpoint: &str, vm: &Microvm) {
-        let hv = host_vm(vm, machine_uid_from_metadata(&vm.spec.metadata));
+        let hv = host_vm(vm, marker_from_metadata(&vm.spec.metadata));
         self.update(endpoint, &hv.vm.uid, InFlight::created, |vms| {
             vms.retain(|v| v.vm.uid != hv.vm.uid);
             vms.push(hv.clone());
@@ -472,8 +472,8 @@ impl Hosts {
 
     async fn observe(self: Arc<Self>, config: HostConfig, state: Arc<HostState>) {
         let endpoint = config.endpoint.clone();
-        // The machine uid a microVM carries never changes: parse each microVM's meta-data once.
-        let mut machine_uids: HashMap<String, Option<String>> = HashMap::new();
+        // The marker a microVM carries never changes: parse each microVM's meta-data once.
+        let mut markers: HashMap<String, Marker> = HashMap::new();
         let mut last_list: Option<Instant> = None;
         // Observers started together would list together at every poll: their answers (every
         // microVM's spec and cloud-init) decoded at once made the operator's peak memory. Each list
@@ -513,7 +513,7 @@ impl Hosts {
                     continue;
                 }
                 if let Some(vms) = self
-                    .ask_in_flight(client, &state, due, &mut machine_uids)
+                    .ask_in_flight(client, &state, due, &mut markers)
                     .await
                 {
                     self.publish(&endpoint, &state, Reachability::Reachable, Some(vms));
@@ -534,14 +534,14 @@ impl Hosts {
                         .iter()
                         .map(|vm| {
                             seen.insert(vm.uid().to_string());
-                            let uid = machine_uids
+                            let marker = markers
                                 .entry(vm.uid().to_string())
-                                .or_insert_with(|| machine_uid_from_metadata(&vm.spec.metadata))
+                                .or_insert_with(|| marker_from_metadata(&vm.spec.metadata))
                                 .clone();
-                            host_vm(vm, uid)
+                            host_vm(vm, marker)
                         })
                         .collect();
-                    machine_uids.retain(|uid, _| seen.contains(uid));
+                    markers.retain(|uid, _| seen.contains(uid));
                     if let Ok(mut in_flight) = state.in_flight.lock() {
                         in_flight.listed(
                             vms.iter().map(|hv| (hv.vm.uid.as_str(), hv.vm.state)),
@@ -572,7 +572,7 @@ impl Hosts {
         client: &FlintlockClient,
         state: &HostState,
         uids: Vec<String>,
-        machine_uids: &mut HashMap<String, Option<String>>,
+        markers: &mut HashMap<String, Marker>,
     ) -> Option<Vec<HostVm>> {
         if uids.is_empty() {
             return None;
@@ -581,14 +581,14 @@ impl Hosts {
         for uid in uids {
             match client.get(&uid).await {
                 Ok(vm) => {
-                    let machine_uid = machine_uids
+                    let marker = markers
                         .entry(uid.clone())
-                        .or_insert_with(|| machine_uid_from_metadata(&vm.spec.metadata))
+                        .or_insert_with(|| marker_from_metadata(&vm.spec.metadata))
                         .clone();
-                    answers.insert(uid, Some(host_vm(&vm, machine_uid)));
+                    answers.insert(uid, Some(host_vm(&vm, marker)));
                 }
                 Err(e) if e.kind() == ErrorKind::NotFound => {
-                    machine_uids.remove(&uid);
+                    markers.remove(&uid);
                     answers.insert(uid, None);
                 }
                 Err(_) => return None,
@@ -727,8 +727,8 @@ impl Drop for Hosts {
     }
 }
 
-/// Converts a host's microVM into the engine's view.
-pub fn observed_vm(vm: &Microvm, machine_uid: Option<String>) -> ObservedVm {
+/// Converts a host's microVM, with the marker its meta-data carries, into the engine's view.
+pub fn observed_vm(vm: &Microvm, marker: Marker) -> ObservedVm {
     ObservedVm {
         uid: vm.uid().to_string(),
         namespace: vm.spec.namespace.clone(),
@@ -741,7 +741,8 @@ pub fn observed_vm(vm: &Microvm, machine_uid: Option<String>) -> ObservedVm {
             MicrovmState::Unknown(n) => VmState::Unknown(n),
         },
         retry: vm.status.retry,
-        machine_uid,
+        machine_uid: marker.machine_uid,
+        cluster: marker.cluster,
         running: Some(RunningSpec {
             vcpu: i64::from(vm.spec.vcpu),
             memory_mb: i64::from(vm.spec.memory_mb),
@@ -755,9 +756,9 @@ pub fn observed_vm(vm: &Microvm, machine_uid: Option<String>) -> ObservedVm {
     }
 }
 
-fn host_vm(vm: &Microvm, machine_uid: Option<String>) -> HostVm {
+fn host_vm(vm: &Microvm, marker: Marker) -> HostVm {
     HostVm {
-        vm: observed_vm(vm, machine_uid),
+        vm: observed_vm(vm, marker),
         vcpu: i64::from(vm.spec.vcpu),
         memory_mb: i64::from(vm.spec.memory_mb),
     }
@@ -896,6 +897,7 @@ mod reservation_tests {
                 state,
                 retry: 0,
                 machine_uid: Some(machine_uid.to_string()),
+                cluster: None,
                 running: None,
             },
             vcpu: 2,

@@ -508,11 +508,7 @@ pub fn credential_secret_names(mc: &MicrovmCluster) -> Vec<&str> {
 
 /// The name of the CAPI Cluster owning `mc` (ownerReference kind Cluster), else its cluster-name label.
 pub fn owner_cluster_name(mc: &MicrovmCluster) -> Option<String> {
-    mc.owner_references()
-        .iter()
-        .find(|o| o.kind == "Cluster" && api_group(&o.api_version) == CAPI_GROUP)
-        .map(|o| o.name.clone())
-        .or_else(|| mc.labels().get(CLUSTER_NAME_LABEL).cloned())
+    capmvm_reconcile::cluster::cluster_name_of(mc).map(str::to_string)
 }
 
 /// The group of an `apiVersion` (`group/version`, or `version` for the core group).

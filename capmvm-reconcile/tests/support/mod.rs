@@ -220,6 +220,7 @@ pub fn vm(uid: &str, state: VmState, ours: bool) -> ObservedVm {
         state,
         retry: 0,
         machine_uid: ours.then(|| MACHINE_UID.to_string()),
+        cluster: None,
         running: Some(running_spec()),
     }
 }
@@ -317,6 +318,7 @@ pub fn observed_cluster() -> ObservedCluster {
         hosts: reachable_hosts(),
         machines: Vec::new(),
         known_machine_uids: Default::default(),
+        shared_hosts: Default::default(),
         microvms: Vec::new(),
         credential_secrets: Vec::new(),
         unclaimed_secrets: Vec::new(),
