@@ -1,8 +1,10 @@
 //! The KubeadmControlPlane controller's role (controlplane.cluster.x-k8s.io/v1beta2, the fields a
 //! cluster template uses): `spec.replicas` control-plane Machines cloned from
 //! `spec.machineTemplate.spec.infrastructureRef`, one KubeadmConfig each from `spec.kubeadmConfigSpec`
-//! (the first `kubeadm init`, the others `kubeadm join` as control-plane members), scaling up and
-//! down, and `status.replicas`, `readyReplicas`, `selector`, `version` and
+//! (the first `kubeadm init`, the others `kubeadm join` as control-plane members, created only once
+//! the control plane is initialized), scaling up and down one Machine at a time as KCP's preflight
+//! checks allow (every Machine provisioned before the next joins; a deleted one gone before the
+//! next goes), and `status.replicas`, `readyReplicas`, `selector`, `version` and
 //! `initialization.controlPlaneInitialized` (once its first machine is provisioned: hollow machines
 //! run no API server to probe).
 
@@ -130,48 +132,47 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
     let spec = kcp.data.get("spec").cloned().unwrap_or_else(|| json!({}));
     let want = usize::try_from(spec["replicas"].as_i64().unwrap_or(1).max(0)).unwrap_or(0);
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
-    let mut mine: Vec<Machine> = machines
+    let (deleting, mut mine): (Vec<Machine>, Vec<Machine>) = machines
         .list(&ListParams::default().labels(&format!("{CONTROL_PLANE_NAME_LABEL}={name}")))
         .await?
         .items
         .into_iter()
-        .filter(|m| m.meta().deletion_timestamp.is_none())
-        .collect();
+        .partition(|m| m.meta().deletion_timestamp.is_some());
+    // KCP decides from the status it read: the first machine's control plane is recorded as
+    // initialized (below) before any join is created, in a later reconcile. Sticky once true.
+    let recorded = kcp
+        .data
+        .pointer("/status/initialization/controlPlaneInitialized")
+        .and_then(Value::as_bool)
+        == Some(true);
+    let initialized = recorded || mine.iter().any(machine_provisioned);
 
-    if mine.len() < want {
-        // The first machine initializes the control plane; the others join it.
-        let initialized = kcp
-            .data
-            .pointer("/status/initialization/controlPlaneInitialized")
-            .and_then(Value::as_bool)
-            == Some(true);
-        let count = if mine.is_empty() {
-            1
-        } else {
-            want - mine.len()
-        };
-        for i in 0..count {
-            let init = mine.is_empty() && !initialized && i == 0;
-            create_machine(&ctx, new_machine(&kcp, &ns, &cluster, &spec, init)).await?;
+    match scale_step(want, &mine, deleting.len(), recorded) {
+        ScaleStep::Init => {
+            create_machine(&ctx, new_machine(&kcp, &ns, &cluster, &spec, true)).await?;
         }
-    } else if mine.len() > want {
-        // Machines marked for deletion first, then the oldest (as KCP does).
-        mine.sort_by(|a, b| {
-            let marked = |m: &Machine| m.annotations().contains_key(DELETE_MACHINE_ANNOTATION);
-            marked(b)
-                .cmp(&marked(a))
-                .then_with(|| {
-                    a.meta()
-                        .creation_timestamp
-                        .cmp(&b.meta().creation_timestamp)
-                })
-                .then_with(|| a.name_any().cmp(&b.name_any()))
-        });
-        for m in mine.iter().take(mine.len() - want) {
-            delete_quietly(&machines, &m.name_any()).await?;
+        ScaleStep::Join => {
+            create_machine(&ctx, new_machine(&kcp, &ns, &cluster, &spec, false)).await?;
         }
+        ScaleStep::Remove => {
+            // Machines marked for deletion first, then the oldest (as KCP does).
+            mine.sort_by(|a, b| {
+                let marked = |m: &Machine| m.annotations().contains_key(DELETE_MACHINE_ANNOTATION);
+                marked(b)
+                    .cmp(&marked(a))
+                    .then_with(|| {
+                        a.meta()
+                            .creation_timestamp
+                            .cmp(&b.meta().creation_timestamp)
+                    })
+                    .then_with(|| a.name_any().cmp(&b.name_any()))
+            });
+            if let Some(m) = mine.first() {
+                delete_quietly(&machines, &m.name_any()).await?;
+            }
+        }
+        ScaleStep::Wait | ScaleStep::Settled => {}
     }
-
     let ready = mine.iter().filter(|m| machine_provisioned(m)).count();
     let mut status = json!({
         "replicas": mine.len(),
@@ -181,7 +182,7 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
     if let Some(v) = spec.get("version").and_then(Value::as_str) {
         status["version"] = json!(v);
     }
-    if ready > 0 {
+    if initialized {
         status["initialization"] = json!({"controlPlaneInitialized": true});
     }
     let current = kcp.data.get("status").cloned().unwrap_or(Value::Null);
@@ -255,6 +256,45 @@ async fn reconcile_delete(
     Ok(Action::requeue(DELETE_REQUEUE))
 }
 
+/// What KubeadmControlPlane does next towards `want` replicas, one Machine at a time.
+#[derive(Debug, PartialEq, Eq)]
+enum ScaleStep {
+    /// Create the first Machine, which runs `kubeadm init`.
+    Init,
+    /// Create one Machine that joins the initialized control plane.
+    Join,
+    /// Delete one Machine.
+    Remove,
+    /// Wait: for the control plane to be initialized, for every Machine to be provisioned, or for a
+    /// deletion to finish, before the next step (KCP's preflight checks).
+    Wait,
+    /// At `want`.
+    Settled,
+}
+
+/// The next step from `live` Machines (none being deleted), `deleting` ones being deleted, and
+/// whether the control plane is initialized. Real KCP never creates a join Machine before the init
+/// Machine's control plane is up, scales up only while every Machine is healthy, and scales one
+/// Machine at a time, waiting for a deleted one to be gone.
+fn scale_step(want: usize, live: &[Machine], deleting: usize, initialized: bool) -> ScaleStep {
+    if live.len() == want {
+        return ScaleStep::Settled;
+    }
+    if deleting > 0 {
+        return ScaleStep::Wait;
+    }
+    if live.len() > want {
+        return ScaleStep::Remove;
+    }
+    if live.is_empty() && !initialized {
+        return ScaleStep::Init;
+    }
+    if !initialized || !live.iter().all(machine_provisioned) {
+        return ScaleStep::Wait;
+    }
+    ScaleStep::Join
+}
+
 /// A control-plane Machine of `kcp`: `init` renders `kubeadm init` (no joinConfiguration), otherwise
 /// a control-plane `kubeadm join` (no initConfiguration).
 fn new_machine(
@@ -308,5 +348,56 @@ fn new_machine(
             .and_then(Value::as_str)
             .map(String::from),
         failure_domain: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn machine(provisioned: bool) -> Machine {
+        let mut m: Machine = serde_json::from_value(json!({
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": "cp"},
+            "spec": {"clusterName": "demo", "bootstrap": {}, "infrastructureRef": {
+                "apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "MicrovmMachine", "name": "cp"}},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        if provisioned {
+            m.status = serde_json::from_value(
+                json!({"initialization": {"infrastructureProvisioned": true}}),
+            )
+            .ok();
+        }
+        m
+    }
+
+    #[test]
+    fn init_first_joins_after_initialization_one_at_a_time() {
+        let up = machine(true);
+        let starting = machine(false);
+        for (want, live, deleting, initialized, step) in [
+            (3, vec![], 0, false, ScaleStep::Init),
+            // The init machine is not up yet: no join (real KCP never joins an uninitialized plane).
+            (3, vec![starting.clone()], 0, false, ScaleStep::Wait),
+            (3, vec![up.clone()], 0, true, ScaleStep::Join),
+            // A joining machine not provisioned yet: the next waits (preflight).
+            (3, vec![up.clone(), starting.clone()], 0, true, ScaleStep::Wait),
+            (3, vec![up.clone(), up.clone()], 0, true, ScaleStep::Join),
+            (3, vec![up.clone(), up.clone(), up.clone()], 0, true, ScaleStep::Settled),
+            (5, vec![up.clone(), up.clone(), up.clone()], 0, true, ScaleStep::Join),
+            (3, vec![up.clone(); 5], 0, true, ScaleStep::Remove),
+            // One goes at a time: the next waits until the deleted one is gone.
+            (3, vec![up.clone(); 4], 1, true, ScaleStep::Wait),
+            (1, vec![up.clone(); 2], 0, true, ScaleStep::Remove),
+        ] {
+            assert_eq!(
+                scale_step(want, &live, deleting, initialized),
+                step,
+                "want {want}, {} live, {deleting} deleting, initialized {initialized}",
+                live.len()
+            );
+        }
     }
 }
