@@ -67,6 +67,12 @@ pub struct Flags {
     #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
     pub sync_period: Duration,
 
+    /// How long each watch request lasts before the API server ends it and it is renewed. A watch
+    /// cache without a successful list, watch or event for twice this long makes /readyz fail,
+    /// naming it (a CRD removed, RBAC taken away), until its watch succeeds again.
+    #[arg(long, default_value = "60s", value_parser = parse_positive_duration)]
+    pub watch_timeout: Duration,
+
     /// How often each flintlock host is listed.
     #[arg(long, default_value = "10s", value_parser = parse_positive_duration)]
     pub host_poll_interval: Duration,

@@ -41,8 +41,8 @@ use crate::metrics::Metrics;
 use crate::server::Readiness;
 use crate::watch::{HostWake, Scope, Triggers};
 
-/// How often a start-up that waits for watch caches says which ones and why.
-pub const UNSYNCED_REPORT_INTERVAL: Duration = Duration::from_secs(30);
+/// How often the operator says which watch caches are not synced, or stale, and why.
+pub const CACHE_REPORT_INTERVAL: Duration = Duration::from_secs(30);
 
 /// User agent of the operator's Kubernetes requests (lets an API server tell them apart).
 pub const USER_AGENT: &str = concat!("capmvm-operator/", env!("CARGO_PKG_VERSION"));
@@ -136,7 +136,9 @@ pub async fn run(
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let metrics = Metrics::new();
-    let readiness = Readiness::default();
+    // A healthy watch is renewed once per watch timeout even when nothing changes: two without a
+    // successful answer mean it is failing.
+    let readiness = Readiness::new(flags.watch_timeout.saturating_mul(2));
     let mut servers = Vec::new();
     if let Some(addr) = parse_listen_addr(&flags.health_addr).map_err(anyhow::Error::msg)? {
         let r = readiness.clone();
@@ -155,11 +157,19 @@ pub async fn run(
         }));
     }
 
+    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     // Before anything waits on them: without these APIs no cache would ever sync.
-    preflight::check_required_apis(&client).await?;
+    match wait_for_required_apis(&client, &readiness, shutdown.clone()).await {
+        Ok(true) => {}
+        stopped => {
+            for task in &servers {
+                task.abort();
+            }
+            return stopped.map(|_| ());
+        }
+    }
     info!("Cluster API v1beta2 and the provider's CRDs are served");
 
-    let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
     let leadership = if flags.leader_elect {
         let namespace = [&flags.leader_election_namespace, &flags.namespace]
             .into_iter()
@@ -191,6 +201,7 @@ pub async fn run(
         namespace: flags.namespace.clone(),
         watch_filter: flags.watch_filter.clone(),
         readiness: readiness.clone(),
+        watch_timeout: flags.watch_timeout,
     };
     let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
     let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();
@@ -201,7 +212,12 @@ pub async fn run(
         pool: pool_tx,
     };
     let own_writes = Arc::new(context::OwnWrites::default());
-    let (stores, watch_tasks) = watch::start(&client, &scope, &triggers, own_writes.clone());
+    let (stores, watch_tasks) = watch::start(
+        &watch::reporting_answers(client.clone(), readiness.clone()),
+        &scope,
+        &triggers,
+        own_writes.clone(),
+    );
     let pool = ClientPool::new(PoolOptions {
         call_timeout: flags.flintlock_call_timeout,
         observer: Some(metrics.clone()),
@@ -239,7 +255,7 @@ pub async fn run(
     });
 
     info!("waiting for watch caches");
-    let reporter = tokio::spawn(report_unsynced(readiness.clone(), UNSYNCED_REPORT_INTERVAL));
+    let reporter = tokio::spawn(report_caches(readiness.clone(), CACHE_REPORT_INTERVAL));
     let synced = tokio::select! {
         ready = stores.wait_until_ready() => Some(ready),
         () = shutdown.clone() => None,
@@ -289,7 +305,7 @@ pub async fn run(
         .for_each(|_| async {});
     let templates = Controller::new(
         scope.api::<MicrovmMachineTemplate>(&client),
-        watcher_config(&scope),
+        scope.watcher_config(),
     )
     .with_config(ControllerConfig::default().concurrency(flags.microvmmachinetemplate_concurrency))
     .graceful_shutdown_on(shutdown.clone())
@@ -335,35 +351,60 @@ pub async fn run(
     outcome
 }
 
-/// Says, once per `every`, which watch caches have no first list yet and why; ends when all have.
-async fn report_unsynced(readiness: Readiness, every: Duration) {
+/// Longest wait between two start-up discovery attempts.
+const DISCOVERY_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Checks the required APIs, retrying with backoff while the API server cannot answer discovery
+/// (briefly down, as during a control-plane upgrade) and `/readyz` says why. A definite answer that
+/// CAPI v1beta2 or the provider's CRDs are not served ends start-up with what to install. `false`
+/// when `shutdown` came first.
+async fn wait_for_required_apis(
+    client: &kube::Client,
+    readiness: &Readiness,
+    shutdown: impl Future<Output = ()>,
+) -> anyhow::Result<bool> {
+    let mut shutdown = std::pin::pin!(shutdown);
+    let mut delay = Duration::from_millis(500);
+    loop {
+        match preflight::check_required_apis(client).await {
+            Ok(()) => {
+                readiness.set_held(None);
+                return Ok(true);
+            }
+            Err(e @ preflight::PreflightError::Discovery(_)) => {
+                warn!(error = %e, retry_in = ?delay, "API server discovery failed; retrying");
+                readiness.set_held(Some(format!("{e}; retrying in {}s", delay.as_secs_f32())));
+                tokio::select! {
+                    () = tokio::time::sleep(delay) => {}
+                    () = &mut shutdown => return Ok(false),
+                }
+                delay = (delay * 2).min(DISCOVERY_RETRY_MAX);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Says, once per `every`, which watch caches have no first list yet, or went stale, and why.
+async fn report_caches(readiness: Readiness, every: Duration) {
     let mut tick = tokio::time::interval(every);
     tick.tick().await; // the first tick is immediate; the watches' first errors are logged already
     loop {
         tick.tick().await;
-        let unsynced = readiness.unsynced();
-        if unsynced.is_empty() {
-            return;
-        }
-        for (kind, cache) in unsynced {
+        for (kind, cache) in readiness.unsynced() {
             warn!(
                 %kind,
                 last_error = cache.last_error.as_deref().unwrap_or("none (the first list is still running)"),
                 "watch cache not synced; controllers wait for it and /readyz fails"
             );
         }
-    }
-}
-
-fn watcher_config(scope: &Scope) -> kube::runtime::watcher::Config {
-    let config = kube::runtime::watcher::Config::default().any_semantic();
-    if scope.watch_filter.is_empty() {
-        config
-    } else {
-        config.labels(&format!(
-            "{}={}",
-            capmvm_api::keys::WATCH_FILTER_LABEL,
-            scope.watch_filter
-        ))
+        for (kind, cache, silent) in readiness.stale_at(std::time::Instant::now()) {
+            warn!(
+                %kind,
+                silent_secs = silent.as_secs(),
+                last_error = cache.last_error.as_deref().unwrap_or("none"),
+                "watch cache stale: no successful list, watch or event; /readyz fails until its watch succeeds"
+            );
+        }
     }
 }

@@ -265,6 +265,122 @@ async fn readyz_fails_naming_the_cache_while_its_list_is_refused() {
     w.shutdown().await;
 }
 
+/// A watch that fails for good after its first list (the ServiceAccount loses its RBAC for Machines:
+/// every renewal of the watch is refused) is not only logged: once the Machine cache has gone two
+/// watch timeouts without a successful list, watch or event, `/readyz` fails naming it and its last
+/// error; when the watch is allowed again it recovers by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_fails_naming_a_cache_whose_watch_fails_after_its_first_list_and_recovers() {
+    let w = World::start(options()).await.unwrap();
+    let refuse = Arc::new(AtomicBool::new(false));
+    let client = refusing_machines(w.client.clone(), refuse.clone());
+    let health = free_port().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(capmvm_operator::run(
+        flags_with(health, &["--watch-timeout=2s"]),
+        client,
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    let ready = |what: &'static str| async move {
+        wait_for(what, WAIT, POLL, || async {
+            let Ok(response) = http_get(health, "/readyz").await else {
+                return Ok(None);
+            };
+            Ok(status_line(&response).contains("200").then_some(response))
+        })
+        .await
+        .unwrap()
+    };
+    ready("/readyz 200 after the first lists").await;
+
+    // RBAC taken away: the Machine watch's next renewal, and every retry, is refused.
+    refuse.store(true, Ordering::SeqCst);
+    let refused_at = Instant::now();
+    let stale = wait_for("/readyz naming the stale Machine cache", WAIT, POLL, || async {
+        let Ok(response) = http_get(health, "/readyz").await else {
+            return Ok(None);
+        };
+        Ok(response.contains("stale").then_some(response))
+    })
+    .await
+    .unwrap();
+    assert!(status_line(&stale).contains("503"), "{stale}");
+    assert!(stale.contains("Machine (no successful list, watch or event for"), "{stale}");
+    assert!(stale.contains("forbidden"), "{stale}");
+    assert!(!stale.contains("MicrovmMachine ("), "only the failing cache: {stale}");
+    // Not before the bound (two watch timeouts after the last successful answer).
+    assert!(refused_at.elapsed() >= Duration::from_secs(3), "{stale}");
+
+    // Allowed again: the watcher's next retry succeeds and readiness comes back by itself.
+    refuse.store(false, Ordering::SeqCst);
+    let back = ready("/readyz 200 once the watch is allowed again").await;
+    assert!(back.ends_with("ok"), "{back}");
+
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), operator)
+        .await
+        .expect("the operator stops")
+        .unwrap()
+        .unwrap();
+    w.shutdown().await;
+}
+
+/// The API server is down when the operator starts (as during a control-plane upgrade): discovery
+/// fails, and the operator retries with backoff instead of exiting, `/readyz` saying why; once the
+/// API server answers, it starts and becomes ready.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
+    let api = free_port().unwrap();
+    let config = kube::Config::new(format!("http://{api}").parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let health = free_port().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let operator = tokio::spawn(capmvm_operator::run(flags(health), client, async {
+        let _ = stopped.await;
+    }));
+    let waiting = wait_for("/readyz saying discovery fails", WAIT, POLL, || async {
+        let Ok(response) = http_get(health, "/readyz").await else {
+            return Ok(None);
+        };
+        Ok(response.contains("retrying").then_some(response))
+    })
+    .await
+    .unwrap();
+    assert!(status_line(&waiting).contains("503"), "{waiting}");
+    assert!(waiting.contains("discovery"), "{waiting}");
+    // Still retrying a while later, not gone.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!operator.is_finished(), "the operator gave up");
+
+    // The API server comes up, with CAPI and the provider's CRDs.
+    let emulator = Emulator::start(EmulatorOptions::default().port(api.port()))
+        .await
+        .unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(emulator.client().unwrap());
+    for crd in capmvm_api::crds()
+        .into_iter()
+        .chain(capmvm_sim::capi::crds())
+    {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let ready = wait_for("/readyz 200 once the API server answers", WAIT, POLL, || async {
+        let response = http_get(health, "/readyz").await?;
+        Ok(status_line(&response).contains("200").then_some(response))
+    })
+    .await
+    .unwrap();
+    assert!(ready.ends_with("ok"), "{ready}");
+    let _ = stop.send(());
+    tokio::time::timeout(Duration::from_secs(30), operator)
+        .await
+        .expect("the operator stops")
+        .unwrap()
+        .unwrap();
+    emulator.shutdown().await;
+}
+
 /// The operator run in-process against an emulator holding `crds`; its error, within `limit`.
 async fn start_up_error(crds: Vec<CustomResourceDefinition>, limit: Duration) -> String {
     let emulator = Emulator::start(EmulatorOptions::default()).await.unwrap();

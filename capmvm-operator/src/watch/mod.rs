@@ -166,6 +166,9 @@ pub struct Scope {
     pub watch_filter: String,
     /// Where each watch reports its first list and its errors (for `/readyz`).
     pub readiness: crate::server::Readiness,
+    /// How long each watch request lasts before the server ends it and it is renewed (zero: the
+    /// client's default).
+    pub watch_timeout: std::time::Duration,
 }
 
 impl Scope {
@@ -182,13 +185,56 @@ impl Scope {
         }
     }
 
-    fn watcher_config(&self) -> watcher::Config {
-        let config = watcher::Config::default().any_semantic();
+    /// Every watch's configuration: the watch timeout, and the watch-filter label selector.
+    pub fn watcher_config(&self) -> watcher::Config {
+        let mut config = watcher::Config::default().any_semantic();
+        if !self.watch_timeout.is_zero() {
+            let secs = u32::try_from(self.watch_timeout.as_secs()).unwrap_or(u32::MAX);
+            config = config.timeout(secs.max(1));
+        }
         if self.watch_filter.is_empty() {
             config
         } else {
             config.labels(&format!("{WATCH_FILTER_LABEL}={}", self.watch_filter))
         }
+    }
+}
+
+/// `client`, telling `readiness` each time the API server answers a list or watch of a collection
+/// with success. A healthy watch of a quiet collection delivers no event for a long time; its
+/// renewal (once per watch timeout) is what shows it is still served.
+pub fn reporting_answers(client: kube::Client, readiness: crate::server::Readiness) -> kube::Client {
+    let namespace = client.default_namespace().to_string();
+    let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let inner = client.clone();
+        let readiness = readiness.clone();
+        let route = (request.method() == http::Method::GET)
+            .then(|| collection_route(request.uri().path()))
+            .flatten();
+        async move {
+            let response = inner.send(request).await?;
+            if let Some(route) = route
+                && response.status().is_success()
+            {
+                readiness.collection_answered(&route);
+            }
+            Ok::<_, kube::Error>(response)
+        }
+    });
+    kube::Client::new(service, namespace)
+}
+
+/// `group/plural` of a collection path (`/api/v1/secrets`,
+/// `/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines`), the core group empty; `None` for a
+/// path to one object or anything else.
+fn collection_route(path: &str) -> Option<String> {
+    let segments: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match segments.as_slice() {
+        ["api", _, plural] | ["api", _, "namespaces", _, plural] => Some(format!("/{plural}")),
+        ["apis", group, _, plural] | ["apis", group, _, "namespaces", _, plural] => {
+            Some(format!("{group}/{plural}"))
+        }
+        _ => None,
     }
 }
 
@@ -416,9 +462,12 @@ pub fn start(
         let seen = Fingerprints::default();
         tasks.push(spawn_trimmed_watch(
             scope.api::<PartialObjectMeta<Secret>>(client),
-            watcher::Config::default()
-                .any_semantic()
-                .fields(&format!("type!={CAPI_SECRET_TYPE}")),
+            {
+                let mut config = scope.watcher_config();
+                // Not labelled for the watch filter (see above): every Secret in scope.
+                config.label_selector = None;
+                config.fields(&format!("type!={CAPI_SECRET_TYPE}"))
+            },
             scope,
             secrets_w,
             trim::secret,
@@ -545,7 +594,12 @@ where
 {
     let kind = K::kind(&Default::default()).to_string();
     let readiness = scope.readiness.clone();
-    readiness.cache_started(&kind);
+    let route = format!(
+        "{}/{}",
+        K::group(&Default::default()),
+        K::plural(&Default::default())
+    );
+    readiness.cache_started(&kind, &route);
     // managedFields are read by nothing here; dropping them before the cache keeps the caches
     // smaller (a MicrovmMachine carries an entry per writer) and every clone of a cached object cheaper.
     let cache = writer.as_reader();
@@ -580,8 +634,14 @@ async fn follow<K, S>(
     let mut listed: Vec<ObjectRef<K>> = Vec::new();
     while let Some(item) = stream.next().await {
         match item {
-            Ok(watcher::Event::Apply(obj)) => on_change(&obj),
-            Ok(watcher::Event::Delete(obj)) => on_change(&as_gone(obj)),
+            Ok(watcher::Event::Apply(obj)) => {
+                readiness.cache_contact(&kind);
+                on_change(&obj);
+            }
+            Ok(watcher::Event::Delete(obj)) => {
+                readiness.cache_contact(&kind);
+                on_change(&as_gone(obj));
+            }
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(obj)) => {
                 listed.push(ObjectRef::from_obj_with(&obj, Default::default()));
@@ -595,7 +655,8 @@ async fn follow<K, S>(
                 }
             }
             // The watcher retries with backoff. Before the first list, the first error is worth a
-            // line and the start-up reporter repeats why once per interval; after it, each one is.
+            // line and the cache reporter repeats why once per interval; after it, each one is (and
+            // `/readyz` fails once the cache has gone too long without a successful answer).
             Err(e) => {
                 let before = readiness.cache_error(&kind, e.to_string());
                 if before.synced || before.last_error.is_none() {
@@ -798,6 +859,27 @@ mod tests {
                 ("b".to_string(), true, true),
             ]
         );
+    }
+
+    #[test]
+    fn collections_are_told_from_single_objects() {
+        for (path, route) in [
+            ("/api/v1/secrets", Some("/secrets")),
+            ("/api/v1/namespaces/ns/secrets", Some("/secrets")),
+            (
+                "/apis/cluster.x-k8s.io/v1beta2/machines",
+                Some("cluster.x-k8s.io/machines"),
+            ),
+            (
+                "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/ns/microvmmachines",
+                Some("infrastructure.cluster.x-k8s.io/microvmmachines"),
+            ),
+            ("/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m-1", None),
+            ("/api/v1/namespaces/ns/secrets/s", None),
+            ("/apis", None),
+        ] {
+            assert_eq!(collection_route(path).as_deref(), route, "{path}");
+        }
     }
 
     /// What wakes a controller: a change of the parts named or of the metadata that matters; not a
