@@ -13,6 +13,26 @@ use serde_json::{Map, Value, json};
 /// Field manager of every write (shows in managedFields).
 pub const FIELD_MANAGER: &str = "capmvm-operator";
 
+/// Whether a write failed because the object changed since it was read: a 409 Conflict (a merge
+/// patch carrying a stale resourceVersion), or a 422 from a JSON patch whose `test` of the
+/// resourceVersion failed. The API server answers the latter with its generic "rejected our
+/// request" message and the patch library's "testing value ... failed: test failed" as the cause.
+/// Expected with other writers (CAPI adopting an object, another replica): decide again from the
+/// fresh object.
+pub fn is_conflict(e: &kube::Error) -> bool {
+    let kube::Error::Api(s) = e else {
+        return false;
+    };
+    let test_failed = |text: &str| text.contains("test failed");
+    s.code == 409
+        || (s.code == 422
+            && (test_failed(&s.message)
+                || s.details
+                    .iter()
+                    .flat_map(|d| &d.causes)
+                    .any(|c| test_failed(&c.message))))
+}
+
 /// The RFC 7386 merge patch that turns `old` into `new`, or `None` if they are equal. Objects are
 /// diffed key by key; anything else (arrays included) is replaced whole.
 pub fn merge_diff(old: &Value, new: &Value) -> Option<Value> {
@@ -234,6 +254,44 @@ fn jsonptr(path: &str) -> json_patch::jsonptr::PointerBuf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn api_error(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    /// The 422 the API server gives a JSON patch whose `test` failed: a generic message, the patch
+    /// library's words as the cause (as kube-apiserver's `NewGenericServerResponse` builds it).
+    fn failed_test() -> kube::Error {
+        let status: kube::core::Status = serde_json::from_value(json!({
+            "status": "Failure",
+            "code": 422,
+            "reason": "Invalid",
+            "message": "the server rejected our request due to an error in our request",
+            "details": {"causes": [{
+                "reason": "UnexpectedServerResponse",
+                "message": "testing value /metadata/resourceVersion failed: test failed",
+            }]},
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        kube::Error::Api(status.boxed())
+    }
+
+    /// A write that lost to another writer is told from one that is wrong: only the former is
+    /// retried at once from the fresh object, without a warning.
+    #[test]
+    fn a_lost_compare_and_swap_is_a_conflict_a_refused_write_is_not() {
+        assert!(is_conflict(&api_error(409, "the object has been modified")));
+        assert!(is_conflict(&failed_test()));
+        assert!(!is_conflict(&api_error(
+            422,
+            "MicrovmMachine.infrastructure.cluster.x-k8s.io \"m\" is invalid: spec.vcpu: Invalid value"
+        )));
+        assert!(!is_conflict(&api_error(404, "not found")));
+    }
 
     #[test]
     fn merge_diff_sends_only_what_changed() {

@@ -92,7 +92,7 @@ pub fn wants_pool_facts(obs: &ObservedMachine) -> bool {
     }
     let paused = gates::paused(machine.annotations(), obs.cluster.as_ref());
     let cluster_name = cluster_name(obs);
-    let owner_wait = owner_wait(machine);
+    let owner_wait = owner_wait(obs);
     matches!(
         gates(obs, &owner_wait, &cluster_name, paused.as_deref()).check(),
         Gate::Open { .. }
@@ -107,9 +107,14 @@ fn gates<'a>(
     paused: Option<&'a str>,
 ) -> Gates<'a> {
     Gates {
-        // A pool's instance is owned by its MachinePool until core creates its Machine.
+        // A pool's instance is placed only once core's Machine owns it, as CAPD's DockerMachine
+        // waits: core adopts a new instance (an ownerReference write) moments after the pool
+        // creates it, and a placement decided before would lose its compare-and-swap to that write.
+        // Once placed, its MachinePool speaks for it until core's Machine shows.
         has_owner: obs.owner.is_some()
-            || (instance_pool(&obs.machine).is_some() && obs.machine_pool.is_some()),
+            || (instance_pool(&obs.machine).is_some()
+                && obs.machine_pool.is_some()
+                && recorded_host(&obs.machine).is_some()),
         owner_wait,
         cluster_name,
         cluster: obs.cluster.as_ref(),
@@ -119,12 +124,16 @@ fn gates<'a>(
 }
 
 /// What a machine without its owner says it waits for.
-fn owner_wait(machine: &MicrovmMachine) -> String {
-    match instance_pool(machine) {
-        Some(pool) => {
+fn owner_wait(obs: &ObservedMachine) -> String {
+    match (instance_pool(&obs.machine), &obs.machine_pool) {
+        (Some(pool), None) => {
             format!("waiting for the Cluster API MachinePool that owns MicrovmMachinePool {pool:?}")
         }
-        None => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
+        (Some(_), Some(mp)) => format!(
+            "waiting for Cluster API to create the Machine of this instance of MachinePool {:?}",
+            mp.metadata.name.as_deref().unwrap_or_default()
+        ),
+        (None, _) => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
     }
 }
 
@@ -237,7 +246,7 @@ impl<'a> Decision<'a> {
         }
 
         let cluster_name = cluster_name(self.obs);
-        let owner_wait = owner_wait(self.machine);
+        let owner_wait = owner_wait(self.obs);
         let gates = gates(self.obs, &owner_wait, &cluster_name, paused.as_deref());
         let (cluster, infra) = match gates.check() {
             Gate::Open {

@@ -1,6 +1,6 @@
 //! The machine engine for a pool's instance (a MicrovmMachine labelled with a pool name and owned by a
-//! MicrovmMachinePool): its MachinePool owns it until core creates its Machine, its bootstrap data is
-//! always the MachinePool's, and its failure domain is the one the pool chose.
+//! MicrovmMachinePool): it is placed once core's Machine owns it, its bootstrap data is always the
+//! MachinePool's, and its failure domain is the one the pool chose.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -11,7 +11,7 @@ use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{POOL_FAILURE_DOMAIN_ANNOTATION, POOL_NAME_LABEL};
 use capmvm_reconcile::machine::{instance_pool, wants_bootstrap_data};
 use capmvm_reconcile::*;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
 use support::*;
 
 const POOL_SECRET: &str = "workers-bootstrap";
@@ -56,6 +56,13 @@ fn with_core_machine(obs: &mut ObservedMachine) {
     obs.owner = Some(m);
 }
 
+/// An instance core has adopted: its Machine owns it.
+fn adopted() -> ObservedMachine {
+    let mut obs = instance();
+    with_core_machine(&mut obs);
+    obs
+}
+
 #[test]
 fn an_instance_is_recognised_by_label_and_pool_owner() {
     let obs = instance();
@@ -67,15 +74,52 @@ fn an_instance_is_recognised_by_label_and_pool_owner() {
     assert_eq!(instance_pool(&observed().machine), None);
 }
 
+/// Core adopts a new instance (its Machine becomes the instance's owner) moments after the pool
+/// creates it. A placement decided before would record the host by a write conditional on the
+/// instance's version, which adoption changes: a lost compare-and-swap, a second write. So the
+/// instance waits for its Machine, quietly (a brand-new object's wait is not written), as CAPD's
+/// DockerMachine does, and is then placed with the MachinePool's bootstrap data.
 #[test]
-fn an_instance_without_its_machine_is_created_with_the_machine_pools_bootstrap_data() {
-    let obs = instance();
+fn an_instance_is_placed_only_once_cores_machine_owns_it() {
+    let mut obs = instance();
+    obs.machine.metadata.creation_timestamp = Some(Time(now()));
+    let plan = decide(&obs, now());
+    assert!(creates(&plan).is_empty(), "{plan:#?}");
+    assert!(
+        !plan
+            .effects
+            .iter()
+            .any(|e| matches!(e, Effect::RecordHost { .. } | Effect::AddFinalizer)),
+        "no write before adoption: {:?}",
+        plan.effects
+    );
+    assert_eq!(plan.status, None, "a brand-new instance's short wait writes nothing");
+    // Past the grace, the wait says what for.
+    let (_, reason, message) = ready(&decide(&obs, later()));
+    assert_eq!(reason, reasons::WAITING_FOR_OWNER);
+    assert!(
+        message.contains("create the Machine of this instance of MachinePool \"workers\""),
+        "{message}"
+    );
+
+    let obs = adopted();
     assert_eq!(
         wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
         Some(POOL_SECRET)
     );
+    assert_eq!(creates(&decide(&obs, now())).len(), 1);
+}
+
+/// An instance placed already (its host recorded) before core's Machine showed is not held back:
+/// its create is retried, and it is adopted or observed as any machine.
+#[test]
+fn an_instance_placed_before_its_machine_showed_carries_on() {
+    let mut obs = instance();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
     assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
+    assert_eq!(creates(&plan)[0].0, HOSTS[1]);
 }
 
 #[test]
@@ -124,7 +168,7 @@ fn an_instance_waits_for_the_machine_pools_bootstrap_secret() {
 
 #[test]
 fn an_instance_is_placed_in_the_failure_domain_the_pool_chose() {
-    let mut obs = instance();
+    let mut obs = adopted();
     // host-c (no failure domain) is the least allocated: without the pool's choice it would win.
     obs.hosts.get_mut(HOSTS[0]).unwrap().allocated_vcpu = 8;
     obs.hosts.get_mut(HOSTS[1]).unwrap().allocated_vcpu = 4;
@@ -136,7 +180,6 @@ fn an_instance_is_placed_in_the_failure_domain_the_pool_chose() {
         .insert(POOL_FAILURE_DOMAIN_ANNOTATION.into(), "r1".into());
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
     // The Machine's failure domain (core sets none for MachinePool Machines) does not override it.
-    with_core_machine(&mut obs);
     obs.owner.as_mut().unwrap().spec.failure_domain = Some("elsewhere".into());
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
 }
@@ -157,7 +200,7 @@ fn a_plain_machine_ignores_a_machine_pool() {
 fn an_instance_create_is_announced_by_its_pool_not_by_an_event_of_its_own() {
     // The pool's `InstancesCreated` event names its new instances; an Event per instance would be a
     // fifth write per instance and a flood when an autoscaler grows the pool.
-    let plan = decide(&instance(), now());
+    let plan = decide(&adopted(), now());
     assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
     assert!(
         !event_reasons(&plan).contains(&plan::reasons::MICROVM_CREATED),

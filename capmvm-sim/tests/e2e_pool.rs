@@ -245,6 +245,39 @@ async fn scales_zero_to_five_to_two_removing_the_oldest() {
     w.shutdown().await;
 }
 
+/// Core adopts each new instance (an ownerReference write) moments after the pool creates it. An
+/// instance placed before that loses its placement's compare-and-swap to the adoption: a 422, a
+/// second write, a "reconcile failed" warning and a backoff. Placed once adopted, each instance costs
+/// exactly its two writes (host record, providerID) and the log carries no failure.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scale_up_places_each_instance_once_core_adopted_it_without_a_lost_write() {
+    let w = pool_world(3, 0, 12, 0).await;
+    wait_pool(&w, 0).await;
+    let instance_patches = || {
+        w.emulator
+            .counters_of_agent(capmvm_operator::USER_AGENT)
+            .get(
+                capmvm_sim::kube::Verb::Patch,
+                "infrastructure.cluster.x-k8s.io/microvmmachines",
+            )
+    };
+    let before = instance_patches();
+    set_replicas(&w, 12).await;
+    wait_pool(&w, 12).await;
+    assert_eq!(
+        instance_patches() - before,
+        24,
+        "one host record and one providerID write per instance, none lost to core's adoption"
+    );
+    let log = std::fs::read_to_string(w.operator_log()).unwrap();
+    assert!(
+        !log.lines().any(|l| l.contains("reconcile failed")),
+        "no reconcile failed: {}",
+        w.operator_log().display()
+    );
+    w.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_autoscalers_pick_is_the_instance_removed() {
     let w = pool_world(3, 4, 1, 0).await;

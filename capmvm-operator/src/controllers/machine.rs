@@ -95,7 +95,24 @@ async fn rounds(
         let mut obs = gather(ctx, &machine, known_after_create.take()).await?;
         let plan = decide_and_reserve(ctx, &mut obs);
         debug!(round, effects = plan.effects.len(), requeue = ?plan.requeue, "decided");
-        let created = match execute(ctx, &mut machine, &obs, &plan, versions).await? {
+        let carried = match execute(ctx, &mut machine, &obs, &plan, versions).await {
+            Err(e) if e.is_conflict() && round + 1 < MAX_ROUNDS => {
+                // Another writer changed the object since it was read (core adopting it, another
+                // replica placing it): expected, not a failure. Decide again at once from the fresh
+                // object; nothing reached a host on a write that lost (the record precedes the
+                // create), and a create whose providerID write lost is adopted from the fresh list.
+                debug!(round, "write conflict; deciding again from the fresh object");
+                let api: Api<MicrovmMachine> =
+                    Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
+                match api.get_opt(&machine.name_any()).await? {
+                    Some(fresh) => machine = fresh,
+                    None => return Ok((Action::await_change(), ReconcileResult::Success)),
+                }
+                continue;
+            }
+            carried => carried?,
+        };
+        let created = match carried {
             Carried::Out { created } => created,
             // Gone: the finalizer was the last thing holding it.
             Carried::Gone => return Ok((Action::await_change(), ReconcileResult::Success)),

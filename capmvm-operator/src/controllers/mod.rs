@@ -28,12 +28,21 @@ impl Error {
     /// A short, stable name for logs.
     pub fn kind(&self) -> &'static str {
         match self {
-            Self::Kube(kube::Error::Api(e)) if e.code == 409 => "conflict",
+            Self::Kube(e) if crate::patch::is_conflict(e) => "conflict",
             Self::Kube(_) => "kube",
             Self::HostCall(_) => "host_call",
         }
     }
+
+    /// Whether the object changed since it was read (see [`crate::patch::is_conflict`]).
+    pub fn is_conflict(&self) -> bool {
+        self.kind() == "conflict"
+    }
 }
+
+/// How soon an object whose write lost to another writer is reconciled again: the cache shows the
+/// newer version within moments; an expected conflict earns no backoff.
+const CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
 
 /// Retries a failed object after its exponential backoff (never a hot loop).
 pub fn error_policy<K: Resource<DynamicType = ()>>(
@@ -41,12 +50,12 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     error: &Error,
     ctx: Arc<Ctx>,
 ) -> Action {
-    let delay = ctx.backoff.next(&key(obj.as_ref()));
-    if error.kind() == "conflict" {
+    if error.is_conflict() {
         debug!(object = %key(obj.as_ref()), "write conflict; retrying on the newer version");
-    } else {
-        warn!(object = %key(obj.as_ref()), kind = error.kind(), error = %error, retry_in = ?delay, "reconcile failed");
+        return Action::requeue(CONFLICT_RETRY);
     }
+    let delay = ctx.backoff.next(&key(obj.as_ref()));
+    warn!(object = %key(obj.as_ref()), kind = error.kind(), error = %error, retry_in = ?delay, "reconcile failed");
     Action::requeue(delay)
 }
 
