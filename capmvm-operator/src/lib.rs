@@ -252,6 +252,7 @@ pub async fn run(
         sync_period: flags.sync_period,
         fault: fault::Fault::from_env(),
         pool_expectations: controllers::pool::Expectations::default(),
+        pool_status_writes: controllers::pool::StatusWrites::default(),
     });
 
     info!("waiting for watch caches");

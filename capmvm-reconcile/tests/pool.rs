@@ -14,7 +14,7 @@ use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, POOL_FINALIZER, POOL_NAME_LABEL, TEMPLATE_HASH_ANNOTATION,
 };
 use capmvm_api::*;
-use capmvm_reconcile::conditions;
+use capmvm_reconcile::{Requeue, conditions};
 use capmvm_reconcile::pool::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -79,6 +79,7 @@ impl World {
                 infra_cluster: Some(std::sync::Arc::new(microvm_cluster())),
                 instances: vec![],
                 reserved_names: BTreeSet::new(),
+                last_status_write: None,
             },
             clock: 1_800_000_000,
         }
@@ -656,4 +657,43 @@ fn instances_carry_the_pools_watch_filter_label() {
         plan.create_instances[0].labels[WATCH_FILTER_LABEL],
         "team-a"
     );
+}
+
+/// While counts move, the pool's status is written at most once per interval; what is held back is
+/// written once the interval ends (the plan asks to be decided again then), so the last state is
+/// always written. A status that did not change is never held (there is nothing to write).
+#[test]
+fn the_status_is_written_at_most_once_a_second_and_the_last_state_always() {
+    let mut w = World::new(3, 1, 0, DeletePolicy::Oldest);
+    w.step();
+    w.step();
+    let written_at = w.now();
+    w.obs.last_status_write = Some(written_at);
+    // Core created the Machines; 300 ms after the write the instances become ready: a count moves.
+    w.advance(|_| true);
+    let unchanged = decide_pool(&w.obs, written_at + std::time::Duration::from_millis(100));
+    assert_eq!(
+        unchanged.status.as_ref(),
+        w.obs.pool.status.as_ref(),
+        "nothing to hold back"
+    );
+    w.advance(|_| true);
+    let soon = written_at + std::time::Duration::from_millis(300);
+    let plan = decide_pool(&w.obs, soon);
+    assert_eq!(plan.status, None, "held back");
+    assert_eq!(
+        plan.requeue,
+        Requeue::After(std::time::Duration::from_millis(700)),
+        "decided again when the interval ends"
+    );
+    // The interval ended: the latest state is written.
+    let plan = decide_pool(&w.obs, written_at + STATUS_WRITE_INTERVAL);
+    let status = plan.status.expect("written");
+    assert_ne!(Some(&status), w.obs.pool.status.as_ref());
+    // Without a recent write of ours (another process wrote it, or none yet), at once.
+    w.obs.last_status_write = None;
+    assert!(decide_pool(&w.obs, soon).status.is_some());
+    // A clock that went back does not hold it forever.
+    w.obs.last_status_write = Some(written_at + std::time::Duration::from_secs(3600));
+    assert!(decide_pool(&w.obs, soon).status.is_some());
 }

@@ -278,6 +278,36 @@ async fn a_scale_up_places_each_instance_once_core_adopted_it_without_a_lost_wri
     w.shutdown().await;
 }
 
+/// While its counts move, the pool's status is written at most about once a second, and its last
+/// state is always written: a scale of 12 on 3 hosts changes a count dozens of times in a few
+/// seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_pools_status_is_written_at_most_once_a_second_while_counts_move() {
+    let w = pool_world(3, 0, 2, 0).await;
+    wait_pool(&w, 0).await;
+    let status_patches = || {
+        w.emulator
+            .counters_of_agent(capmvm_operator::USER_AGENT)
+            .get(
+                capmvm_sim::kube::Verb::Patch,
+                "infrastructure.cluster.x-k8s.io/microvmmachinepools/status",
+            )
+    };
+    let before = status_patches();
+    let started = Instant::now();
+    set_replicas(&w, 12).await;
+    // Settled means the status says 12 ready: the last state was written.
+    wait_pool(&w, 12).await;
+    let elapsed = started.elapsed();
+    let written = status_patches() - before;
+    let allowed = elapsed.as_secs_f64().ceil() as u64 + 1;
+    assert!(
+        written <= allowed,
+        "{written} status writes in {elapsed:?} (at most {allowed})"
+    );
+    w.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_autoscalers_pick_is_the_instance_removed() {
     let w = pool_world(3, 4, 1, 0).await;

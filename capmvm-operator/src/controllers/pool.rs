@@ -96,6 +96,29 @@ impl Expectations {
     }
 }
 
+/// When this process last wrote each pool's status, by pool key: the engine holds a status back
+/// within [`capmvm_reconcile::pool::STATUS_WRITE_INTERVAL`] of the last write.
+#[derive(Default)]
+pub struct StatusWrites(Mutex<HashMap<String, Timestamp>>);
+
+impl StatusWrites {
+    fn last(&self, key: &str) -> Option<Timestamp> {
+        self.0.lock().ok()?.get(key).copied()
+    }
+
+    fn wrote(&self, key: &str, at: Timestamp) {
+        if let Ok(mut map) = self.0.lock() {
+            map.insert(key.to_string(), at);
+        }
+    }
+
+    fn forget(&self, key: &str) {
+        if let Ok(mut map) = self.0.lock() {
+            map.remove(key);
+        }
+    }
+}
+
 /// Reconciles one MicrovmMachinePool.
 #[instrument(skip_all, fields(pool = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())))]
 pub async fn reconcile(obj: Arc<MicrovmMachinePool>, ctx: Arc<Ctx>) -> Result<Action, Error> {
@@ -155,6 +178,7 @@ async fn reconcile_once(
     );
     let gone = execute(ctx, pool, &obs, &plan, key, versions).await?;
     if gone {
+        ctx.pool_status_writes.forget(key);
         return Ok(Action::await_change());
     }
     Ok(match plan.requeue {
@@ -215,6 +239,7 @@ pub fn gather(ctx: &Ctx, pool: &MicrovmMachinePool) -> ObservedPool {
         infra_cluster,
         instances,
         reserved_names,
+        last_status_write: ctx.pool_status_writes.last(&super::key(pool)),
     }
 }
 
@@ -418,6 +443,7 @@ async fn execute(
             }
         }
         if let Some(updated) = patch::status(&pools, &pool, pool.status.as_ref(), &status).await? {
+            ctx.pool_status_writes.wrote(key, Timestamp::now());
             pool = updated;
             note(&pool);
         }

@@ -23,6 +23,7 @@ mod select;
 mod status;
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{
@@ -39,12 +40,48 @@ pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPoo
 pub use plan::{DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, events};
 
 use crate::gates::{self, Gate, Gates};
-use crate::plan::{Event, EventKind};
+use crate::plan::{Event, EventKind, Requeue};
 use select::{Candidate, sort_victims};
 use status::{Progress, Report};
 
+/// At most one status write per pool within this interval while its counts move: a roll of 200
+/// instances changed a count about 500 times in a minute. What is held back is written when the
+/// interval ends (the plan asks to be reconciled then), so the last state is always written.
+pub const STATUS_WRITE_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Decides what to do for one MicrovmMachinePool.
 pub fn decide_pool(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
+    let mut plan = decide(obs, now);
+    coalesce_status(obs, &mut plan, now);
+    plan
+}
+
+/// Holds back a status that differs from the stored one if the last status write of this pool was
+/// less than [`STATUS_WRITE_INTERVAL`] ago, and asks to decide again when the interval ends.
+fn coalesce_status(obs: &ObservedPool, plan: &mut PoolPlan, now: Timestamp) {
+    let (Some(status), Some(last)) = (&plan.status, obs.last_status_write) else {
+        return;
+    };
+    if obs.pool.status.as_ref() == Some(status) {
+        return;
+    }
+    // A clock that went back counts as the interval having passed.
+    let since = Duration::try_from(now.duration_since(last)).unwrap_or(STATUS_WRITE_INTERVAL);
+    let Some(left) = STATUS_WRITE_INTERVAL
+        .checked_sub(since)
+        .filter(|d| !d.is_zero())
+    else {
+        return;
+    };
+    plan.status = None;
+    plan.requeue = match plan.requeue {
+        Requeue::Immediately => Requeue::Immediately,
+        Requeue::After(d) => Requeue::After(d.min(left)),
+        Requeue::Await => Requeue::After(left),
+    };
+}
+
+fn decide(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
     let pool = &obs.pool;
     let mut report = Report::new(pool, now);
     let mut plan = PoolPlan {

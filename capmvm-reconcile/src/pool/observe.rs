@@ -26,6 +26,9 @@ pub struct ObservedPool {
     /// Names a new instance must not take: Machines of the MachinePool whose instance is gone but
     /// which are still being deleted (core would mistake a new instance of that name for theirs).
     pub reserved_names: BTreeSet<String>,
+    /// When this operator process last wrote the pool's status, if it has: status writes are
+    /// coalesced ([`crate::pool::STATUS_WRITE_INTERVAL`]).
+    pub last_status_write: Option<Timestamp>,
 }
 
 /// One instance (a MicrovmMachine) and its MachinePool Machine.
