@@ -36,6 +36,8 @@ pub struct Ctx {
     pub fault: Fault,
     /// What each pool's last reconcile created and deleted, until the caches show it.
     pub pool_expectations: crate::controllers::pool::Expectations,
+    /// When this process first saw each machine's placement claim from another process.
+    pub claims: crate::controllers::machine::ClaimSightings,
     /// When this process last wrote each pool's status (status writes are coalesced).
     pub pool_status_writes: crate::controllers::pool::StatusWrites,
 }

@@ -253,6 +253,7 @@ pub async fn run(
         fault: fault::Fault::from_env(),
         pool_expectations: controllers::pool::Expectations::default(),
         pool_status_writes: controllers::pool::StatusWrites::default(),
+        claims: controllers::machine::ClaimSightings::default(),
     });
 
     info!("waiting for watch caches");
@@ -317,11 +318,12 @@ pub async fn run(
     )
     .for_each(|_| async {});
     let reaper = {
-        let hosts = hosts.clone();
+        let ctx = ctx.clone();
         async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(10)).await;
-                hosts.sweep_undeclared();
+                ctx.hosts.sweep_undeclared();
+                ctx.claims.prune();
             }
         }
     };

@@ -70,6 +70,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         hosts,
         recorded_host: HostLookup::NotAsked,
         operator: "decide-example".to_string(),
+        claim_seen_for: None,
     };
 
     let mut now = Timestamp::from_second(1_800_000_000)?;

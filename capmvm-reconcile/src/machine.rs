@@ -693,14 +693,17 @@ impl<'a> Decision<'a> {
     }
 
     /// How long to wait, if another operator process claimed the placement less than
-    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it.
+    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it. The
+    /// claim's age is how long this process has seen it (a process sees a claim only after it was
+    /// written, so waiting the TTL from then covers the writer's create), never the difference of
+    /// two processes' clocks: replicas whose clocks differ by more than the TTL would both create.
     fn claimed_elsewhere(&self) -> Option<Duration> {
-        let (at, by) = placement_claim(self.machine)?;
+        let (_, by) = placement_claim(self.machine)?;
         if by == self.obs.operator {
             // Our own claim: reconciles of one object do not overlap, so our create is over.
             return None;
         }
-        let age = Duration::try_from(self.now.duration_since(at)).unwrap_or(Duration::ZERO);
+        let age = self.obs.claim_seen_for.unwrap_or(Duration::ZERO);
         CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())
     }
 

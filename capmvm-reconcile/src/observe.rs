@@ -6,6 +6,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::{MicrovmCluster, MicrovmMachine};
@@ -40,8 +41,9 @@ pub struct ObservedMachine {
     /// The CAPI Machine that owns it (ownerReference kind Machine, group cluster.x-k8s.io), if any.
     pub owner: Option<Machine>,
     /// For a pool's instance ([`crate::machine::instance_pool`]): the CAPI MachinePool that owns its
-    /// MicrovmMachinePool, if found. It owns the instance until core creates its Machine, and its
-    /// `spec.template.spec.bootstrap.dataSecretName` is where the instance's bootstrap data comes from.
+    /// MicrovmMachinePool, if found. It speaks for an instance placed before core's Machine showed,
+    /// and its `spec.template.spec.bootstrap.dataSecretName` is where the instance's bootstrap data
+    /// comes from.
     pub machine_pool: Option<MachinePool>,
     /// The CAPI Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
     pub cluster: Option<Cluster>,
@@ -59,6 +61,11 @@ pub struct ObservedMachine {
     /// The identity of the operator process deciding: a placement claimed by another process is
     /// waited out while its create may still be under way (see [`crate::machine::CREATE_CLAIM_TTL`]).
     pub operator: String,
+    /// How long the deciding process has seen the machine's current placement claim, by its own
+    /// monotonic clock from the moment it first saw that claim: a claim's age never depends on the
+    /// clocks of the processes (one written by a replica whose clock runs ahead is not young, nor one
+    /// read by a replica whose clock runs ahead old). `None`: not seen before (age zero).
+    pub claim_seen_for: Option<Duration>,
 }
 
 /// The bootstrap data Secret named by `Machine.spec.bootstrap.dataSecretName`.

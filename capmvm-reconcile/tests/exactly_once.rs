@@ -7,6 +7,8 @@ mod support;
 
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION};
+use std::time::Duration;
+
 use capmvm_reconcile::machine::CREATE_CLAIM_TTL;
 use capmvm_reconcile::machine::{HostCallFailure, record_host_call_failure};
 use capmvm_reconcile::*;
@@ -86,6 +88,7 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
     with_recorded_host(&mut obs, HOSTS[1]);
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     claimed(&mut obs, "capmvm-1_99_5", 3);
+    obs.claim_seen_for = Some(Duration::from_secs(3));
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty(), "{:?}", plan.effects);
     assert!(
@@ -96,19 +99,20 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
     assert_eq!(plan.status, None, "a short wait writes nothing");
     assert_eq!(
         plan.requeue,
-        Requeue::After(CREATE_CLAIM_TTL - std::time::Duration::from_secs(3))
+        Requeue::After(CREATE_CLAIM_TTL - Duration::from_secs(3))
     );
-    // A claim from the future (clocks apart) waits no longer than the whole window.
-    claimed(&mut obs, "capmvm-1_99_5", -3600);
+    // A claim this process has not seen before is waited out whole.
+    obs.claim_seen_for = None;
     assert_eq!(
         decide(&obs, now()).requeue,
         Requeue::After(CREATE_CLAIM_TTL)
     );
     // Once a create could no longer be under way, this process creates (a crashed one's claim).
-    claimed(&mut obs, "capmvm-1_99_5", 21);
+    obs.claim_seen_for = Some(CREATE_CLAIM_TTL + Duration::from_secs(1));
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
     // Its own claim does not hold it back: its own create is over when it decides again.
     claimed(&mut obs, OPERATOR, 1);
+    obs.claim_seen_for = None;
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
     // The microVM showed up: adopted, whoever claimed.
     claimed(&mut obs, "capmvm-1_99_5", 1);
@@ -120,6 +124,33 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
         "microvm://{}/01A",
         HOSTS[1]
     ))));
+}
+
+/// Two replicas without leader election whose clocks differ by an hour: the claim one wrote a
+/// moment ago, by its clock, is an hour old by the other's. The other still waits it out (its age is
+/// how long this replica has seen it), whichever way the clocks are apart.
+#[test]
+fn a_claim_is_waited_out_whatever_the_replicas_clocks_say() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    // Written by the other replica just now, by its clock.
+    claimed(&mut obs, "capmvm-1_99_5", 0);
+    obs.claim_seen_for = Some(Duration::from_secs(2));
+    for skew in [3600, -3600, 25, 0] {
+        let this_clock = now() + k8s_openapi::jiff::SignedDuration::from_secs(skew);
+        let plan = decide(&obs, this_clock);
+        assert!(
+            creates(&plan).is_empty(),
+            "clock {skew:+} s from the writer's: {:?}",
+            plan.effects
+        );
+        assert_eq!(
+            plan.requeue,
+            Requeue::After(CREATE_CLAIM_TTL - Duration::from_secs(2)),
+            "clock {skew:+} s from the writer's"
+        );
+    }
 }
 
 fn foreign(uid: &str, state: VmState, machine_uid: Option<&str>) -> ObservedVm {

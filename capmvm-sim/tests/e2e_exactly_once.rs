@@ -108,6 +108,37 @@ async fn two_operators_without_leader_election_create_each_microvm_once() {
     w.shutdown().await;
 }
 
+/// Two replicas without leader election, the second's clock an hour ahead of the first's, and
+/// creates that take two seconds to reach the hosts. A claim the first writes is an hour old by the
+/// second's clock; the second still waits for the first's create instead of making a second
+/// microVM, because a claim's age is how long it has seen it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_operators_whose_clocks_are_an_hour_apart_create_each_microvm_once() {
+    const MACHINES: usize = 12;
+    let mut w = World::start(options(3)).await.unwrap();
+    for host in &w.hosts {
+        host.control().set_create_latency(Duration::from_secs(5));
+    }
+    w.start_operator(&[]).unwrap();
+    let skewed = w
+        .spawn_operator(&[], &[(capmvm_operator::fault::CLOCK_SKEW_ENV, "3600")])
+        .unwrap();
+    w.apply_demo_cluster(&counts(0, MACHINES), |_| {})
+        .await
+        .unwrap();
+    wait_ready_within(&w, MACHINES, Duration::from_secs(240)).await;
+    let per_machine = vms_per_machine(&w);
+    let duplicated: Vec<_> = per_machine.iter().filter(|(_, n)| **n != 1).collect();
+    assert!(duplicated.is_empty(), "duplicate microVMs: {duplicated:?}");
+    assert_eq!(
+        creates_on_hosts(&w),
+        MACHINES as u64,
+        "no second microVM was ever created, not even one deleted since"
+    );
+    skewed.stop().await;
+    w.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_spec_the_host_refuses_is_not_sent_again_until_it_changes() {
     const REFUSED_KERNEL: &str = "ghcr.io/example/kernel:refused-by-the-host";

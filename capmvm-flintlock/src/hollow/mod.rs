@@ -161,6 +161,7 @@ impl HollowHost {
                 vms: BTreeMap::new(),
                 ulids: ulid::UlidGenerator::new(),
                 latency: config.latency,
+                create_latency: Duration::ZERO,
                 provision_time: config.provision_time,
                 capacity: config.capacity,
                 doomed_creates: 0,
@@ -399,6 +400,12 @@ impl HostControl {
         self.host.state().latency = latency;
     }
 
+    /// Delay added before a create is carried out (after any [`HostControl::set_latency`]): the
+    /// microVM shows in lists only once it passed, as a create still on its way to a busy host.
+    pub fn set_create_latency(&self, latency: Duration) {
+        self.host.state().create_latency = latency;
+    }
+
     /// `true`: deletes stay DELETING (flintlock's delete that keeps failing); `false`: held
     /// deletes complete.
     pub fn hang_deletes(&self, hang: bool) {
@@ -495,6 +502,7 @@ struct State {
     vms: BTreeMap<String, Vm>,
     ulids: ulid::UlidGenerator,
     latency: Duration,
+    create_latency: Duration,
     provision_time: Duration,
     capacity: Option<Capacity>,
     doomed_creates: u32,

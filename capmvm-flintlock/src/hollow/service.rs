@@ -319,6 +319,10 @@ impl MicroVm for Service {
         request: Request<CreateMicroVmRequest>,
     ) -> Result<Response<CreateMicroVmResponse>, Status> {
         self.enter(Method::Create, request.metadata()).await?;
+        let create_latency = self.host.state().create_latency;
+        if !create_latency.is_zero() {
+            tokio::time::sleep(create_latency).await;
+        }
         let microvm = self.create(request.into_inner())?;
         Ok(Response::new(CreateMicroVmResponse {
             microvm: Some(microvm),

@@ -1,7 +1,7 @@
 //! The MicrovmMachine controller: gather an observation, let the engine decide, carry out the plan.
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster};
@@ -12,8 +12,8 @@ use capmvm_api::keys::{
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    HostCallFailure, provider_id, record_host_call_failure, recorded_host, wants_bootstrap_data,
-    wants_fresh_lookup, wants_pool_facts,
+    HostCallFailure, placement_claim, provider_id, record_host_call_failure, recorded_host,
+    wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
     BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
@@ -149,13 +149,13 @@ fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachi
     let placing =
         obs.machine.spec.provider_id.is_none() && obs.machine.metadata.deletion_timestamp.is_none();
     if !placing {
-        return decide(obs, Timestamp::now());
+        return decide(obs, ctx.fault.now());
     }
     ctx.hosts.place(|| {
         // Reachability was read through this cluster's credentials moments ago; allocation is read
         // under the turn, so it counts every placement made before.
         ctx.hosts.fill_allocation(&mut obs.hosts);
-        let plan = decide(obs, Timestamp::now());
+        let plan = decide(obs, ctx.fault.now());
         let claim = plan.effects.iter().find_map(|e| match e {
             Effect::RecordHost {
                 host, origin_uid, ..
@@ -228,6 +228,7 @@ async fn gather(
         hosts: BTreeMap::new(),
         recorded_host: HostLookup::NotAsked,
         operator: operator_identity().to_string(),
+        claim_seen_for: ctx.claims.seen_for(&super::key(machine), foreign_claim(machine)),
     };
     let Some(mc) = obs.infra_cluster.clone() else {
         return Ok(obs);
@@ -277,6 +278,59 @@ fn facts_of(ctx: &Ctx, config: Result<&HostConfig, &String>) -> HostFacts {
             credentials_problem: Some(problem.clone()),
             ..HostFacts::default()
         },
+    }
+}
+
+/// The machine's placement claim, if another operator process made it and the machine is still
+/// to be placed: only such a claim is waited out.
+fn foreign_claim(machine: &MicrovmMachine) -> Option<&str> {
+    if machine.spec.provider_id.is_some() {
+        return None;
+    }
+    let (_, by) = placement_claim(machine)?;
+    (by != operator_identity())
+        .then(|| {
+            machine
+                .annotations()
+                .get(PLACEMENT_CLAIM_ANNOTATION)
+                .map(String::as_str)
+        })
+        .flatten()
+}
+
+/// When this process first saw each machine's current placement claim from another process, by
+/// its own monotonic clock: how old a claim is to this process, whatever the clocks of the
+/// processes say (see `capmvm_reconcile::ObservedMachine::claim_seen_for`).
+#[derive(Default)]
+pub struct ClaimSightings(Mutex<HashMap<String, (String, Instant)>>);
+
+/// How long a sighting is kept: far beyond the claim TTL, so a machine still waiting is not made
+/// to wait again, and bounded, so machines placed or gone since are forgotten.
+const CLAIM_SIGHTING_KEPT: Duration = Duration::from_secs(600);
+
+impl ClaimSightings {
+    /// How long this process has seen `claim` on machine `key` (zero the first time); forgets the
+    /// machine's earlier claim, and the machine when it has none.
+    pub fn seen_for(&self, key: &str, claim: Option<&str>) -> Option<Duration> {
+        let mut seen = self.0.lock().ok()?;
+        let Some(claim) = claim else {
+            seen.remove(key);
+            return None;
+        };
+        match seen.get(key) {
+            Some((c, at)) if c == claim => Some(at.elapsed()),
+            _ => {
+                seen.insert(key.to_string(), (claim.to_string(), Instant::now()));
+                Some(Duration::ZERO)
+            }
+        }
+    }
+
+    /// Forgets sightings older than [`CLAIM_SIGHTING_KEPT`].
+    pub fn prune(&self) {
+        if let Ok(mut seen) = self.0.lock() {
+            seen.retain(|_, (_, at)| at.elapsed() < CLAIM_SIGHTING_KEPT);
+        }
     }
 }
 

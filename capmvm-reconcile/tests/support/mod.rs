@@ -209,6 +209,7 @@ pub fn observed() -> ObservedMachine {
         hosts: reachable_hosts(),
         recorded_host: HostLookup::NotAsked,
         operator: OPERATOR.into(),
+        claim_seen_for: None,
     }
 }
 
