@@ -1,8 +1,9 @@
 //! End to end, the node layer (issue 13): each Cluster gets a workload API and its
 //! `<cluster>-kubeconfig` Secret; hollow kubelets register Nodes whose providerIDs equal the
 //! Machines'; Machines get nodeRef and nodeInfo; a bad provider-id template registers a Node that
-//! matches nothing; a MachineHealthCheck replaces a Machine whose Node is NotReady; deleting the
-//! Cluster deletes its Nodes and then its workload API.
+//! matches nothing; a MachineHealthCheck replaces a Machine whose Node is NotReady, of a
+//! MachineDeployment and of a MachinePool (the pool repairs what it marks); deleting the Cluster
+//! deletes its Nodes and then its workload API.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -474,4 +475,135 @@ async fn a_machine_health_check_replaces_a_machine_whose_node_is_not_ready() {
 fn pinned_kubectl() -> Option<std::path::PathBuf> {
     capmvm_upstream::Binaries::for_test("kubectl get nodes", &["kubectl"])
         .and_then(|b| b.path("kubectl").ok())
+}
+
+/// A MachinePool of 3 (the `machinepool` flavor, `maxSurge: 1`, `maxUnavailable: 0`): one instance's
+/// Node turns NotReady; the MachineHealthCheck marks its Machine `OwnerRemediated=False` (core leaves
+/// a pool Machine's replacement to the pool); the pool replaces that instance, and only it, within
+/// its surge; a new microVM boots and its Node registers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_replaces_the_instance_a_machine_health_check_marked() {
+    let w = world(options(3)).await;
+    w.apply_template(
+        capmvm_sim::world::MACHINEPOOL_CLUSTER,
+        &[
+            ("CONTROL_PLANE_MACHINE_COUNT", "0".to_string()),
+            ("WORKER_MACHINE_COUNT", "3".to_string()),
+            ("WORKER_MACHINE_MAX_SURGE", "1".to_string()),
+            ("WORKER_MACHINE_MAX_UNAVAILABLE", "0".to_string()),
+        ],
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let before = wait_node_refs(&w, 3).await;
+    let mhcs: Api<DynamicObject> = Api::namespaced_with(
+        w.client.clone(),
+        NS,
+        &ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineHealthCheck"),
+            "machinehealthchecks",
+        ),
+    );
+    let mhc = json!({
+        "apiVersion": "cluster.x-k8s.io/v1beta2",
+        "kind": "MachineHealthCheck",
+        "metadata": {"name": "demo-mp-0", "namespace": NS},
+        "spec": {
+            "clusterName": "demo",
+            "selector": {"matchLabels": {"cluster.x-k8s.io/pool-name": "demo-mp-0"}},
+            "checks": {"unhealthyNodeConditions": [
+                {"type": "Ready", "status": "False", "timeoutSeconds": 2},
+                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
+            ]},
+        },
+    });
+    mhcs.create(&PostParams::default(), &serde_json::from_value(mhc).unwrap())
+        .await
+        .unwrap();
+    wait_for("the MachineHealthCheck to see 3 healthy Machines", WAIT, POLL, || async {
+        let m = mhcs.get("demo-mp-0").await?;
+        Ok((m.data["status"]["currentHealthy"] == 3).then_some(()))
+    })
+    .await
+    .unwrap();
+
+    let victim = before[0].name_any();
+    let victim_node = before[0].data["status"]["nodeRef"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let healthy: BTreeSet<String> = before[1..].iter().map(ResourceExt::name_any).collect();
+    w.kubelets().set_not_ready(&victim_node, true);
+
+    // Sampled while the pool repairs: the healthy instances are never touched, and the pool stays
+    // within 3 + maxSurge instances.
+    let mut marked = false;
+    let mut most = 0;
+    let log = w.operator_log();
+    let deadline = std::time::Instant::now() + WAIT;
+    let replaced = loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the marked instance not replaced in time (operator log {})",
+            log.display()
+        );
+        let ms = capi_machines(&w.client).await;
+        let instances = w.microvm_machines(NS).await.unwrap();
+        most = most.max(instances.len());
+        for name in &healthy {
+            let m = ms.iter().find(|m| &m.name_any() == name);
+            assert!(
+                m.is_some_and(|m| m.metadata.deletion_timestamp.is_none()),
+                "healthy {name} was deleted"
+            );
+        }
+        if let Some(v) = ms.iter().find(|m| m.name_any() == victim) {
+            marked |= v.data["status"]["conditions"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|c| c["type"] == "OwnerRemediated" && c["status"] == "False");
+        }
+        let done = ms.len() == 3
+            && ms.iter().all(|m| {
+                m.name_any() != victim
+                    && m.metadata.deletion_timestamp.is_none()
+                    && m.data.pointer("/status/nodeRef/name").is_some()
+            });
+        if done {
+            break ms;
+        }
+        tokio::time::sleep(POLL).await;
+    };
+    assert!(marked, "the MachineHealthCheck marked the Machine for its owner");
+    assert!(most <= 4, "{most} instances: beyond 3 + maxSurge");
+    let replacement = replaced
+        .iter()
+        .find(|m| !healthy.contains(&m.name_any()))
+        .unwrap();
+    // The replacement runs on a microVM of its own, and its Node registered under it.
+    let pid = replacement.data["spec"]["providerID"].as_str().unwrap().to_string();
+    let vm_uid = pid.rsplit('/').next().unwrap().to_string();
+    assert!(
+        live_vms(&w).iter().any(|(_, vm)| vm.uid() == vm_uid),
+        "{pid} has a live microVM"
+    );
+    assert!(
+        !live_vms(&w).iter().any(|(_, vm)| vm.spec.id == victim),
+        "the marked instance's microVM is gone"
+    );
+    let workload = w.workload_client(NS, "demo").unwrap();
+    let nodes = nodes_of(workload).await;
+    assert!(
+        nodes
+            .iter()
+            .any(|n| provider_id(n).as_deref() == Some(pid.as_str())),
+        "a Node under the new microVM"
+    );
+    assert!(
+        !nodes.iter().any(|n| n.name_any() == victim_node),
+        "the unhealthy Node is gone"
+    );
+    w.shutdown().await;
 }

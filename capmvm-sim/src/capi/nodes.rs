@@ -4,11 +4,14 @@
 //!   `spec.providerID` is exactly equal; it then gets `status.nodeRef` (`{name}`) and
 //!   `status.nodeInfo` (the Node's whole `nodeInfo`) and phase Running (Provisioned until then).
 //! - Once a deleted Machine's InfraMachine is gone, its Node is deleted.
-//! - A MachineHealthCheck (`cluster.x-k8s.io/v1beta2`) deletes the Machines it selects whose Node has
-//!   had a condition of `spec.checks.unhealthyNodeConditions` for longer than its `timeoutSeconds`,
-//!   whose Node went away, or that got no Node within `nodeStartupTimeoutSeconds` (600 s unless
-//!   set; 0 turns it off), so their owner replaces them. Only Machines with a controller owner are
-//!   remediated, and none while more are unhealthy than
+//! - A MachineHealthCheck (`cluster.x-k8s.io/v1beta2`) remediates the Machines it selects whose Node
+//!   has had a condition of `spec.checks.unhealthyNodeConditions` for longer than its
+//!   `timeoutSeconds`, whose Node went away, or that got no Node within `nodeStartupTimeoutSeconds`
+//!   (600 s unless set; 0 turns it off). As CAPI's, it marks them `HealthCheckSucceeded=False` and
+//!   `OwnerRemediated=False` for their owner to replace; a MachinePool's Machines stay marked (core
+//!   leaves them to the infrastructure pool), the others are deleted at once, standing in for the
+//!   MachineSet or KubeadmControlPlane the stand-in does not have. Only Machines with a controller
+//!   owner are remediated, and none while more are unhealthy than
 //!   `spec.remediation.triggerIf.unhealthyLessThanOrEqualTo` allows (an integer or a percentage).
 
 use std::time::Duration;
@@ -240,13 +243,17 @@ async fn check(
     let allowed = unhealthy.len() <= max_unhealthy;
     if allowed {
         for (m, why) in &unhealthy {
-            let owned = m
+            let Some(owner) = m
                 .metadata
                 .owner_references
                 .iter()
                 .flatten()
-                .any(|o| o.controller == Some(true));
-            if !owned {
+                .find(|o| o.controller == Some(true))
+            else {
+                continue;
+            };
+            if owner.kind == "MachinePool" {
+                mark_for_owner_remediation(&machines_api, m, why).await?;
                 continue;
             }
             info!(mhc = %mhc.name_any(), machine = %m.name_any(), reason = %why, "MachineHealthCheck: remediating an unhealthy Machine by deleting it");
@@ -284,6 +291,58 @@ async fn check(
             .await?;
     }
     Ok(())
+}
+
+/// Marks `machine` `HealthCheckSucceeded=False` and `OwnerRemediated=False` (reason
+/// `WaitingForRemediation`), as CAPI's MachineHealthCheck does, keeping its other conditions; nothing
+/// is written when it is marked already.
+async fn mark_for_owner_remediation(
+    machines: &Api<DynamicObject>,
+    machine: &DynamicObject,
+    why: &str,
+) -> Result<(), kube::Error> {
+    let mut conditions: Vec<Value> = machine
+        .data
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let marked = |conditions: &[Value], t: &str| {
+        conditions
+            .iter()
+            .any(|c| c["type"] == t && c["status"] == "False")
+    };
+    if marked(&conditions, "OwnerRemediated") && marked(&conditions, "HealthCheckSucceeded") {
+        return Ok(());
+    }
+    info!(machine = %machine.name_any(), reason = %why, "MachineHealthCheck: marking an unhealthy Machine for its owner to replace");
+    let now = k8s_openapi::jiff::Timestamp::now().to_string();
+    let generation = machine.metadata.generation.unwrap_or_default();
+    conditions.retain(|c| c["type"] != "OwnerRemediated" && c["type"] != "HealthCheckSucceeded");
+    conditions.push(json!({
+        "type": "HealthCheckSucceeded", "status": "False", "reason": "UnhealthyNode",
+        "message": why, "lastTransitionTime": now, "observedGeneration": generation,
+    }));
+    conditions.push(json!({
+        "type": "OwnerRemediated", "status": "False", "reason": "WaitingForRemediation",
+        "message": "Waiting for remediation", "lastTransitionTime": now,
+        "observedGeneration": generation,
+    }));
+    match machines
+        .patch_status(
+            &machine.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(json!({
+                "metadata": {"resourceVersion": machine.metadata.resource_version},
+                "status": {"conditions": conditions},
+            })),
+        )
+        .await
+    {
+        // Changed meanwhile: the next round marks it from the newer version.
+        Err(kube::Error::Api(e)) if e.code == 409 || e.code == 404 => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 fn health(
