@@ -236,7 +236,16 @@ impl EmulatorHandle {
     /// otherwise); whatever is under test should use [`EmulatorHandle::client`] or a kubeconfig.
     /// Requests go on being answered after [`EmulatorHandle::shutdown`], except watches, which end.
     pub fn in_process_client(&self) -> kube::Client {
-        server::in_process_client(self.app.clone())
+        server::in_process_client(self.app.clone(), None)
+    }
+
+    /// [`EmulatorHandle::in_process_client`] whose requests carry `user_agent`, so the request
+    /// counters and fault rules tell them apart. A value that is not a valid header is not sent.
+    pub fn in_process_client_as(&self, user_agent: &str) -> kube::Client {
+        server::in_process_client(
+            self.app.clone(),
+            axum::http::HeaderValue::from_str(user_agent).ok(),
+        )
     }
 
     /// A kubeconfig (plain HTTP, no credentials) for kubectl and kube-rs.

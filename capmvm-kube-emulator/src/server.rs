@@ -330,12 +330,17 @@ fn resource_path(
     }
 }
 
-/// A kube client whose requests `handle` answers directly (see `EmulatorHandle::in_process_client`).
-pub(crate) fn in_process_client(app: Arc<App>) -> kube::Client {
+/// A kube client whose requests `handle` answers directly (see `EmulatorHandle::in_process_client`),
+/// sent with `user_agent` when one is given.
+pub(crate) fn in_process_client(app: Arc<App>, user_agent: Option<HeaderValue>) -> kube::Client {
     let service = tower::service_fn(move |req: axum::http::Request<kube::client::Body>| {
         let app = app.clone();
+        let user_agent = user_agent.clone();
         async move {
-            let (parts, body) = req.into_parts();
+            let (mut parts, body) = req.into_parts();
+            if let Some(agent) = user_agent {
+                parts.headers.insert(header::USER_AGENT, agent);
+            }
             let req = Request::from_parts(parts, Body::new(body));
             Ok::<_, std::convert::Infallible>(handle(State(app), req).await)
         }
@@ -684,11 +689,12 @@ async fn resource(
         return Err(ApiError::method_not_allowed());
     };
     shared.counters.bump(verb, &counter, agent);
-    let cut = match inject_fault(shared, &def, &rp, verb, &counter, query, headers).await {
-        FaultOutcome::Serve(cut) => cut,
-        FaultOutcome::Answer(answer) => return answer,
-    };
-    match (method.clone(), rp.name.as_deref()) {
+    let (cut, after_commit) =
+        match inject_fault(shared, &def, &rp, verb, &counter, query, headers).await {
+            FaultOutcome::Serve { cut, after_commit } => (cut, after_commit),
+            FaultOutcome::Answer(answer) => return answer,
+        };
+    let answer = match (method.clone(), rp.name.as_deref()) {
         (Method::GET, None) if watch => {
             let filter = filter_from(&def, ns, query)?;
             start_watch(app, &def, filter, query, negotiate(headers)?, cut).await
@@ -779,6 +785,30 @@ async fn resource(
             delete_collection(shared, &def, ns, query, &opts)
         }
         _ => Err(ApiError::method_not_allowed()),
+    };
+    reply_after_commit(answer, after_commit)
+}
+
+/// `answer` of a write that was carried out, failed as `after_commit` says: a 504, or a reply cut
+/// off (its headers sent, its body broken off, as a connection that dies). An answer that is an
+/// error committed nothing and goes as it is.
+fn reply_after_commit(
+    answer: Result<Response, ApiError>,
+    after_commit: Option<FaultKind>,
+) -> Result<Response, ApiError> {
+    match (answer, after_commit) {
+        (Ok(_), Some(FaultKind::CommittedTimeout)) => Err(ApiError::request_timeout()),
+        (Ok(written), Some(FaultKind::CommittedCut)) => {
+            let (parts, _) = written.into_parts();
+            let broken = futures::stream::once(async {
+                Err::<Bytes, std::io::Error>(std::io::Error::new(
+                    std::io::ErrorKind::ConnectionReset,
+                    "connection cut by the API emulator's fault rules after the write",
+                ))
+            });
+            Ok(Response::from_parts(parts, Body::from_stream(broken)))
+        }
+        (answer, _) => answer,
     }
 }
 
@@ -809,8 +839,12 @@ fn full_user_agent(headers: &HeaderMap) -> &str {
 
 /// What the fault rules make of a request.
 enum FaultOutcome {
-    /// Serve it (after any delay), cutting a watch if told.
-    Serve(Option<WatchCut>),
+    /// Serve it (after any delay), cutting a watch if told, and failing the reply of a write that
+    /// was carried out if told.
+    Serve {
+        cut: Option<WatchCut>,
+        after_commit: Option<FaultKind>,
+    },
     /// Answer this instead.
     Answer(Result<Response, ApiError>),
 }
@@ -836,7 +870,10 @@ async fn inject_fault(
                 .get("resourceVersion")
                 .is_some_and(|rv| !rv.is_empty() && rv != "0"),
     }) else {
-        return FaultOutcome::Serve(None);
+        return FaultOutcome::Serve {
+            cut: None,
+            after_commit: None,
+        };
     };
     match fault.kind {
         FaultKind::Slow => {
@@ -846,12 +883,22 @@ async fn inject_fault(
                 () = tokio::time::sleep(fault.delay) => {}
                 _ = shutdown.wait_for(|s| *s) => {}
             }
-            FaultOutcome::Serve(None)
+            FaultOutcome::Serve {
+                cut: None,
+                after_commit: None,
+            }
         }
-        FaultKind::CutWatch => FaultOutcome::Serve(Some(WatchCut {
-            after: fault.cut_after,
-            counter: fault.cut,
-        })),
+        FaultKind::CutWatch => FaultOutcome::Serve {
+            cut: Some(WatchCut {
+                after: fault.cut_after,
+                counter: fault.cut,
+            }),
+            after_commit: None,
+        },
+        kind if kind.commits() => FaultOutcome::Serve {
+            cut: None,
+            after_commit: Some(kind),
+        },
         _ => FaultOutcome::Answer(fault_answer(shared, def, rp.name.as_deref(), query, &fault)),
     }
 }
@@ -879,11 +926,10 @@ async fn scale_request(
     };
     let counter: Arc<str> = Arc::from(format!("{}/scale", def.counter_name));
     shared.counters.bump(verb, &counter, request_agent(headers));
-    if let FaultOutcome::Answer(answer) =
-        inject_fault(shared, def, rp, verb, &counter, query, headers).await
-    {
-        return answer;
-    }
+    let after_commit = match inject_fault(shared, def, rp, verb, &counter, query, headers).await {
+        FaultOutcome::Answer(answer) => return answer,
+        FaultOutcome::Serve { after_commit, .. } => after_commit,
+    };
     let ns = rp.ns.as_deref();
     let scale = match verb {
         Verb::Get => {
@@ -912,7 +958,7 @@ async fn scale_request(
             super::scale::patch(shared, def, ns, name, ptype, body, &params)?
         }
     };
-    Ok(respond_value(StatusCode::OK, &scale, &[]))
+    reply_after_commit(Ok(respond_value(StatusCode::OK, &scale, &[])), after_commit)
 }
 
 /// The answer of an injected error, before anything is read or stored.
@@ -940,8 +986,13 @@ fn fault_answer(
             let line = store::event_line("ERROR", &store::encode(&e.to_status()));
             return Ok(respond(StatusCode::OK, "application/json", line, &[]));
         }
-        FaultKind::Slow | FaultKind::CutWatch => {
-            return Err(ApiError::internal("a delay or a cut is not an answer"));
+        FaultKind::Slow
+        | FaultKind::CutWatch
+        | FaultKind::CommittedTimeout
+        | FaultKind::CommittedCut => {
+            return Err(ApiError::internal(
+                "a delay, a cut or a fault after the write is not an answer",
+            ));
         }
     })
 }

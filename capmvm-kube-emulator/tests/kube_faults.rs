@@ -245,6 +245,72 @@ async fn a_timeout_stores_nothing_so_a_retried_create_succeeds() {
     );
 }
 
+/// The common bad case of a real cluster: the write lands, its reply does not. A create answered
+/// 504 after it was stored is there, and its retry meets AlreadyExists; a patch whose connection is
+/// cut after it was stored has changed the object although the client saw an error.
+#[tokio::test]
+async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error() {
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    let faults = emu.faults();
+    faults
+        .set_rules([rule(FaultKind::CommittedTimeout, &[Verb::Create], &["microvmmachines"]).times(1)])
+        .unwrap();
+    let no_retry = client_without_retries(&emu);
+    let e = machines(&no_retry, "default")
+        .create(&PostParams::default(), &dynamic(machine("m")))
+        .await
+        .unwrap_err();
+    let s = status_of(e);
+    assert_eq!((s.code, s.reason.as_str()), (504, "Timeout"));
+    let stored = machines(&client, "default").get("m").await.unwrap();
+    assert_eq!(stored.metadata.generation, Some(1), "committed");
+    let again = machines(&no_retry, "default")
+        .create(&PostParams::default(), &dynamic(machine("m")))
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(again).code, 409, "the retry finds it");
+
+    faults
+        .set_rules([rule(FaultKind::CommittedCut, &[Verb::Patch], &["microvmmachines"]).times(1)])
+        .unwrap();
+    let cut = machines(&no_retry, "default")
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
+        )
+        .await;
+    assert!(cut.is_err(), "the reply was cut: {cut:?}");
+    let now = machines(&client, "default").get("m").await.unwrap();
+    assert_eq!(now.data["spec"]["vcpu"], 4, "committed");
+    // A write the store refuses fails as itself: there was nothing to commit.
+    faults
+        .set_rules([rule(FaultKind::CommittedTimeout, &[Verb::Patch], &["microvmmachines"])])
+        .unwrap();
+    let refused = machines(&no_retry, "default")
+        .patch(
+            "m",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"vcpu": "many"}})),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(status_of(refused).code, 422);
+    let counts = faults.counts();
+    assert_eq!(counts.get(FaultKind::CommittedTimeout, Verb::Create, MACHINES), 1);
+    assert_eq!(counts.get(FaultKind::CommittedCut, Verb::Patch, MACHINES), 1);
+    assert!(
+        "kind=committed-timeout;share=0.05"
+            .parse::<FaultRule>()
+            .is_ok_and(|r| r.kind() == FaultKind::CommittedTimeout)
+    );
+    assert!(
+        "kind=committed-cut;verbs=get".parse::<FaultRule>().is_err(),
+        "a read commits nothing"
+    );
+}
+
 #[tokio::test]
 async fn a_slow_answer_comes_late_and_right() {
     let (emu, client) = start().await;

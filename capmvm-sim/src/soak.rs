@@ -1,9 +1,11 @@
 //! `capmvm-sim soak`: the whole system under faults, proving nothing is lost.
 //!
 //! A cluster's workers are created, scaled down, scaled up and deleted while a share of the operator's
-//! API requests fail (500, 429, 409, 504, cut watches, 410 on resume: the emulator's faults, aimed at the
-//! operator's user agent only), hosts are partitioned and healed, and the operator process is killed
-//! (SIGKILL) at random points and started again. Monitors watch the hosts and the API throughout:
+//! and the CAPI stand-in's API requests fail (500, 429, 409, 504, slow answers, writes carried out whose
+//! reply is then lost to a 504 or a cut connection, cut watches, 410 on resume: the emulator's faults,
+//! aimed at the two clients by user agent, never at the harness's own), hosts are partitioned and
+//! healed, and the operator process is killed (SIGKILL) at random points and started again. Monitors
+//! watch the hosts and the API throughout:
 //!
 //! - **duplicates**: a machine (its origin uid, carried in the microVM's meta-data) that ever had more
 //!   than one microVM on the hosts;
@@ -97,10 +99,12 @@ pub struct SoakReport {
     pub args: SoakArgs,
     /// Each step and how long it took to converge (`None`: it did not).
     pub steps: Vec<(String, Option<Duration>)>,
-    /// Faults the emulator injected into the operator's requests.
+    /// Faults the emulator injected into the operator's and the stand-in's requests.
     pub faults: FaultCounts,
     /// The operator's API requests over the run.
     pub operator_requests: u64,
+    /// The CAPI stand-in's API requests over the run.
+    pub stand_in_requests: u64,
     /// Operator kills carried out.
     pub kills: usize,
     /// Host partitions carried out.
@@ -161,7 +165,7 @@ impl SoakReport {
     pub fn render(&self) -> String {
         let a = &self.args;
         let mut s = format!(
-            "soak: {} machines on {} hosts, {} rounds, {:.1} % of operator requests faulted, seed {}\n\n",
+            "soak: {} machines on {} hosts, {} rounds, {:.1} % of the operator's and the stand-in's requests faulted, seed {}\n\n",
             a.machines,
             a.hosts,
             a.rounds,
@@ -184,9 +188,11 @@ impl SoakReport {
             }
         }
         s.push_str(&format!(
-            "| total | {} of {} operator requests |\n",
+            "| total | {} of {} requests ({} operator, {} stand-in) |\n",
             self.faults.total(),
-            self.operator_requests
+            self.operator_requests + self.stand_in_requests,
+            self.operator_requests,
+            self.stand_in_requests
         ));
         s.push_str(&format!(
             "\n| measure | value |\n|---|---:|\n| operator kills | {} |\n| host partitions | {} |\n| duplicate microVMs | {} |\n| finalizers released early | {} |\n| leaked microVMs | {} |\n| total time | {:.1} s |\n",
@@ -255,14 +261,24 @@ impl Rng {
     }
 }
 
-/// The faults aimed at the operator: `share` of its requests, spread over the kinds real servers
-/// answer under stress, plus cut watches and 410 on resume.
+/// The faults aimed at the operator and at the CAPI stand-in: `share` of each one's requests,
+/// spread over the kinds real servers answer under stress (errors, slow answers, and writes carried
+/// out whose reply is lost), plus cut watches and 410 on resume.
 fn fault_rules(share: f64) -> anyhow::Result<Vec<FaultRule>> {
-    let agent = "capmvm-operator/";
-    // Rules are tried in order, each drawing on its own; four error kinds of `share / 4` each make
-    // about `share` of the requests they apply to fail.
+    let mut rules = Vec::new();
+    for agent in ["capmvm-operator/", "capmvm-capi-stand-in/"] {
+        rules.extend(fault_rules_for(agent, share));
+    }
+    Ok(rules)
+}
+
+/// [`fault_rules`] for the client whose User-Agent starts with `agent`.
+fn fault_rules_for(agent: &str, share: f64) -> Vec<FaultRule> {
+    // Rules are tried in order, each drawing on its own; kinds of `share / 4` each make about
+    // `share` of the requests they apply to fail, writes a little more.
     let each = share / 4.0;
-    Ok(vec![
+    let writes = [Verb::Create, Verb::Update, Verb::Patch, Verb::Delete];
+    vec![
         FaultRule::new(FaultKind::InternalError)
             .user_agent_prefix(agent)
             .share(each),
@@ -277,6 +293,19 @@ fn fault_rules(share: f64) -> anyhow::Result<Vec<FaultRule>> {
         FaultRule::new(FaultKind::Timeout)
             .user_agent_prefix(agent)
             .share(each),
+        // The common bad case: the write lands, its reply does not.
+        FaultRule::new(FaultKind::CommittedTimeout)
+            .verbs(writes)
+            .user_agent_prefix(agent)
+            .share(each),
+        FaultRule::new(FaultKind::CommittedCut)
+            .verbs(writes)
+            .user_agent_prefix(agent)
+            .share(each),
+        FaultRule::new(FaultKind::Slow)
+            .user_agent_prefix(agent)
+            .delay(Duration::from_millis(400))
+            .share(each),
         FaultRule::new(FaultKind::CutWatch)
             .user_agent_prefix(agent)
             .cut_after(5)
@@ -284,7 +313,7 @@ fn fault_rules(share: f64) -> anyhow::Result<Vec<FaultRule>> {
         FaultRule::new(FaultKind::Gone)
             .user_agent_prefix(agent)
             .share(share),
-    ])
+    ]
 }
 
 /// What the monitors share.
@@ -318,6 +347,9 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
     let api_before = world
         .emulator
         .counters_of_agent(capmvm_operator::USER_AGENT);
+    let stand_in_before = world
+        .emulator
+        .counters_of_agent(crate::world::STAND_IN_USER_AGENT);
 
     let client = world.client.clone();
     let hosts: Vec<HostControl> = world.hosts.iter().map(|h| h.control()).collect();
@@ -398,6 +430,11 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
         .counters_of_agent(capmvm_operator::USER_AGENT)
         .since(&api_before)
         .total();
+    let stand_in_requests = world
+        .emulator
+        .counters_of_agent(crate::world::STAND_IN_USER_AGENT)
+        .since(&stand_in_before)
+        .total();
     let leaks = hosts
         .iter()
         .flat_map(|h| {
@@ -419,6 +456,7 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
         steps,
         faults: fault_counts,
         operator_requests,
+        stand_in_requests,
         kills,
         partitions,
         duplicates: seen

@@ -296,7 +296,7 @@ impl World {
         let workloads = WorkloadClusters::new(dir.join("workloads"));
         // Simulators in this process skip loopback TCP: at 10 000 machines the sockets and HTTP
         // framing of their requests and watches were about a fifth of the simulators' CPU.
-        let in_process = emulator.in_process_client();
+        let in_process = emulator.in_process_client_as(STAND_IN_USER_AGENT);
         let stand_in = capi::run_with_options(
             in_process,
             workloads.clone(),
@@ -509,6 +509,10 @@ impl World {
         }
     }
 }
+
+/// User agent of the CAPI stand-in's requests (its controllers, the hollow kubelets' view of the
+/// management cluster): counted apart, and faulted apart by the soak.
+pub const STAND_IN_USER_AGENT: &str = concat!("capmvm-capi-stand-in/", env!("CARGO_PKG_VERSION"));
 
 /// The shipped cluster template the demo applies, compiled in so the demo runs from any directory.
 pub const DEMO_CLUSTER: &str = include_str!("../../templates/cluster-template.yaml");

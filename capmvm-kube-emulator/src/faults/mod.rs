@@ -1,10 +1,12 @@
 //! Faults on demand, for resilience tests: the emulator fails a share of requests, chosen by verb,
 //! resource and client, with what a real server under stress answers (500, 429 with `Retry-After`,
-//! 409 Conflict, 504 Timeout, slow answers, watches cut mid-way or answered 410 on resume).
+//! 409 Conflict, 504 Timeout, slow answers, watches cut mid-way or answered 410 on resume, and
+//! writes carried out whose reply is then lost: a 504 or a cut connection after the commit).
 //!
 //! The choice is made by a seeded random source, so a failing run can be replayed with the same seed
-//! (the same sequence of requests then gets the same faults). A faulted write is refused before it
-//! reaches the store: faults never change what is stored.
+//! (the same sequence of requests then gets the same faults). A write faulted otherwise is refused
+//! before it reaches the store; only the committed kinds (`committed-timeout`, `committed-cut`)
+//! store what a fault-free server would, and fail the reply.
 
 mod counts;
 mod rule;

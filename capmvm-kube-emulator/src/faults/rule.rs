@@ -26,11 +26,16 @@ pub enum FaultKind {
     /// A watch resumed from a resourceVersion answered with an ERROR event carrying 410 Expired
     /// ("too old resource version"), so the client relists.
     Gone,
+    /// The write is carried out (stored, and seen by watchers), then answered 504 Timeout, as when a
+    /// reply is lost behind a proxy or the server times out after committing.
+    CommittedTimeout,
+    /// The write is carried out, then the connection is cut before the reply is complete.
+    CommittedCut,
 }
 
 impl FaultKind {
     /// Every kind, in report order.
-    pub const ALL: [FaultKind; 7] = [
+    pub const ALL: [FaultKind; 9] = [
         Self::InternalError,
         Self::TooManyRequests,
         Self::Conflict,
@@ -38,6 +43,8 @@ impl FaultKind {
         Self::Slow,
         Self::CutWatch,
         Self::Gone,
+        Self::CommittedTimeout,
+        Self::CommittedCut,
     ];
 
     /// The name used in rules and reports.
@@ -50,7 +57,14 @@ impl FaultKind {
             Self::Slow => "slow",
             Self::CutWatch => "cut-watch",
             Self::Gone => "gone",
+            Self::CommittedTimeout => "committed-timeout",
+            Self::CommittedCut => "committed-cut",
         }
+    }
+
+    /// Whether the request is carried out before the fault is injected (its reply is what fails).
+    pub fn commits(self) -> bool {
+        matches!(self, Self::CommittedTimeout | Self::CommittedCut)
     }
 
     /// The HTTP code a client sees, for the kinds that answer with an error.
@@ -59,9 +73,9 @@ impl FaultKind {
             Self::InternalError => Some(500),
             Self::TooManyRequests => Some(429),
             Self::Conflict => Some(409),
-            Self::Timeout => Some(504),
+            Self::Timeout | Self::CommittedTimeout => Some(504),
             Self::Gone => Some(410),
-            Self::Slow | Self::CutWatch => None,
+            Self::Slow | Self::CutWatch | Self::CommittedCut => None,
         }
     }
 
@@ -81,6 +95,10 @@ impl FaultKind {
             Self::InternalError | Self::TooManyRequests | Self::Timeout | Self::Slow => ALL,
             // A conflict is a lost race between writers of one object.
             Self::Conflict => &[Verb::Update, Verb::Patch, Verb::Delete],
+            // Only a write has something to commit.
+            Self::CommittedTimeout | Self::CommittedCut => {
+                &[Verb::Create, Verb::Update, Verb::Patch, Verb::Delete]
+            }
             Self::CutWatch | Self::Gone => &[Verb::Watch],
         }
     }
@@ -104,9 +122,12 @@ impl FromStr for FaultKind {
             "slow" => Ok(Self::Slow),
             "cut-watch" => Ok(Self::CutWatch),
             "410" | "gone" => Ok(Self::Gone),
+            "committed-timeout" => Ok(Self::CommittedTimeout),
+            "committed-cut" => Ok(Self::CommittedCut),
             other => Err(format!(
                 "unknown kind {other:?}: expected one of 500 (internal-error), 429 (too-many-requests), \
-                 409 (conflict), 504 (timeout), slow, cut-watch, 410 (gone)"
+                 409 (conflict), 504 (timeout), slow, cut-watch, 410 (gone), committed-timeout, \
+                 committed-cut"
             )),
         }
     }

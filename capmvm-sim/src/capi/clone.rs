@@ -1,6 +1,10 @@
 //! Creating a Machine as CAPI's MachineSet and KubeadmControlPlane controllers do: clone the
 //! MicrovmMachine from its template, create the bootstrap KubeadmConfig, then the Machine naming both.
 //! The Machine controller then adopts both (controller owner references).
+//!
+//! A create whose reply is lost may still have landed (a 504 or a cut connection after the commit):
+//! each create is checked by name before it is tried again, and what was made for a Machine that
+//! could not be created is deleted again, as CAPI's MachineSet cleans up after itself.
 
 use std::collections::BTreeMap;
 
@@ -84,9 +88,59 @@ pub(crate) async fn create_machine(ctx: &Ctx, new: NewMachine) -> Result<bool, E
         owner_references: Some(vec![owner.clone()]),
         ..Default::default()
     };
-    Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns)
-        .create(&PostParams::default(), &infra)
-        .await?;
+    let infra_api = Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns);
+    create_once(&infra_api, &infra).await?;
+    let config_api =
+        Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &kubeadm_config_resource());
+    match create_config_and_machine(ctx, new, owner, &config_api).await {
+        Ok(()) => Ok(true),
+        Err(e) => {
+            // Nothing may be left without its Machine: it would wait for an owner for ever.
+            let name = infra.name_any();
+            let _ = infra_api.delete(&name, &Default::default()).await;
+            let _ = config_api.delete(&name, &Default::default()).await;
+            Err(e)
+        }
+    }
+}
+
+/// How often a create is tried before its error is returned.
+const CREATE_ATTEMPTS: usize = 3;
+
+/// Creates `obj` once: a create that failed is checked by name before it is tried again (its reply
+/// may have been lost after it landed), and AlreadyExists means it landed (the names are new).
+async fn create_once<K>(api: &Api<K>, obj: &K) -> Result<(), Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = obj.name_any();
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        match api.create(&PostParams::default(), obj).await {
+            Ok(_) => return Ok(()),
+            Err(kube::Error::Api(e)) if e.code == 409 => return Ok(()),
+            Err(e) => {
+                if let Ok(Some(_)) = api.get_opt(&name).await {
+                    return Ok(());
+                }
+                if attempt >= CREATE_ATTEMPTS {
+                    return Err(e.into());
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+/// The bootstrap KubeadmConfig (if any) and the Machine of `new`, after its MicrovmMachine.
+async fn create_config_and_machine(
+    ctx: &Ctx,
+    new: NewMachine,
+    owner: OwnerReference,
+    config_api: &Api<DynamicObject>,
+) -> Result<(), Error> {
+    let ns = new.namespace.as_str();
 
     let bootstrap = match &new.bootstrap {
         NewBootstrap::Kubeadm(spec) => {
@@ -105,9 +159,7 @@ pub(crate) async fn create_machine(ctx: &Ctx, new: NewMachine) -> Result<bool, E
                 owner_references: Some(vec![owner]),
                 ..Default::default()
             };
-            Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
-                .create(&PostParams::default(), &config)
-                .await?;
+            create_once(config_api, &config).await?;
             json!({"configRef": {"apiGroup": BOOTSTRAP_GROUP, "kind": "KubeadmConfig", "name": new.name}})
         }
         NewBootstrap::Secret(name) => json!({"dataSecretName": name}),
@@ -142,10 +194,11 @@ pub(crate) async fn create_machine(ctx: &Ctx, new: NewMachine) -> Result<bool, E
         finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
         ..Default::default()
     };
-    Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource)
-        .create(&PostParams::default(), &machine)
-        .await?;
-    Ok(true)
+    create_once(
+        &Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource),
+        &machine,
+    )
+    .await
 }
 
 /// A short random-looking suffix of `n` characters, as CAPI's generated names have.
