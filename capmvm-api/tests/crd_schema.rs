@@ -236,10 +236,10 @@ fn defaults_the_api_relies_on_are_in_the_schema() {
 #[test]
 fn the_endpoint_pattern_agrees_with_the_parser() {
     let cluster = serde_json::to_value(&crds()[0]).unwrap();
-    let host = &cluster["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["properties"]["placement"]["properties"]["staticPool"]["properties"]["hosts"]["items"];
-    let pattern = regex::Regex::new(host["properties"]["endpoint"]["pattern"].as_str().unwrap())
-        .unwrap();
+    let host = &cluster["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+        ["placement"]["properties"]["staticPool"]["properties"]["hosts"]["items"];
+    let pattern =
+        regex::Regex::new(host["properties"]["endpoint"]["pattern"].as_str().unwrap()).unwrap();
     for accepted in [
         "10.0.0.5:9090",
         "host-a.example.com:443",
@@ -264,7 +264,10 @@ fn the_endpoint_pattern_agrees_with_the_parser() {
         "host:",
         "",
     ] {
-        assert!(refused.parse::<capmvm_api::HostEndpoint>().is_err(), "{refused}");
+        assert!(
+            refused.parse::<capmvm_api::HostEndpoint>().is_err(),
+            "{refused}"
+        );
         assert!(!pattern.is_match(refused), "{refused}");
     }
 }

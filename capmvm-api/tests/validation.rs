@@ -664,10 +664,7 @@ fn authorized_keys_may_carry_the_options_sshd_accepts() {
             format!("no-pty=\"x\" ssh-ed25519 {blob}"),
             "option \"no-pty\" takes no value",
         ),
-        (
-            "no-pty ssh-ed25519 not*base64".to_string(),
-            "not base64",
-        ),
+        ("no-pty ssh-ed25519 not*base64".to_string(), "not base64"),
         ("no-pty".to_string(), "[options] <type> <base64> [comment]"),
     ] {
         machine_error(

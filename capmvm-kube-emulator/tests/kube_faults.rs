@@ -254,7 +254,12 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
     install_project_crds(&client).await;
     let faults = emu.faults();
     faults
-        .set_rules([rule(FaultKind::CommittedTimeout, &[Verb::Create], &["microvmmachines"]).times(1)])
+        .set_rules([rule(
+            FaultKind::CommittedTimeout,
+            &[Verb::Create],
+            &["microvmmachines"],
+        )
+        .times(1)])
         .unwrap();
     let no_retry = client_without_retries(&emu);
     let e = machines(&no_retry, "default")
@@ -272,7 +277,12 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
     assert_eq!(status_of(again).code, 409, "the retry finds it");
 
     faults
-        .set_rules([rule(FaultKind::CommittedCut, &[Verb::Patch], &["microvmmachines"]).times(1)])
+        .set_rules([rule(
+            FaultKind::CommittedCut,
+            &[Verb::Patch],
+            &["microvmmachines"],
+        )
+        .times(1)])
         .unwrap();
     let cut = machines(&no_retry, "default")
         .patch(
@@ -286,7 +296,11 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
     assert_eq!(now.data["spec"]["vcpu"], 4, "committed");
     // A write the store refuses fails as itself: there was nothing to commit.
     faults
-        .set_rules([rule(FaultKind::CommittedTimeout, &[Verb::Patch], &["microvmmachines"])])
+        .set_rules([rule(
+            FaultKind::CommittedTimeout,
+            &[Verb::Patch],
+            &["microvmmachines"],
+        )])
         .unwrap();
     let refused = machines(&no_retry, "default")
         .patch(
@@ -298,8 +312,14 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
         .unwrap_err();
     assert_eq!(status_of(refused).code, 422);
     let counts = faults.counts();
-    assert_eq!(counts.get(FaultKind::CommittedTimeout, Verb::Create, MACHINES), 1);
-    assert_eq!(counts.get(FaultKind::CommittedCut, Verb::Patch, MACHINES), 1);
+    assert_eq!(
+        counts.get(FaultKind::CommittedTimeout, Verb::Create, MACHINES),
+        1
+    );
+    assert_eq!(
+        counts.get(FaultKind::CommittedCut, Verb::Patch, MACHINES),
+        1
+    );
     assert!(
         "kind=committed-timeout;share=0.05"
             .parse::<FaultRule>()

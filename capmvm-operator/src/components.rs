@@ -452,8 +452,9 @@ mod tests {
                 "--{flag} is not the clusterctl variable {variable}"
             );
         }
-        let flags = Flags::try_parse_from(["capmvm-operator", "--microvmmachinepool-concurrency=3"])
-            .unwrap();
+        let flags =
+            Flags::try_parse_from(["capmvm-operator", "--microvmmachinepool-concurrency=3"])
+                .unwrap();
         assert_eq!(flags.microvmmachinepool_concurrency, 3);
     }
 

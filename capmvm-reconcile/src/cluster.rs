@@ -69,18 +69,12 @@ pub fn orphans(obs: &ObservedCluster) -> Vec<Orphan<'_>> {
                 Some(c) if sharers.is_some_and(|s| s.contains(c)) => None,
                 _ => Some(Orphan {
                     hosted: h,
-                    shared_with: sharers
-                        .into_iter()
-                        .flatten()
-                        .map(String::as_str)
-                        .collect(),
+                    shared_with: sharers.into_iter().flatten().map(String::as_str).collect(),
                 }),
             }
         })
         .collect();
-    out.sort_by(|a, b| {
-        (&a.hosted.host, &a.hosted.vm.uid).cmp(&(&b.hosted.host, &b.hosted.vm.uid))
-    });
+    out.sort_by(|a, b| (&a.hosted.host, &a.hosted.vm.uid).cmp(&(&b.hosted.host, &b.hosted.vm.uid)));
     out.dedup_by(|a, b| a.hosted.vm.uid == b.hosted.vm.uid);
     out
 }
@@ -487,7 +481,9 @@ impl ClusterDecision<'_> {
                 );
                 if !o.shared_with.is_empty() {
                     let made_by = match &h.vm.cluster {
-                        Some(c) => format!("its meta-data names Cluster {c:?}, which no longer lists that host"),
+                        Some(c) => format!(
+                            "its meta-data names Cluster {c:?}, which no longer lists that host"
+                        ),
                         None => "its meta-data does not say which cluster made it".to_string(),
                     };
                     text.push_str(&format!(

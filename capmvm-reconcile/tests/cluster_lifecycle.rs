@@ -255,11 +255,15 @@ fn an_orphan_on_a_shared_host_is_reported_by_the_cluster_that_made_it() {
         "{message}"
     );
     assert!(
-        message.contains("its meta-data names Cluster \"long-gone\", which no longer lists that host"),
+        message
+            .contains("its meta-data names Cluster \"long-gone\", which no longer lists that host"),
         "{message}"
     );
     // Not shared: what this cluster's machines made is reported without a note.
-    assert!(!message.contains("uid 01A) on host 10.0.0.2:9090 (a host"), "{message}");
+    assert!(
+        !message.contains("uid 01A) on host 10.0.0.2:9090 (a host"),
+        "{message}"
+    );
 }
 
 #[test]

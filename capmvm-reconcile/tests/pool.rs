@@ -14,8 +14,8 @@ use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, POOL_FINALIZER, POOL_NAME_LABEL, TEMPLATE_HASH_ANNOTATION,
 };
 use capmvm_api::*;
-use capmvm_reconcile::{Requeue, conditions};
 use capmvm_reconcile::pool::*;
+use capmvm_reconcile::{Requeue, conditions};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 use k8s_openapi::jiff::Timestamp;

@@ -93,7 +93,10 @@ fn an_instance_is_placed_only_once_cores_machine_owns_it() {
         "no write before adoption: {:?}",
         plan.effects
     );
-    assert_eq!(plan.status, None, "a brand-new instance's short wait writes nothing");
+    assert_eq!(
+        plan.status, None,
+        "a brand-new instance's short wait writes nothing"
+    );
     // Past the grace, the wait says what for.
     let (_, reason, message) = ready(&decide(&obs, later()));
     assert_eq!(reason, reasons::WAITING_FOR_OWNER);

@@ -85,7 +85,9 @@ pub fn variables(text: &str) -> Result<BTreeMap<String, Option<String>>, Error> 
         let after = &rest[start + 2..];
         let end = after.find('}').ok_or(Error::Unterminated(offset + start))?;
         let (name, default) = split_expression(after[..end].trim());
-        let entry = found.entry(name.to_string()).or_insert(default.map(str::to_string));
+        let entry = found
+            .entry(name.to_string())
+            .or_insert(default.map(str::to_string));
         if default.is_none() {
             *entry = None;
         }
@@ -100,7 +102,10 @@ fn split_expression(expr: &str) -> (&str, Option<&str>) {
     match expr.find([':', '=']) {
         Some(i) => {
             let (name, tail) = expr.split_at(i);
-            (name.trim(), Some(tail.trim_start_matches([':', '=', '-']).trim()))
+            (
+                name.trim(),
+                Some(tail.trim_start_matches([':', '=', '-']).trim()),
+            )
         }
         None => (expr, None),
     }

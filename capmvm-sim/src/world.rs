@@ -537,8 +537,14 @@ pub fn template_variables(endpoints: &[String]) -> BTreeMap<String, String> {
         .map(|(i, e)| format!("{{name: host-{i}, endpoint: {e:?}, controlplaneAllowed: true}}"))
         .collect();
     BTreeMap::from([
-        ("FLINTLOCK_HOSTS".to_string(), format!("[{}]", hosts.join(", "))),
-        ("SSH_PUBLIC_KEY".to_string(), DEMO_SSH_PUBLIC_KEY.to_string()),
+        (
+            "FLINTLOCK_HOSTS".to_string(),
+            format!("[{}]", hosts.join(", ")),
+        ),
+        (
+            "SSH_PUBLIC_KEY".to_string(),
+            DEMO_SSH_PUBLIC_KEY.to_string(),
+        ),
         (
             "CONTROL_PLANE_VIP".to_string(),
             DEMO_CONTROL_PLANE_VIP.to_string(),

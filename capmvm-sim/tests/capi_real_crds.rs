@@ -340,8 +340,12 @@ fn without_capis_crds_ci_fails_and_a_local_run_reports_a_skip() {
         child.output().unwrap()
     };
     let ci = run(Some("true"));
-    let text = String::from_utf8_lossy(&ci.stdout).into_owned() + &String::from_utf8_lossy(&ci.stderr);
-    assert!(!ci.status.success(), "passed under CI without its input:\n{text}");
+    let text =
+        String::from_utf8_lossy(&ci.stdout).into_owned() + &String::from_utf8_lossy(&ci.stderr);
+    assert!(
+        !ci.status.success(),
+        "passed under CI without its input:\n{text}"
+    );
     assert!(
         text.contains("CI=true") && text.contains(&empty.display().to_string()),
         "{text}"
@@ -350,7 +354,8 @@ fn without_capis_crds_ci_fails_and_a_local_run_reports_a_skip() {
     let stderr = String::from_utf8_lossy(&local.stderr);
     assert!(local.status.success(), "{stderr}");
     assert!(
-        stderr.contains("SKIPPED every_object_of_templates_and_examples_validates_against_capi_crds"),
+        stderr
+            .contains("SKIPPED every_object_of_templates_and_examples_validates_against_capi_crds"),
         "the skip is said: {stderr}"
     );
     let _ = std::fs::remove_dir(&empty);

@@ -126,7 +126,10 @@ fn record(w: &World) -> (Arc<Mutex<Record>>, tokio::task::JoinHandle<()>) {
 async fn wait_control_plane(w: &World, n: usize) -> Vec<Machine> {
     let log = w.operator_log();
     wait_for(
-        &format!("{n} control-plane machines (operator log {})", log.display()),
+        &format!(
+            "{n} control-plane machines (operator log {})",
+            log.display()
+        ),
         WAIT,
         POLL,
         || async {
@@ -186,7 +189,11 @@ async fn three_control_planes_init_first_then_join_and_scale_three_five_three() 
         w.client.clone(),
         NS,
         &ApiResource::from_gvk_with_plural(
-            &kube::api::GroupVersionKind::gvk("bootstrap.cluster.x-k8s.io", "v1beta2", "KubeadmConfig"),
+            &kube::api::GroupVersionKind::gvk(
+                "bootstrap.cluster.x-k8s.io",
+                "v1beta2",
+                "KubeadmConfig",
+            ),
             "kubeadmconfigs",
         ),
     );
@@ -197,7 +204,11 @@ async fn three_control_planes_init_first_then_join_and_scale_three_five_three() 
         .count();
     let joins = configs
         .iter()
-        .filter(|c| c.data.pointer("/spec/joinConfiguration/controlPlane").is_some())
+        .filter(|c| {
+            c.data
+                .pointer("/spec/joinConfiguration/controlPlane")
+                .is_some()
+        })
         .count();
     assert_eq!((inits, joins), (1, 2), "{configs:#?}");
     {
@@ -241,7 +252,11 @@ async fn three_control_planes_init_first_then_join_and_scale_three_five_three() 
     let left: BTreeSet<String> = left.iter().map(ResourceExt::name_any).collect();
     // One microVM per control-plane machine, none left behind by the scale-down.
     let vms: Vec<String> = live_vms(&w).into_iter().map(|(_, vm)| vm.spec.id).collect();
-    assert_eq!(vms.iter().cloned().collect::<BTreeSet<_>>(), left, "{vms:?}");
+    assert_eq!(
+        vms.iter().cloned().collect::<BTreeSet<_>>(),
+        left,
+        "{vms:?}"
+    );
     watching.abort();
     w.shutdown().await;
 }

@@ -518,13 +518,21 @@ async fn a_pool_replaces_the_instance_a_machine_health_check_marked() {
             ]},
         },
     });
-    mhcs.create(&PostParams::default(), &serde_json::from_value(mhc).unwrap())
-        .await
-        .unwrap();
-    wait_for("the MachineHealthCheck to see 3 healthy Machines", WAIT, POLL, || async {
-        let m = mhcs.get("demo-mp-0").await?;
-        Ok((m.data["status"]["currentHealthy"] == 3).then_some(()))
-    })
+    mhcs.create(
+        &PostParams::default(),
+        &serde_json::from_value(mhc).unwrap(),
+    )
+    .await
+    .unwrap();
+    wait_for(
+        "the MachineHealthCheck to see 3 healthy Machines",
+        WAIT,
+        POLL,
+        || async {
+            let m = mhcs.get("demo-mp-0").await?;
+            Ok((m.data["status"]["currentHealthy"] == 3).then_some(()))
+        },
+    )
     .await
     .unwrap();
 
@@ -576,14 +584,20 @@ async fn a_pool_replaces_the_instance_a_machine_health_check_marked() {
         }
         tokio::time::sleep(POLL).await;
     };
-    assert!(marked, "the MachineHealthCheck marked the Machine for its owner");
+    assert!(
+        marked,
+        "the MachineHealthCheck marked the Machine for its owner"
+    );
     assert!(most <= 4, "{most} instances: beyond 3 + maxSurge");
     let replacement = replaced
         .iter()
         .find(|m| !healthy.contains(&m.name_any()))
         .unwrap();
     // The replacement runs on a microVM of its own, and its Node registered under it.
-    let pid = replacement.data["spec"]["providerID"].as_str().unwrap().to_string();
+    let pid = replacement.data["spec"]["providerID"]
+        .as_str()
+        .unwrap()
+        .to_string();
     let vm_uid = pid.rsplit('/').next().unwrap().to_string();
     assert!(
         live_vms(&w).iter().any(|(_, vm)| vm.uid() == vm_uid),

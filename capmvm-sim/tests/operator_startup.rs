@@ -298,18 +298,29 @@ async fn readyz_fails_naming_a_cache_whose_watch_fails_after_its_first_list_and_
     // RBAC taken away: the Machine watch's next renewal, and every retry, is refused.
     refuse.store(true, Ordering::SeqCst);
     let refused_at = Instant::now();
-    let stale = wait_for("/readyz naming the stale Machine cache", WAIT, POLL, || async {
-        let Ok(response) = http_get(health, "/readyz").await else {
-            return Ok(None);
-        };
-        Ok(response.contains("stale").then_some(response))
-    })
+    let stale = wait_for(
+        "/readyz naming the stale Machine cache",
+        WAIT,
+        POLL,
+        || async {
+            let Ok(response) = http_get(health, "/readyz").await else {
+                return Ok(None);
+            };
+            Ok(response.contains("stale").then_some(response))
+        },
+    )
     .await
     .unwrap();
     assert!(status_line(&stale).contains("503"), "{stale}");
-    assert!(stale.contains("Machine (no successful list, watch or event for"), "{stale}");
+    assert!(
+        stale.contains("Machine (no successful list, watch or event for"),
+        "{stale}"
+    );
     assert!(stale.contains("forbidden"), "{stale}");
-    assert!(!stale.contains("MicrovmMachine ("), "only the failing cache: {stale}");
+    assert!(
+        !stale.contains("MicrovmMachine ("),
+        "only the failing cache: {stale}"
+    );
     // Not before the bound (two watch timeouts after the last successful answer).
     assert!(refused_at.elapsed() >= Duration::from_secs(3), "{stale}");
 
@@ -365,10 +376,15 @@ async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
     {
         crds.create(&PostParams::default(), &crd).await.unwrap();
     }
-    let ready = wait_for("/readyz 200 once the API server answers", WAIT, POLL, || async {
-        let response = http_get(health, "/readyz").await?;
-        Ok(status_line(&response).contains("200").then_some(response))
-    })
+    let ready = wait_for(
+        "/readyz 200 once the API server answers",
+        WAIT,
+        POLL,
+        || async {
+            let response = http_get(health, "/readyz").await?;
+            Ok(status_line(&response).contains("200").then_some(response))
+        },
+    )
     .await
     .unwrap();
     assert!(ready.ends_with("ok"), "{ready}");

@@ -27,7 +27,8 @@ fn repo_file(path: &str) -> String {
 
 /// The MicrovmCluster `template` renders to with `vars`.
 fn microvm_cluster(template: &str, vars: &BTreeMap<String, String>) -> MicrovmCluster {
-    let objects = manifest::parse(&manifest::envsubst(&repo_file(template), vars).unwrap()).unwrap();
+    let objects =
+        manifest::parse(&manifest::envsubst(&repo_file(template), vars).unwrap()).unwrap();
     let mc = objects
         .iter()
         .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster"))
@@ -72,7 +73,10 @@ fn hosts_key_and_vip_are_required_and_credentials_are_optional() {
 
 #[test]
 fn the_variables_fill_hosts_and_credentials_of_the_microvm_cluster() {
-    let endpoints = ["192.168.10.11:9090".to_string(), "[fd00::5]:9090".to_string()];
+    let endpoints = [
+        "192.168.10.11:9090".to_string(),
+        "[fd00::5]:9090".to_string(),
+    ];
     for template in TEMPLATES {
         let mut vars = template_variables(&endpoints);
         let plain = microvm_cluster(template, &vars);
@@ -83,11 +87,20 @@ fn the_variables_fill_hosts_and_credentials_of_the_microvm_cluster() {
         assert_eq!(plain.spec.tls_secret_ref, None, "{template}");
         capmvm_api::validation::validate_cluster(&plain).unwrap();
 
-        vars.insert("FLINTLOCK_BASIC_AUTH_SECRET".into(), "flintlock-tokens".into());
+        vars.insert(
+            "FLINTLOCK_BASIC_AUTH_SECRET".into(),
+            "flintlock-tokens".into(),
+        );
         vars.insert("FLINTLOCK_TLS_SECRET".into(), "flintlock-tls".into());
         let secured = microvm_cluster(template, &vars);
         assert_eq!(
-            secured.spec.placement.static_pool.unwrap().basic_auth_secret.as_deref(),
+            secured
+                .spec
+                .placement
+                .static_pool
+                .unwrap()
+                .basic_auth_secret
+                .as_deref(),
             Some("flintlock-tokens"),
             "{template}"
         );
@@ -141,7 +154,9 @@ async fn the_rendered_microvm_cluster_is_accepted_with_and_without_credentials()
             .filter(|o| o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster"))
             .collect()
     };
-    manifest::apply(&client, &only_cluster(plain)).await.unwrap();
+    manifest::apply(&client, &only_cluster(plain))
+        .await
+        .unwrap();
     let api: Api<MicrovmCluster> = Api::namespaced(client.clone(), "default");
     let stored = api.get("demo").await.unwrap();
     assert_eq!(stored.spec.tls_secret_ref, None);
@@ -151,10 +166,15 @@ async fn the_rendered_microvm_cluster_is_accepted_with_and_without_credentials()
     );
 
     vars.insert("CLUSTER_NAME".into(), "secured".into());
-    vars.insert("FLINTLOCK_BASIC_AUTH_SECRET".into(), "flintlock-tokens".into());
+    vars.insert(
+        "FLINTLOCK_BASIC_AUTH_SECRET".into(),
+        "flintlock-tokens".into(),
+    );
     vars.insert("FLINTLOCK_TLS_SECRET".into(), "flintlock-tls".into());
     let secured = manifest::parse(&manifest::envsubst(&text, &vars).unwrap()).unwrap();
-    manifest::apply(&client, &only_cluster(secured)).await.unwrap();
+    manifest::apply(&client, &only_cluster(secured))
+        .await
+        .unwrap();
     let stored = api.get("secured").await.unwrap();
     assert_eq!(stored.spec.tls_secret_ref.as_deref(), Some("flintlock-tls"));
     assert_eq!(

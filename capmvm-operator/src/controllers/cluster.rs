@@ -212,7 +212,13 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
         let Some(cluster) = owner_cluster_name(other) else {
             continue;
         };
-        for host in other.spec.placement.static_pool.iter().flat_map(|p| &p.hosts) {
+        for host in other
+            .spec
+            .placement
+            .static_pool
+            .iter()
+            .flat_map(|p| &p.hosts)
+        {
             if let Ok(endpoint) = host.endpoint.parse::<HostEndpoint>()
                 && hosts.contains_key(&endpoint.to_string())
             {

@@ -101,7 +101,10 @@ async fn rounds(
                 // replica placing it): expected, not a failure. Decide again at once from the fresh
                 // object; nothing reached a host on a write that lost (the record precedes the
                 // create), and a create whose providerID write lost is adopted from the fresh list.
-                debug!(round, "write conflict; deciding again from the fresh object");
+                debug!(
+                    round,
+                    "write conflict; deciding again from the fresh object"
+                );
                 let api: Api<MicrovmMachine> =
                     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
                 match api.get_opt(&machine.name_any()).await? {
@@ -228,7 +231,9 @@ async fn gather(
         hosts: BTreeMap::new(),
         recorded_host: HostLookup::NotAsked,
         operator: operator_identity().to_string(),
-        claim_seen_for: ctx.claims.seen_for(&super::key(machine), foreign_claim(machine)),
+        claim_seen_for: ctx
+            .claims
+            .seen_for(&super::key(machine), foreign_claim(machine)),
     };
     let Some(mc) = obs.infra_cluster.clone() else {
         return Ok(obs);

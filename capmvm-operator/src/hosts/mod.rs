@@ -512,10 +512,7 @@ impl Hosts {
                 if due.is_empty() && busy {
                     continue;
                 }
-                if let Some(vms) = self
-                    .ask_in_flight(client, &state, due, &mut markers)
-                    .await
-                {
+                if let Some(vms) = self.ask_in_flight(client, &state, due, &mut markers).await {
                     self.publish(&endpoint, &state, Reachability::Reachable, Some(vms));
                     continue;
                 }

@@ -203,7 +203,10 @@ impl Scope {
 /// `client`, telling `readiness` each time the API server answers a list or watch of a collection
 /// with success. A healthy watch of a quiet collection delivers no event for a long time; its
 /// renewal (once per watch timeout) is what shows it is still served.
-pub fn reporting_answers(client: kube::Client, readiness: crate::server::Readiness) -> kube::Client {
+pub fn reporting_answers(
+    client: kube::Client,
+    readiness: crate::server::Readiness,
+) -> kube::Client {
     let namespace = client.default_namespace().to_string();
     let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
         let inner = client.clone();
@@ -874,7 +877,10 @@ mod tests {
                 "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/ns/microvmmachines",
                 Some("infrastructure.cluster.x-k8s.io/microvmmachines"),
             ),
-            ("/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m-1", None),
+            (
+                "/apis/cluster.x-k8s.io/v1beta2/namespaces/ns/machines/m-1",
+                None,
+            ),
             ("/api/v1/namespaces/ns/secrets/s", None),
             ("/apis", None),
         ] {

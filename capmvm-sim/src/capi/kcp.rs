@@ -383,10 +383,28 @@ mod tests {
             (3, vec![starting.clone()], 0, false, ScaleStep::Wait),
             (3, vec![up.clone()], 0, true, ScaleStep::Join),
             // A joining machine not provisioned yet: the next waits (preflight).
-            (3, vec![up.clone(), starting.clone()], 0, true, ScaleStep::Wait),
+            (
+                3,
+                vec![up.clone(), starting.clone()],
+                0,
+                true,
+                ScaleStep::Wait,
+            ),
             (3, vec![up.clone(), up.clone()], 0, true, ScaleStep::Join),
-            (3, vec![up.clone(), up.clone(), up.clone()], 0, true, ScaleStep::Settled),
-            (5, vec![up.clone(), up.clone(), up.clone()], 0, true, ScaleStep::Join),
+            (
+                3,
+                vec![up.clone(), up.clone(), up.clone()],
+                0,
+                true,
+                ScaleStep::Settled,
+            ),
+            (
+                5,
+                vec![up.clone(), up.clone(), up.clone()],
+                0,
+                true,
+                ScaleStep::Join,
+            ),
             (3, vec![up.clone(); 5], 0, true, ScaleStep::Remove),
             // One goes at a time: the next waits until the deleted one is gone.
             (3, vec![up.clone(); 4], 1, true, ScaleStep::Wait),
