@@ -76,7 +76,8 @@ pub fn envsubst(text: &str, vars: &BTreeMap<String, String>) -> Result<String, E
 }
 
 /// The variables of `text` as `clusterctl generate cluster --list-variables` sorts them: name to
-/// `None` when required (some use has no default), else to its default.
+/// `None` when required (some use has no default, or an empty one, which clusterctl takes for
+/// none), else to its default.
 pub fn variables(text: &str) -> Result<BTreeMap<String, Option<String>>, Error> {
     let mut found: BTreeMap<String, Option<String>> = BTreeMap::new();
     let mut rest = text;
@@ -85,6 +86,7 @@ pub fn variables(text: &str) -> Result<BTreeMap<String, Option<String>>, Error> 
         let after = &rest[start + 2..];
         let end = after.find('}').ok_or(Error::Unterminated(offset + start))?;
         let (name, default) = split_expression(after[..end].trim());
+        let default = default.filter(|d| !d.is_empty());
         let entry = found
             .entry(name.to_string())
             .or_insert(default.map(str::to_string));
@@ -204,7 +206,7 @@ mod tests {
             BTreeMap::from([
                 ("A".to_string(), None),
                 ("B".to_string(), Some("1".to_string())),
-                ("C".to_string(), Some(String::new())),
+                ("C".to_string(), None),
                 ("D".to_string(), None),
             ])
         );
