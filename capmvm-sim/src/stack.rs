@@ -192,9 +192,9 @@ pub fn flintlock_calls(hosts: &[HollowHandle]) -> BTreeMap<&'static str, u64> {
     calls
 }
 
-/// Renders `template` with `vars` (the hosts filled in as `HOST_A`..`HOST_C` unless given), puts
-/// every host of `stack` in the MicrovmCluster's pool, lets `edit` change the objects, and applies
-/// them. `CONTROL_PLANE_MACHINE_COUNT` and `WORKER_MACHINE_COUNT` default to 1 and 0, as clusterctl
+/// Renders `template` with `vars` over the required variables filled as a user fills them (every
+/// host of `stack` in `FLINTLOCK_HOSTS`, the demo's key and VIP: [`crate::world::template_variables`]),
+/// lets `edit` change the objects, and applies them. `CONTROL_PLANE_MACHINE_COUNT` and `WORKER_MACHINE_COUNT` default to 1 and 0, as clusterctl
 /// sets them. With `CONTROL_PLANE_MACHINE_COUNT=0` the cluster has no control plane (no
 /// KubeadmControlPlane and no `controlPlaneRef`: clusterctl refuses 0, CAPI a KubeadmControlPlane
 /// of 0 replicas).
