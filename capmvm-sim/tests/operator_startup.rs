@@ -227,8 +227,12 @@ async fn readyz_fails_naming_the_cache_while_its_list_is_refused() {
             let _ = standby_stopped.await;
         },
     ));
+    // Ready once it is a candidate (before that it is starting, as any operator).
     let standing_by = wait_for("the standby's /readyz", WAIT, POLL, || async {
-        Ok(http_get(standby_health, "/readyz").await.ok())
+        let Ok(response) = http_get(standby_health, "/readyz").await else {
+            return Ok(None);
+        };
+        Ok(response.contains("standing by").then_some(response))
     })
     .await
     .unwrap();
@@ -338,11 +342,41 @@ async fn readyz_fails_naming_a_cache_whose_watch_fails_after_its_first_list_and_
     w.shutdown().await;
 }
 
+/// Forwards connections on `front` to `back` until aborted: the API server's address, which answers
+/// only while this runs (a closed port refuses connections, as a server that is down).
+async fn forward(front: std::net::SocketAddr, back: std::net::SocketAddr) {
+    let listener = tokio::net::TcpListener::bind(front).await.unwrap();
+    loop {
+        let Ok((mut inbound, _)) = listener.accept().await else {
+            continue;
+        };
+        tokio::spawn(async move {
+            if let Ok(mut outbound) = tokio::net::TcpStream::connect(back).await {
+                let _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound).await;
+            }
+        });
+    }
+}
+
 /// The API server is down when the operator starts (as during a control-plane upgrade): discovery
 /// fails, and the operator retries with backoff instead of exiting, `/readyz` saying why; once the
-/// API server answers, it starts and becomes ready.
+/// API server answers again (with what it served before), it starts and becomes ready.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
+    // The API server, with CAPI and the provider's CRDs, behind an address that is down for now.
+    let emulator = Emulator::start(EmulatorOptions::default()).await.unwrap();
+    let crds: Api<CustomResourceDefinition> = Api::all(emulator.client().unwrap());
+    for crd in capmvm_api::crds()
+        .into_iter()
+        .chain(capmvm_sim::capi::crds())
+    {
+        crds.create(&PostParams::default(), &crd).await.unwrap();
+    }
+    let back: std::net::SocketAddr = emulator
+        .base_url()
+        .trim_start_matches("http://")
+        .parse()
+        .unwrap();
     let api = free_port().unwrap();
     let config = kube::Config::new(format!("http://{api}").parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
@@ -365,17 +399,8 @@ async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(!operator.is_finished(), "the operator gave up");
 
-    // The API server comes up, with CAPI and the provider's CRDs.
-    let emulator = Emulator::start(EmulatorOptions::default().port(api.port()))
-        .await
-        .unwrap();
-    let crds: Api<CustomResourceDefinition> = Api::all(emulator.client().unwrap());
-    for crd in capmvm_api::crds()
-        .into_iter()
-        .chain(capmvm_sim::capi::crds())
-    {
-        crds.create(&PostParams::default(), &crd).await.unwrap();
-    }
+    // The API server is back.
+    let up = tokio::spawn(forward(api, back));
     let ready = wait_for(
         "/readyz 200 once the API server answers",
         WAIT,
@@ -394,6 +419,7 @@ async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
         .expect("the operator stops")
         .unwrap()
         .unwrap();
+    up.abort();
     emulator.shutdown().await;
 }
 
