@@ -9,7 +9,10 @@ use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION,
     PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION,
 };
-use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus};
+use capmvm_api::{
+    GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus,
+    VmState as ApiVmState,
+};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
     HostCallFailure, placement_claim, provider_id, record_host_call_failure, recorded_host,
@@ -17,7 +20,7 @@ use capmvm_reconcile::machine::{
 };
 use capmvm_reconcile::{
     BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
-    decide,
+    VmState, decide,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
@@ -410,14 +413,22 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
             .map(|hv| hv.vm.clone())
             .collect(),
     };
-    if !vms.iter().any(|v| v.uid == uid) {
-        // Missing from a list that may predate it (or no list yet): ask the host directly.
+    let listed = vms.iter().find(|v| v.uid == uid).map(|v| v.state);
+    // Missing from a list that may predate it (or no list yet), or still starting in a list that
+    // predates what the status records (another replica, or this process before a restart, saw it
+    // running): ask the host directly, so a status is never set back on a stale list.
+    let recorded_running =
+        machine.status.as_ref().and_then(|s| s.vm_state) == Some(ApiVmState::Running);
+    if listed.is_none() || (recorded_running && listed == Some(VmState::Pending)) {
         match client.get(&uid).await {
-            Ok(vm) => vms.push(observed_vm(
-                &vm,
-                capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
-            )),
-            Err(e) if e.kind() == ErrorKind::NotFound => {}
+            Ok(vm) => {
+                vms.retain(|v| v.uid != uid);
+                vms.push(observed_vm(
+                    &vm,
+                    capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
+                ));
+            }
+            Err(e) if e.kind() == ErrorKind::NotFound => vms.retain(|v| v.uid != uid),
             Err(e) => return HostLookup::Unreachable(e.to_string()),
         }
     }
