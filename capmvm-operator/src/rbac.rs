@@ -42,11 +42,12 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "patch", "watch"],
     },
     // A pool's instances: created and (while the pool is deleted, before core made their Machine)
-    // deleted by the pool; finalizers, host annotations, providerID and the delete mark (patch).
+    // deleted by the pool; finalizers, host annotations, providerID and the delete mark (patch); read
+    // afresh (get) after a write lost to another writer, to decide again at once.
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmmachines"],
-        verbs: &["create", "delete", "list", "patch", "watch"],
+        verbs: &["create", "delete", "get", "list", "patch", "watch"],
     },
     // An instance's ownerReference blocks the pool's deletion (blockOwnerDeletion), which the API
     // server allows only to who may update the pool's finalizers.
@@ -197,6 +198,10 @@ mod tests {
                 "delete"
             ),
             "a pool creates its instances, and deletes those whose Machine never appeared"
+        );
+        assert!(
+            allows("infrastructure.cluster.x-k8s.io", "microvmmachines", "get"),
+            "a machine whose write lost to another writer is read afresh"
         );
         assert!(
             allows("cluster.x-k8s.io", "machines", "delete")
