@@ -459,8 +459,9 @@ async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
 }
 
 /// The operator killed right after a create, before it could record anything: restarted, it adopts
-/// that microVM (one per machine, no second create). And a MicrovmMachine with invalid fields is
-/// refused by the real API server with our schema's message.
+/// that microVM (one per machine, no second create); then SIGKILLed in the middle of a scale-up's
+/// creates: restarted, every machine has exactly one microVM. And a MicrovmMachine with invalid
+/// fields is refused by the real API server with our schema's message.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -499,6 +500,35 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
         (2, 2),
         "one microVM per machine: {vms:?}"
     );
+
+    // SIGKILLed while creates are in flight: four more workers, the operator killed as soon as the
+    // first of their microVMs shows on a host, then restarted. Every machine ends with one microVM.
+    let md = kube::api::ApiResource::from_gvk_with_plural(
+        &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
+        "machinedeployments",
+    );
+    real.scale(&md, "default", "crash-md-0", 5).await.unwrap();
+    wait_for(
+        "a create of the scale-up on the hosts",
+        WAIT,
+        Duration::from_millis(20),
+        || async { Ok((creates(&real) > 2).then_some(())) },
+    )
+    .await
+    .unwrap();
+    real.kill_operator().await;
+    let killed_at = creates(&real);
+    real.start_operator(&[]).unwrap();
+    let ready = wait_ready_with_nodes(&real, "default", "crash", 6).await;
+    let vms = live_vms(&real);
+    let ids: BTreeSet<&str> = vms.iter().map(|(_, _, id)| id.as_str()).collect();
+    assert_eq!(
+        (vms.len(), ids.len()),
+        (6, 6),
+        "one microVM per machine after the kill (killed at {killed_at} creates): {vms:?}"
+    );
+    assert_eq!(creates(&real), 6, "one create per machine, none repeated");
+    assert_eq!(ready.len(), 6);
 
     let invalid = r#"apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2
 kind: MicrovmMachine
