@@ -302,6 +302,12 @@ impl EmulatorHandle {
         }
     }
 
+    /// Forgets the history of changes up to now, as etcd's compaction does: a watch or a continued
+    /// list from an older resourceVersion then gets 410 Gone.
+    pub fn compact(&self) {
+        self.shared.lock().compact();
+    }
+
     /// Stops serving (open watches end) and waits for the server to finish.
     pub async fn shutdown(mut self) {
         let _ = self.shutdown_tx.send(true);

@@ -380,6 +380,13 @@ impl Store {
         self.collections.values().map(|c| c.objects.len()).sum()
     }
 
+    /// Forgets the history up to the current revision, as etcd's compaction does: watches and
+    /// continued lists from an older resourceVersion get 410 Gone.
+    pub(crate) fn compact(&mut self) {
+        self.history.clear();
+        self.compacted = self.rev;
+    }
+
     pub(crate) fn history_len(&self) -> usize {
         self.history.len()
     }

@@ -1,6 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The contract of the Kubernetes API emulator: one test per rule of `../shared/kube-emulator.md`, each
-//! driving the emulator through a real kube-rs client over loopback HTTP and asserting what a client sees.
+//! driving a server through a real kube-rs client and asserting what a client sees. Every test runs
+//! twice, on the emulator (`emulator::`) and on the real kube-apiserver (`real::`, which needs the
+//! binaries of `hack/upstream.sh build`): the real server is the oracle.
 
 mod kube_support;
 
@@ -14,6 +16,7 @@ use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
 };
 use kube::core::DynamicObject;
+use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::{Value, json};
 
@@ -28,9 +31,8 @@ fn rv_of(o: &DynamicObject) -> u64 {
 
 // --- Paths and discovery -------------------------------------------------------------------------
 
-#[tokio::test]
-async fn discovery_documents_describe_the_served_resources() {
-    let (_emu, client) = start().await;
+async fn discovery_documents_describe_the_served_resources(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
 
     let version = get_json(&client, "/version").await;
@@ -123,9 +125,8 @@ async fn discovery_documents_describe_the_served_resources() {
     assert!(discovery.has_group("infrastructure.cluster.x-k8s.io"));
 }
 
-#[tokio::test]
-async fn namespaced_cluster_scoped_and_all_namespace_paths() {
-    let (_emu, client) = start().await;
+async fn namespaced_cluster_scoped_and_all_namespace_paths(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     raw(
         &client,
@@ -190,9 +191,8 @@ async fn namespaced_cluster_scoped_and_all_namespace_paths() {
     assert_status(&r, 404, "NotFound");
 }
 
-#[tokio::test]
-async fn builtin_kinds_are_served_with_default_namespaces() {
-    let (_emu, client) = start().await;
+async fn builtin_kinds_are_served_with_default_namespaces(server: Server) {
+    let client = server.client();
     let nss: Api<Namespace> = Api::all(client.clone());
     let names: Vec<String> = nss
         .list(&ListParams::default())
@@ -261,9 +261,8 @@ async fn builtin_kinds_are_served_with_default_namespaces() {
     assert_eq!(crds["kind"], "CustomResourceDefinitionList");
 }
 
-#[tokio::test]
-async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving() {
-    let (_emu, client) = start().await;
+async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving(server: Server) {
+    let client = server.client();
     let path = "/apis/test.example.com/v1/namespaces/default/widgets";
     assert_status(&raw(&client, "GET", path, None, b"").await, 404, "NotFound");
 
@@ -327,9 +326,8 @@ async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving() {
     assert_status(&r, 404, "NotFound");
 }
 
-#[tokio::test]
-async fn every_served_version_of_a_crd_is_served() {
-    let (_emu, client) = start().await;
+async fn every_served_version_of_a_crd_is_served(server: Server) {
+    let client = server.client();
     let mut crd = widget_crd();
     let v1 = crd["spec"]["versions"][0].clone();
     let mut v2 = v1.clone();
@@ -413,9 +411,8 @@ async fn every_served_version_of_a_crd_is_served() {
     );
 }
 
-#[tokio::test]
-async fn openapi_v3_documents_come_from_the_served_schemas() {
-    let (_emu, client) = start().await;
+async fn openapi_v3_documents_come_from_the_served_schemas(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let index = get_json(&client, "/openapi/v3").await;
     let entry = &index["paths"]["apis/infrastructure.cluster.x-k8s.io/v1alpha2"];
@@ -457,9 +454,8 @@ async fn openapi_v3_documents_come_from_the_served_schemas() {
     assert!(index2["paths"]["apis/test.example.com/v1"].is_object());
 }
 
-#[tokio::test]
-async fn field_validation_strict_warn_and_ignore() {
-    let (_emu, client) = start().await;
+async fn field_validation_strict_warn_and_ignore(server: Server) {
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let path = "/apis/test.example.com/v1/namespaces/default/widgets";
     let body = |name: &str| {
@@ -549,11 +545,10 @@ async fn field_validation_strict_warn_and_ignore() {
     assert_status(&p, 400, "BadRequest");
 }
 
-#[tokio::test]
-async fn unknown_fields_are_found_in_the_whole_body_before_the_status_rules() {
+async fn unknown_fields_are_found_in_the_whole_body_before_the_status_rules(server: Server) {
     // A real server finds unknown fields while decoding the whole request, before the status
     // subresource's rules drop `status` on the main path (or everything but `status` on /status).
-    let (_emu, client) = start().await;
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let path = "/apis/test.example.com/v1/namespaces/default/widgets";
     let strict_create = raw(
@@ -649,9 +644,8 @@ async fn unknown_fields_are_found_in_the_whole_body_before_the_status_rules() {
     assert!(put.body["spec"].get("alsoBogus").is_none());
 }
 
-#[tokio::test]
-async fn unknown_paths_and_resources_are_404_status() {
-    let (_emu, client) = start().await;
+async fn unknown_paths_and_resources_are_404_status(server: Server) {
+    let client = server.client();
     for path in [
         "/nope",
         "/apis/nope.example.com/v1",
@@ -680,9 +674,8 @@ async fn unknown_paths_and_resources_are_404_status() {
 
 // --- Objects and versions ------------------------------------------------------------------------
 
-#[tokio::test]
-async fn one_global_strictly_increasing_resource_version() {
-    let (_emu, client) = start().await;
+async fn one_global_strictly_increasing_resource_version(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let a = create_machine(&client, "default", "a").await;
     let cm: ConfigMap = serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap();
@@ -727,9 +720,8 @@ async fn one_global_strictly_increasing_resource_version() {
     assert_eq!(rv_of(&same), rv_of(&patched));
 }
 
-#[tokio::test]
-async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespaces() {
-    let (_emu, client) = start().await;
+async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespaces(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let m = create_machine(&client, "default", "m1").await;
     assert_eq!(m.metadata.uid.as_ref().unwrap().len(), 36);
@@ -808,9 +800,8 @@ fn assert_invalid_name(e: kube::Error, name: &str, message: &str) {
     assert!(s.message.contains("metadata.name"), "{}", s.message);
 }
 
-#[tokio::test]
-async fn names_are_dns_subdomains_and_namespaces_dns_labels() {
-    let (_emu, client) = start().await;
+async fn names_are_dns_subdomains_and_namespaces_dns_labels(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     // A DNS subdomain has no 63-character limit on the parts between dots; only the whole counts.
     let long = format!("m{}", "a".repeat(99));
@@ -887,9 +878,8 @@ async fn names_are_dns_subdomains_and_namespaces_dns_labels() {
     assert_invalid_name(e, "team.a", "a lowercase RFC 1123 label");
 }
 
-#[tokio::test]
-async fn generation_changes_only_when_spec_changes() {
-    let (_emu, client) = start().await;
+async fn generation_changes_only_when_spec_changes(server: Server) {
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
     api.create(&PostParams::default(), &dynamic(widget("w", 1)))
@@ -927,9 +917,8 @@ async fn generation_changes_only_when_spec_changes() {
     assert_eq!(spec.metadata.generation, Some(3));
 }
 
-#[tokio::test]
-async fn writes_with_a_stale_resource_version_conflict() {
-    let (_emu, client) = start().await;
+async fn writes_with_a_stale_resource_version_conflict(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let first = create_machine(&client, "default", "m").await;
@@ -1008,10 +997,9 @@ async fn writes_with_a_stale_resource_version_conflict() {
     );
 }
 
-#[tokio::test]
-async fn errors_are_status_objects_with_matching_http_codes() {
-    let (emu, client) = start().await;
-    let no_retry = client_without_retries(&emu);
+async fn errors_are_status_objects_with_matching_http_codes(server: Server) {
+    let client = server.client();
+    let no_retry = server.client_without_retries().await;
     install_project_crds(&client).await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
@@ -1233,9 +1221,8 @@ async fn errors_are_status_objects_with_matching_http_codes() {
     assert_eq!(invalid.body["details"]["causes"][0]["field"], "spec.vcpu");
 }
 
-#[tokio::test]
-async fn malformed_requests_get_status_answers_and_never_break_the_server() {
-    let (_emu, client) = start().await;
+async fn malformed_requests_get_status_answers_and_never_break_the_server(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
@@ -1313,9 +1300,8 @@ async fn malformed_requests_get_status_answers_and_never_break_the_server() {
 
 // --- Status subresource ----------------------------------------------------------------------------
 
-#[tokio::test]
-async fn status_subresource_separates_spec_and_status_writes() {
-    let (_emu, client) = start().await;
+async fn status_subresource_separates_spec_and_status_writes(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let mut m = machine("m");
@@ -1375,9 +1361,8 @@ async fn status_subresource_separates_spec_and_status_writes() {
 
 // --- Patches ---------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn merge_and_json_patches_on_main_and_status_paths() {
-    let (_emu, client) = start().await;
+async fn merge_and_json_patches_on_main_and_status_paths(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
@@ -1436,9 +1421,8 @@ async fn merge_and_json_patches_on_main_and_status_paths() {
     );
 }
 
-#[tokio::test]
-async fn a_failed_json_patch_test_is_422_and_changes_nothing() {
-    let (_emu, client) = start().await;
+async fn a_failed_json_patch_test_is_422_and_changes_nothing(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let before = create_machine(&client, "default", "m").await;
@@ -1460,9 +1444,8 @@ async fn a_failed_json_patch_test_is_422_and_changes_nothing() {
     assert!(after.labels().get("added").is_none());
 }
 
-#[tokio::test]
-async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported() {
-    let (_emu, client) = start().await;
+async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     create_machine(&client, "default", "m").await;
     let s = status_of(
@@ -1527,9 +1510,8 @@ async fn strategic_merge_patch_only_on_builtins_and_apply_is_unsupported() {
     assert_eq!(status_of(apply).code, 415);
 }
 
-#[tokio::test]
-async fn leases_support_server_side_apply_with_field_ownership_conflicts() {
-    let (_emu, client) = start().await;
+async fn leases_support_server_side_apply_with_field_ownership_conflicts(server: Server) {
+    let client = server.client();
     let leases: Api<Lease> = Api::namespaced(client.clone(), "default");
     let take = |who: &str| json!({"apiVersion": "coordination.k8s.io/v1", "kind": "Lease", "spec": {"holderIdentity": who, "leaseDurationSeconds": 10}});
     let a = leases
@@ -1609,9 +1591,8 @@ async fn leases_support_server_side_apply_with_field_ownership_conflicts() {
 
 // --- Schemas -----------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn schema_validation_reports_422_with_field_paths() {
-    let (_emu, client) = start().await;
+async fn schema_validation_reports_422_with_field_paths(server: Server) {
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
     let cases: Vec<(Value, &str, &str)> = vec![
@@ -1727,9 +1708,8 @@ async fn schema_validation_reports_422_with_field_paths() {
     assert!(ok.data["spec"]["nullableNote"].is_null());
 }
 
-#[tokio::test]
-async fn defaults_are_applied_and_unknown_fields_pruned() {
-    let (_emu, client) = start().await;
+async fn defaults_are_applied_and_unknown_fields_pruned(server: Server) {
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
     let mut w = widget("w", 1);
@@ -1775,9 +1755,8 @@ async fn defaults_are_applied_and_unknown_fields_pruned() {
 
 // --- Deletion, finalizers and owners ------------------------------------------------------------------
 
-#[tokio::test]
-async fn finalizers_hold_deletion_until_removed() {
-    let (_emu, client) = start().await;
+async fn finalizers_hold_deletion_until_removed(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let mut m = machine("m");
@@ -1851,9 +1830,8 @@ async fn finalizers_hold_deletion_until_removed() {
     assert_eq!(status_of(api.get("m").await.unwrap_err()).code, 404);
 }
 
-#[tokio::test]
-async fn delete_without_finalizers_removes_at_once_and_returns_the_object() {
-    let (_emu, client) = start().await;
+async fn delete_without_finalizers_removes_at_once_and_returns_the_object(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
@@ -1911,11 +1889,10 @@ async fn delete_without_finalizers_removes_at_once_and_returns_the_object() {
     );
 }
 
-#[tokio::test]
-async fn a_delete_without_finalizers_removes_the_object_unmarked() {
+async fn a_delete_without_finalizers_removes_the_object_unmarked(server: Server) {
     // A real registry deletes an object nothing holds straight from etcd: neither the answer nor the
     // DELETED event carries deletionTimestamp or deletionGracePeriodSeconds, nor a new generation.
-    let (_emu, client) = start().await;
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let created = create_machine(&client, "default", "m").await;
@@ -1979,9 +1956,8 @@ async fn a_delete_without_finalizers_removes_the_object_unmarked() {
     assert_eq!(orphaned.metadata.generation, Some(2));
 }
 
-#[tokio::test]
-async fn delete_collection_deletes_what_the_selector_selects() {
-    let (_emu, client) = start().await;
+async fn delete_collection_deletes_what_the_selector_selects(server: Server) {
+    let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for (name, tier) in [("a", "x"), ("b", "x"), ("c", "y")] {
         cms.create(
@@ -2018,9 +1994,8 @@ async fn delete_collection_deletes_what_the_selector_selects() {
     assert_eq!(left, vec!["c"]);
 }
 
-#[tokio::test]
-async fn garbage_collection_deletes_dependents_of_removed_owners() {
-    let (_emu, client) = start().await;
+async fn garbage_collection_deletes_dependents_of_removed_owners(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let owner = create_machine(&client, "default", "owner").await;
@@ -2173,9 +2148,8 @@ async fn garbage_collection_deletes_dependents_of_removed_owners() {
     .await;
 }
 
-#[tokio::test]
-async fn deleting_a_namespace_removes_what_is_in_it() {
-    let (_emu, client) = start().await;
+async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let nss: Api<Namespace> = Api::all(client.clone());
     nss.create(
@@ -2257,9 +2231,8 @@ async fn deleting_a_namespace_removes_what_is_in_it() {
 
 // --- Lists and watches ----------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn label_and_field_selectors() {
-    let (_emu, client) = start().await;
+async fn label_and_field_selectors(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     for (name, labels) in [
@@ -2355,9 +2328,8 @@ async fn label_and_field_selectors() {
     );
 }
 
-#[tokio::test]
-async fn limit_and_continue_paginate_consistently() {
-    let (_emu, client) = start().await;
+async fn limit_and_continue_paginate_consistently(server: Server) {
+    let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
         cms.create(
@@ -2439,10 +2411,8 @@ async fn limit_and_continue_paginate_consistently() {
     assert_eq!(exact.items.len(), 25);
 }
 
-#[tokio::test]
-async fn a_continue_token_older_than_the_history_is_410() {
-    let (_emu, client) =
-        start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(5)).await;
+async fn a_continue_token_older_than_the_history_is_410(server: Server) {
+    let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
         cms.create(
@@ -2462,6 +2432,8 @@ async fn a_continue_token_older_than_the_history_is_410() {
         .await
         .unwrap();
     }
+    // The history forgets what is older than now, as etcd's compaction does.
+    server.compact().await;
     let s = status_of(
         cms.list(
             &ListParams::default()
@@ -2474,13 +2446,8 @@ async fn a_continue_token_older_than_the_history_is_410() {
     assert_eq!((s.code, s.reason.as_str()), (410, "Expired"));
 }
 
-#[tokio::test]
-async fn watch_streams_added_modified_deleted_and_bookmarks() {
-    let (_emu, client) = start_with(
-        capmvm_kube_emulator::EmulatorOptions::default()
-            .bookmark_interval(Duration::from_millis(200)),
-    )
-    .await;
+async fn watch_streams_added_modified_deleted_and_bookmarks(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let start_rv = api
@@ -2557,9 +2524,8 @@ async fn watch_streams_added_modified_deleted_and_bookmarks() {
     );
 }
 
-#[tokio::test]
-async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_first() {
-    let (_emu, client) = start().await;
+async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_first(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let a = create_machine(&client, "default", "a").await;
@@ -2643,10 +2609,8 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
     assert_eq!(added, 2);
 }
 
-#[tokio::test]
-async fn a_watch_older_than_the_history_gets_410_gone() {
-    let (_emu, client) =
-        start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(3)).await;
+async fn a_watch_older_than_the_history_gets_410_gone(server: Server) {
+    let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let first = cms
         .create(
@@ -2664,6 +2628,7 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
         .await
         .unwrap();
     }
+    server.compact().await;
     let mut s = cms
         .watch(
             &WatchParams::default(),
@@ -2704,9 +2669,8 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
     assert!(s.try_next().await.unwrap().is_none());
 }
 
-#[tokio::test]
-async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
-    let (_emu, client) = start().await;
+async fn a_watch_with_a_selector_sees_objects_enter_and_leave(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
@@ -2801,9 +2765,8 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave() {
     assert_eq!(rv_of(deleted), rv_of(&left));
 }
 
-#[tokio::test]
-async fn a_watch_on_a_named_path_watches_that_object_only() {
-    let (emu, client) = start().await;
+async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
@@ -2832,7 +2795,9 @@ async fn a_watch_on_a_named_path_watches_that_object_only() {
             .collect()
     };
     let pair = |t: &str, n: &str| (t.to_string(), n.to_string());
-    emu.reset_counters();
+    if let Some(emu) = server.emulator_handle() {
+        emu.reset_counters();
+    }
 
     // From "0": the object as ADDED, then its changes; the other object is not seen.
     let watch = {
@@ -2877,13 +2842,16 @@ async fn a_watch_on_a_named_path_watches_that_object_only() {
     );
     let from_rv = from_rv.await.unwrap();
     assert_eq!(lines(&from_rv), vec![pair("MODIFIED", "m")]);
-    assert_eq!(
-        emu.counters().get(
-            capmvm_kube_emulator::Verb::Watch,
-            "infrastructure.cluster.x-k8s.io/microvmmachines"
-        ),
-        2
-    );
+    // Two watches counted (the emulator's request counters; the real server has no such counters).
+    if let Some(emu) = server.emulator_handle() {
+        assert_eq!(
+            emu.counters().get(
+                capmvm_kube_emulator::Verb::Watch,
+                "infrastructure.cluster.x-k8s.io/microvmmachines"
+            ),
+            2
+        );
+    }
 
     // The legacy core path.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -2937,10 +2905,9 @@ async fn a_watch_on_a_named_path_watches_that_object_only() {
     assert_eq!(get.body["kind"], "ConfigMap");
 }
 
-#[tokio::test]
-async fn reads_from_a_resource_version_not_reached_yet() {
-    let (_emu, client) = start().await;
-    let no_retry = client_without_retries(&_emu);
+async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
+    let client = server.client();
+    let no_retry = server.client_without_retries().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let create = |name: String| {
         let cms = cms.clone();
@@ -3057,10 +3024,8 @@ async fn reads_from_a_resource_version_not_reached_yet() {
     too_large(&watch.body["object"]);
 }
 
-#[tokio::test]
-async fn watch_timeout_ends_cleanly_and_a_slow_watcher_is_closed() {
-    let (emu, client) =
-        start_with(capmvm_kube_emulator::EmulatorOptions::default().watch_buffer(8)).await;
+async fn watch_timeout_ends_cleanly(server: Server) {
+    let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let started = std::time::Instant::now();
     let mut s = cms
@@ -3074,45 +3039,12 @@ async fn watch_timeout_ends_cleanly_and_a_slow_watcher_is_closed() {
         started.elapsed() >= Duration::from_millis(900)
             && started.elapsed() < Duration::from_secs(5)
     );
-
-    // A watcher that does not read: its buffer fills and the server closes it instead of growing.
-    let mut stalled = cms
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
-    let big = "x".repeat(64 * 1024);
-    for i in 0..200 {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(
-                json!({"metadata": {"name": format!("c{i}")}, "data": {"big": big}}),
-            )
-            .unwrap(),
-        )
-        .await
-        .unwrap();
-    }
-    eventually("the slow watcher was closed", || {
-        let closed = emu.stats().slow_watchers_closed;
-        async move { closed >= 1 }
-    })
-    .await;
-    // What was buffered is delivered in order, then the stream ends: the client re-watches.
-    let mut n = 0;
-    while let Some(ev) = stalled.try_next().await.unwrap() {
-        assert!(matches!(ev, WatchEvent::Added(_)));
-        n += 1;
-    }
-    assert!(n < 200, "the stream ended early ({n} events)");
-    assert_eq!(emu.stats().watchers, 0);
 }
 
 // --- Tables -----------------------------------------------------------------------------------------------
 
-#[tokio::test]
-async fn tables_carry_the_printer_columns() {
-    let (_emu, client) = start().await;
+async fn tables_carry_the_printer_columns(server: Server) {
+    let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let mut w = widget("w", 4);
     w["metadata"]["labels"] = json!({"example.com/owner": "team-a"});
@@ -3192,123 +3124,48 @@ async fn tables_carry_the_printer_columns() {
     );
 }
 
-// --- Running it --------------------------------------------------------------------------------------------
-
-#[tokio::test]
-async fn a_written_kubeconfig_serves_kube_rs() {
-    let (emu, _client) = start().await;
-    let dir = std::env::temp_dir().join(format!("capmvm-kubeconfig-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("kubeconfig");
-    emu.write_kubeconfig(&path).unwrap();
-    let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
-    let config =
-        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-            .await
-            .unwrap();
-    assert_eq!(config.default_namespace, "default");
-    let client = kube::Client::try_from(config).unwrap();
-    let info = client.apiserver_version().await.unwrap();
-    assert_eq!(info.major, "1");
-    std::fs::remove_dir_all(&dir).unwrap();
-}
-
-#[tokio::test]
-async fn requests_are_counted_by_verb_and_resource() {
-    use capmvm_kube_emulator::Verb;
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    emu.reset_counters();
-    let api = machines(&client, "default");
-    create_machine(&client, "default", "m").await;
-    api.get("m").await.unwrap();
-    api.list(&ListParams::default()).await.unwrap();
-    api.patch(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
-    )
-    .await
-    .unwrap();
-    api.patch_status(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"status": {"host": "h"}})),
-    )
-    .await
-    .unwrap();
-    let _ = api
-        .watch(&WatchParams::default().timeout(1), "0")
-        .await
-        .unwrap()
-        .boxed()
-        .try_next()
-        .await;
-    api.delete("m", &DeleteParams::default()).await.unwrap();
-    let c = emu.counters();
-    let r = "infrastructure.cluster.x-k8s.io/microvmmachines";
-    assert_eq!(c.get(Verb::Create, r), 1);
-    assert_eq!(c.get(Verb::Get, r), 1);
-    assert_eq!(c.get(Verb::List, r), 1);
-    assert_eq!(c.get(Verb::Patch, r), 1);
-    assert_eq!(c.get(Verb::Patch, &format!("{r}/status")), 1);
-    assert_eq!(c.get(Verb::Watch, r), 1);
-    assert_eq!(c.get(Verb::Delete, r), 1);
-    assert_eq!(c.total(), 7);
-    Api::<Secret>::namespaced(client.clone(), "default")
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert_eq!(emu.counters().get(Verb::List, "core/secrets"), 1);
-}
-
-#[tokio::test]
-async fn request_counters_fold_clients_beyond_the_cap_into_other() {
-    // The User-Agent is whatever a client sends: past 64 distinct clients, requests are counted
-    // together under "other" instead of growing the counters without bound.
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (emu, _client) = start().await;
-    emu.reset_counters();
-    for i in 0..70 {
-        let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
-        let req = format!(
-            "GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: {}\r\nUser-Agent: agent-{i}/1.0\r\nConnection: close\r\n\r\n",
-            emu.addr()
-        );
-        conn.write_all(req.as_bytes()).await.unwrap();
-        let mut answer = Vec::new();
-        conn.read_to_end(&mut answer).await.unwrap();
-        assert!(
-            answer.starts_with(b"HTTP/1.1 200"),
-            "{}",
-            String::from_utf8_lossy(&answer)
-        );
-    }
-    use capmvm_kube_emulator::{OTHER_AGENTS, Verb};
-    assert_eq!(
-        emu.counters().get(Verb::List, "core/configmaps"),
-        70,
-        "every request counted"
-    );
-    assert_eq!(emu.counters_of_agent("agent-0").total(), 1);
-    assert_eq!(emu.counters_of_agent("agent-63/2.0").total(), 1);
-    assert_eq!(emu.counters_of_agent("agent-64").total(), 0);
-    assert_eq!(
-        emu.counters_of_agent(OTHER_AGENTS)
-            .get(Verb::List, "core/configmaps"),
-        6
-    );
-    // A client counted apart stays so.
-    let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
-    conn.write_all(
-        b"GET /version HTTP/1.1\r\nHost: x\r\nUser-Agent: agent-1\r\nConnection: close\r\n\r\n",
-    )
-    .await
-    .unwrap();
-    let mut answer = Vec::new();
-    conn.read_to_end(&mut answer).await.unwrap();
-    assert_eq!(emu.counters_of_agent("agent-1").total(), 2);
-}
+on_both_servers!(
+    discovery_documents_describe_the_served_resources,
+    namespaced_cluster_scoped_and_all_namespace_paths,
+    builtin_kinds_are_served_with_default_namespaces,
+    a_created_crd_is_served_at_once_and_deleting_it_stops_serving,
+    every_served_version_of_a_crd_is_served,
+    openapi_v3_documents_come_from_the_served_schemas,
+    field_validation_strict_warn_and_ignore,
+    unknown_fields_are_found_in_the_whole_body_before_the_status_rules,
+    unknown_paths_and_resources_are_404_status,
+    one_global_strictly_increasing_resource_version,
+    create_fills_system_fields_and_rejects_duplicates_and_missing_namespaces,
+    names_are_dns_subdomains_and_namespaces_dns_labels,
+    generation_changes_only_when_spec_changes,
+    writes_with_a_stale_resource_version_conflict,
+    errors_are_status_objects_with_matching_http_codes,
+    malformed_requests_get_status_answers_and_never_break_the_server,
+    status_subresource_separates_spec_and_status_writes,
+    merge_and_json_patches_on_main_and_status_paths,
+    a_failed_json_patch_test_is_422_and_changes_nothing,
+    strategic_merge_patch_only_on_builtins_and_apply_is_unsupported,
+    leases_support_server_side_apply_with_field_ownership_conflicts,
+    schema_validation_reports_422_with_field_paths,
+    defaults_are_applied_and_unknown_fields_pruned,
+    finalizers_hold_deletion_until_removed,
+    delete_without_finalizers_removes_at_once_and_returns_the_object,
+    a_delete_without_finalizers_removes_the_object_unmarked,
+    delete_collection_deletes_what_the_selector_selects,
+    garbage_collection_deletes_dependents_of_removed_owners,
+    deleting_a_namespace_removes_what_is_in_it,
+    label_and_field_selectors,
+    limit_and_continue_paginate_consistently,
+    a_continue_token_older_than_the_history_is_410,
+    watch_streams_added_modified_deleted_and_bookmarks,
+    watch_from_a_resource_version_replays_in_order_and_from_zero_lists_first,
+    a_watch_older_than_the_history_gets_410_gone,
+    a_watch_with_a_selector_sees_objects_enter_and_leave,
+    a_watch_on_a_named_path_watches_that_object_only,
+    reads_from_a_resource_version_not_reached_yet,
+    watch_timeout_ends_cleanly,
+    tables_carry_the_printer_columns,
+);
 
 /// JSON patch documents for kube's `Patch::Json`, from JSON values.
 mod json_patch_ops {

@@ -10,6 +10,8 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
+pub mod servers;
+
 /// Starts an emulator with default options and returns it with a client.
 pub async fn start() -> (EmulatorHandle, Client) {
     start_with(EmulatorOptions::default()).await

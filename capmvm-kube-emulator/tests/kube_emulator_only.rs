@@ -1,0 +1,169 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! What only the emulator has, beside the contract (`kube_contract.rs`, run on both servers): its
+//! memory bound on slow watchers, the kubeconfig it writes and its request counters.
+
+mod kube_support;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube_support::*;
+use serde_json::json;
+
+#[tokio::test]
+async fn a_slow_watcher_is_closed() {
+    let (emu, client) =
+        start_with(capmvm_kube_emulator::EmulatorOptions::default().watch_buffer(8)).await;
+    let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
+
+    // A watcher that does not read: its buffer fills and the server closes it instead of growing.
+    let mut stalled = cms
+        .watch(&WatchParams::default(), "0")
+        .await
+        .unwrap()
+        .boxed();
+    let big = "x".repeat(64 * 1024);
+    for i in 0..200 {
+        cms.create(
+            &PostParams::default(),
+            &serde_json::from_value(
+                json!({"metadata": {"name": format!("c{i}")}, "data": {"big": big}}),
+            )
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    }
+    eventually("the slow watcher was closed", || {
+        let closed = emu.stats().slow_watchers_closed;
+        async move { closed >= 1 }
+    })
+    .await;
+    // What was buffered is delivered in order, then the stream ends: the client re-watches.
+    let mut n = 0;
+    while let Some(ev) = stalled.try_next().await.unwrap() {
+        assert!(matches!(ev, WatchEvent::Added(_)));
+        n += 1;
+    }
+    assert!(n < 200, "the stream ended early ({n} events)");
+    assert_eq!(emu.stats().watchers, 0);
+}
+
+// --- Running it --------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_written_kubeconfig_serves_kube_rs() {
+    let (emu, _client) = start().await;
+    let dir = std::env::temp_dir().join(format!("capmvm-kubeconfig-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("kubeconfig");
+    emu.write_kubeconfig(&path).unwrap();
+    let kc = kube::config::Kubeconfig::read_from(&path).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    assert_eq!(config.default_namespace, "default");
+    let client = kube::Client::try_from(config).unwrap();
+    let info = client.apiserver_version().await.unwrap();
+    assert_eq!(info.major, "1");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[tokio::test]
+async fn requests_are_counted_by_verb_and_resource() {
+    use capmvm_kube_emulator::Verb;
+    let (emu, client) = start().await;
+    install_project_crds(&client).await;
+    emu.reset_counters();
+    let api = machines(&client, "default");
+    create_machine(&client, "default", "m").await;
+    api.get("m").await.unwrap();
+    api.list(&ListParams::default()).await.unwrap();
+    api.patch(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
+    )
+    .await
+    .unwrap();
+    api.patch_status(
+        "m",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"host": "h"}})),
+    )
+    .await
+    .unwrap();
+    let _ = api
+        .watch(&WatchParams::default().timeout(1), "0")
+        .await
+        .unwrap()
+        .boxed()
+        .try_next()
+        .await;
+    api.delete("m", &DeleteParams::default()).await.unwrap();
+    let c = emu.counters();
+    let r = "infrastructure.cluster.x-k8s.io/microvmmachines";
+    assert_eq!(c.get(Verb::Create, r), 1);
+    assert_eq!(c.get(Verb::Get, r), 1);
+    assert_eq!(c.get(Verb::List, r), 1);
+    assert_eq!(c.get(Verb::Patch, r), 1);
+    assert_eq!(c.get(Verb::Patch, &format!("{r}/status")), 1);
+    assert_eq!(c.get(Verb::Watch, r), 1);
+    assert_eq!(c.get(Verb::Delete, r), 1);
+    assert_eq!(c.total(), 7);
+    Api::<Secret>::namespaced(client.clone(), "default")
+        .list(&ListParams::default())
+        .await
+        .unwrap();
+    assert_eq!(emu.counters().get(Verb::List, "core/secrets"), 1);
+}
+
+#[tokio::test]
+async fn request_counters_fold_clients_beyond_the_cap_into_other() {
+    // The User-Agent is whatever a client sends: past 64 distinct clients, requests are counted
+    // together under "other" instead of growing the counters without bound.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (emu, _client) = start().await;
+    emu.reset_counters();
+    for i in 0..70 {
+        let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+        let req = format!(
+            "GET /api/v1/namespaces/default/configmaps HTTP/1.1\r\nHost: {}\r\nUser-Agent: agent-{i}/1.0\r\nConnection: close\r\n\r\n",
+            emu.addr()
+        );
+        conn.write_all(req.as_bytes()).await.unwrap();
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(b"HTTP/1.1 200"),
+            "{}",
+            String::from_utf8_lossy(&answer)
+        );
+    }
+    use capmvm_kube_emulator::{OTHER_AGENTS, Verb};
+    assert_eq!(
+        emu.counters().get(Verb::List, "core/configmaps"),
+        70,
+        "every request counted"
+    );
+    assert_eq!(emu.counters_of_agent("agent-0").total(), 1);
+    assert_eq!(emu.counters_of_agent("agent-63/2.0").total(), 1);
+    assert_eq!(emu.counters_of_agent("agent-64").total(), 0);
+    assert_eq!(
+        emu.counters_of_agent(OTHER_AGENTS)
+            .get(Verb::List, "core/configmaps"),
+        6
+    );
+    // A client counted apart stays so.
+    let mut conn = tokio::net::TcpStream::connect(emu.addr()).await.unwrap();
+    conn.write_all(
+        b"GET /version HTTP/1.1\r\nHost: x\r\nUser-Agent: agent-1\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    conn.read_to_end(&mut answer).await.unwrap();
+    assert_eq!(emu.counters_of_agent("agent-1").total(), 2);
+}
+
