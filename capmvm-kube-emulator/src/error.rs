@@ -168,6 +168,9 @@ pub(crate) fn go_value(value: &Value) -> String {
     }
 }
 
+/// The body of [`ApiError::page_not_found`].
+pub(crate) const PAGE_NOT_FOUND: &str = "404 page not found";
+
 /// An API error, answered as a `Status` object whose `code` is the HTTP status.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ApiError {
@@ -233,6 +236,18 @@ impl ApiError {
             "NotFound",
             "the server could not find the requested resource",
         )
+    }
+
+    /// A path no API handler serves (an unknown group or version, or an unknown resource of a custom
+    /// resource group): the real server's mux answers these with a plain-text `404 page not found`,
+    /// not a Status.
+    pub(crate) fn page_not_found() -> Self {
+        Self::new(404, "", PAGE_NOT_FOUND)
+    }
+
+    /// Whether this is [`ApiError::page_not_found`].
+    pub(crate) fn is_page_not_found(&self) -> bool {
+        self.code == 404 && self.reason.is_empty()
     }
 
     pub(crate) fn not_found(resource: &str, group: &str, name: &str) -> Self {
@@ -396,7 +411,10 @@ impl ApiError {
         s.insert("metadata".into(), Value::Object(Map::new()));
         s.insert("status".into(), Value::String("Failure".into()));
         s.insert("message".into(), Value::String(self.message.clone()));
-        s.insert("reason".into(), Value::String(self.reason.into()));
+        // Some real errors carry no reason (an internal error raised as a plain Go error).
+        if !self.reason.is_empty() {
+            s.insert("reason".into(), Value::String(self.reason.into()));
+        }
         if let Some(d) = &self.details {
             s.insert("details".into(), Value::Object(d.clone()));
         }

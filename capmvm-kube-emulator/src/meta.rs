@@ -255,6 +255,10 @@ pub(crate) enum NameRule {
 /// apimachinery's `IsDNS1123Label` / `IsDNS1123Subdomain` list them.
 pub(crate) fn name_errors(rule: NameRule, name: &str, field: &str) -> Vec<FieldError> {
     let (max, shaped, shape_msg) = match rule {
+        // A name that would be a subdomain but for its dots gets apimachinery's shorter message.
+        NameRule::Dns1123Label if name.contains('.') && is_dns1123_subdomain_shaped(name) => {
+            (63, false, "must not contain dots")
+        }
         NameRule::Dns1123Label => (63, is_dns1123_label_shaped(name), DNS1123_LABEL_MSG),
         NameRule::Dns1123Subdomain => (
             253,

@@ -388,7 +388,10 @@ pub(crate) fn create(
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty())
         {
-            return Err(ApiError::bad_request(
+            // The real registry raises this as a plain error: a 500 without a reason.
+            return Err(ApiError::new(
+                500,
+                "",
                 "resourceVersion should not be set on objects to be created",
             ));
         }
@@ -865,6 +868,9 @@ pub(crate) fn patch(
         if !rv.is_empty() && parse_rv(&rv)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
+        // Strict decoding of a patched object fails as an invalid `patch` carrying the whole patched
+        // object (a 422, where a create or an update is a 400): kept only for that message.
+        let patched = (params.field_validation == FieldValidation::Strict).then(|| doc.clone());
         let mut new = prepare_update(
             shared,
             def,
@@ -874,7 +880,23 @@ pub(crate) fn patch(
             unknown,
             params,
             &mut warnings,
-        )?;
+        )
+        .map_err(|e| match patched {
+            Some(patched) if e.code == 400 && e.message.contains("strict decoding error") => {
+                let detail = e.message.split_once(": strict").map_or(e.message.as_str(), |(_, r)| r);
+                ApiError::invalid(
+                    "",
+                    "",
+                    "",
+                    &[FieldError::invalid(
+                        "patch",
+                        &Value::String(patched.to_string()),
+                        &format!("strict{detail}"),
+                    )],
+                )
+            }
+            _ => e,
+        })?;
         track_lease(def, &current, &mut new, params);
         if params.dry_run {
             return Ok(WriteResult {
@@ -1312,13 +1334,10 @@ pub(crate) async fn watch(
         wanted
     };
     let mut store = shared.lock();
-    match store.watch(
-        &def.storage,
-        filter,
-        from,
-        opts.bookmarks,
-        opts.send_initial_events,
-    ) {
+    // A watch that starts with the current state ends it with the `initial-events-end` bookmark
+    // whenever bookmarks are allowed, with or without `sendInitialEvents`, as the real watch cache does.
+    let initial_events_end = from.is_none() && opts.bookmarks;
+    match store.watch(&def.storage, filter, from, opts.bookmarks, initial_events_end) {
         Ok((backlog, rx)) => Ok(WatchStart::Stream(backlog, rx)),
         Err(e) if e.code == 410 => Ok(WatchStart::Error(e)),
         Err(e) => Err(e),

@@ -54,8 +54,19 @@ pub(crate) fn merge(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
 
 /// Applies an RFC 6902 JSON patch; a failed operation (such as a `test`) changes nothing and is a 422.
 pub(crate) fn json(doc: &mut Value, body: &[u8]) -> Result<(), ApiError> {
-    let patch: json_patch::Patch = serde_json::from_slice(body)
+    let parsed: Value = serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("error decoding patch: {e}")))?;
+    // JSON that is no patch (an unknown `op`, a missing `path`) fails when applied: 422, as the real
+    // server's patch library reports it.
+    let patch: json_patch::Patch = serde_json::from_value(parsed).map_err(|_| {
+        let mut e = ApiError::new(
+            422,
+            "Invalid",
+            "the server rejected our request due to an error in our request",
+        );
+        e.details = Some(Map::new());
+        e
+    })?;
     if patch.0.len() > MAX_JSON_PATCH_OPERATIONS {
         return Err(ApiError::new(
             413,
@@ -228,11 +239,14 @@ fn merge_map(
             }
             Value::Array(pa) => match (strategy(&cp), doc.get_mut(k)) {
                 (ListStrategy::MergePrimitives, Some(Value::Array(da))) => {
-                    for item in pa {
-                        if !da.contains(item) {
-                            da.push(item.clone());
+                    // The patch's items first, then the original's others, as the real server merges.
+                    let mut merged: Vec<Value> = Vec::with_capacity(pa.len() + da.len());
+                    for item in pa.iter().chain(da.iter()) {
+                        if !merged.contains(item) {
+                            merged.push(item.clone());
                         }
                     }
+                    *da = merged;
                 }
                 (ListStrategy::MergeByKey(key), Some(Value::Array(da))) => {
                     merge_keyed_list(da, pa, key, &cp)?
@@ -244,6 +258,21 @@ fn merge_map(
             other => {
                 doc.insert(k.clone(), other.clone());
             }
+        }
+    }
+    for (k, order) in patch {
+        let (Some(field), Some(order)) = (k.strip_prefix("$setElementOrder/"), order.as_array())
+        else {
+            continue;
+        };
+        if strategy(&child_path(path, field)) != ListStrategy::MergePrimitives {
+            continue;
+        }
+        if let Some(Value::Array(list)) = doc.get_mut(field) {
+            // The listed items in the order given, then the others as they were.
+            let mut ordered: Vec<Value> = order.iter().filter(|o| list.contains(o)).cloned().collect();
+            ordered.extend(list.iter().filter(|x| !order.contains(x)).cloned());
+            *list = ordered;
         }
     }
     if let Some(retain) = patch.get("$retainKeys") {

@@ -384,10 +384,8 @@ impl FieldSelector {
             };
             let key = key.trim();
             let Some((_, path)) = supported.iter().find(|(label, _)| *label == key) else {
-                let names: Vec<String> = supported.iter().map(|(l, _)| format!("{l:?}")).collect();
                 return Err(ApiError::bad_request(format!(
-                    "{key:?} is not a known field selector: only {}",
-                    names.join(", ")
+                    "field label not supported: {key}"
                 )));
             };
             terms.push(FieldTerm {

@@ -165,6 +165,14 @@ fn respond_value(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
 }
 
 fn respond_error(e: &ApiError) -> Response {
+    if e.is_page_not_found() {
+        return respond(
+            StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"404 page not found\n"),
+            &[],
+        );
+    }
     let mut resp = respond_value(status_code(e.code), &e.to_status(), &[]);
     if let Some(secs) = e
         .details
@@ -407,7 +415,7 @@ async fn dispatch(
     let shared = &app.shared;
     let agent = request_agent(headers);
     let Some(r) = route(path, shared) else {
-        return Err(ApiError::path_not_found());
+        return Err(ApiError::page_not_found());
     };
     let discovery_get = |counter: &str, v: Option<Value>| -> Result<Response, ApiError> {
         if method != Method::GET {
@@ -437,11 +445,11 @@ async fn dispatch(
         }
         Route::Group(g) => {
             let doc = discovery::api_group(&shared.lock().registry, &g);
-            discovery_get("discovery", doc)
+            discovery_get("discovery", doc).map_err(|e| not_served(&g, e))
         }
         Route::ResourceList(g, v) => {
             let doc = discovery::resource_list(&shared.lock().registry, &g, &v);
-            discovery_get("discovery", doc)
+            discovery_get("discovery", doc).map_err(|e| not_served(&g, e))
         }
         Route::OpenApiIndex => {
             let doc = discovery::openapi_index(&shared.lock().registry);
@@ -467,6 +475,22 @@ async fn dispatch(
     }
 }
 
+/// A 404 for a path of `group`: a Status where the built-in API groups' handlers answer, the plain
+/// `404 page not found` of the real server's mux elsewhere (unknown groups, and custom resource groups,
+/// whose handler answers unknown resources and versions that way).
+fn not_served(group: &str, status: ApiError) -> ApiError {
+    if status.code == 404
+        && !matches!(
+            group,
+            "" | "apiextensions.k8s.io" | "coordination.k8s.io" | "events.k8s.io"
+        )
+    {
+        ApiError::page_not_found()
+    } else {
+        status
+    }
+}
+
 /// The client's User-Agent product, for the request counters ("" when it sends none).
 fn request_agent(headers: &HeaderMap) -> &str {
     let ua = headers
@@ -476,7 +500,13 @@ fn request_agent(headers: &HeaderMap) -> &str {
     super::counters::user_agent_product(ua)
 }
 
-fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiError> {
+/// The write's query parameters; `options` names the options kind in errors (`CreateOptions`,
+/// `UpdateOptions`, `PatchOptions`).
+fn write_params(
+    query: &Query,
+    headers: &HeaderMap,
+    options: &str,
+) -> Result<WriteParams, ApiError> {
     let dry_run = match query.get("dryRun") {
         None | Some("") => false,
         Some("All") => true,
@@ -491,9 +521,16 @@ fn write_params(query: &Query, headers: &HeaderMap) -> Result<WriteParams, ApiEr
         Some("Strict") => FieldValidation::Strict,
         Some("Ignore") => FieldValidation::Ignore,
         Some(other) => {
-            return Err(ApiError::bad_request(format!(
-                "fieldValidation: Unsupported value: {other:?}: supported values: \"Ignore\", \"Strict\", \"Warn\""
-            )));
+            return Err(ApiError::invalid(
+                options,
+                "meta.k8s.io",
+                "",
+                &[FieldError::not_supported(
+                    "fieldValidation",
+                    &Value::String(other.to_string()),
+                    &["", "Ignore", "Strict", "Warn"].map(String::from),
+                )],
+            ));
         }
     };
     // The real server names an unnamed manager after the user agent's product.
@@ -651,13 +688,13 @@ async fn resource(
         store.registry.lookup(&rp.group, &rp.version, &rp.plural)
     };
     let Some(def) = def else {
-        return Err(ApiError::path_not_found());
+        return Err(not_served(&rp.group, ApiError::path_not_found()));
     };
     if def.namespaced && rp.name.is_some() && rp.ns.is_none() {
-        return Err(ApiError::path_not_found());
+        return Err(not_served(&rp.group, ApiError::path_not_found()));
     }
     if !def.namespaced && rp.ns.is_some() {
-        return Err(ApiError::path_not_found());
+        return Err(not_served(&rp.group, ApiError::path_not_found()));
     }
     if rp.sub.as_deref() == Some("scale") && def.scale.is_some() && !rp.watch {
         return scale_request(app, method, &def, &rp, query, headers, &body).await;
@@ -665,7 +702,7 @@ async fn resource(
     let sub = match rp.sub.as_deref() {
         None => Sub::Main,
         Some("status") if def.status_subresource => Sub::Status,
-        Some(_) => return Err(ApiError::path_not_found()),
+        Some(_) => return Err(not_served(&rp.group, ApiError::path_not_found())),
     };
     let counter = if sub == Sub::Status {
         def.counter_name_status.clone()
@@ -685,7 +722,10 @@ async fn resource(
     // `?watch=true` makes a GET of a collection a watch; on a named path the real server ignores it
     // (a plain GET), and only the `/watch/` form watches one object.
     let watch = rp.watch || query.flag("watch")?;
-    let Some(verb) = verb_of(method, rp.name.is_some(), watch, rp.watch, sub) else {
+    // The custom resource handler takes a POST to a named path as a create (the name comes from the
+    // body), where the built-in registries refuse it.
+    let named = rp.name.is_some() && !(*method == Method::POST && def.builtin.is_none());
+    let Some(verb) = verb_of(method, named, watch, rp.watch, sub) else {
         return Err(ApiError::method_not_allowed());
     };
     shared.counters.bump(verb, &counter, agent);
@@ -721,14 +761,14 @@ async fn resource(
             let stored = ops::get(shared, &def, ns, name)?;
             object_response(&def, &stored, format, query, StatusCode::OK, &[])
         }
-        (Method::POST, None) if sub == Sub::Main => {
-            let params = write_params(query, headers)?;
+        (Method::POST, _) if sub == Sub::Main && !named => {
+            let params = write_params(query, headers, "CreateOptions")?;
             let obj = decode_object(&def, headers, &body)?;
             let res = ops::create(shared, &def, ns, obj, &params)?;
             Ok(written_response(&def, &res.written, true, &res.warnings))
         }
         (Method::PUT, Some(name)) => {
-            let params = write_params(query, headers)?;
+            let params = write_params(query, headers, "UpdateOptions")?;
             let obj = decode_object(&def, headers, &body)?;
             let res = ops::update(shared, &def, ns, name, sub, obj, &params)?;
             Ok(written_response(
@@ -739,7 +779,7 @@ async fn resource(
             ))
         }
         (Method::PATCH, Some(name)) => {
-            let params = write_params(query, headers)?;
+            let params = write_params(query, headers, "PatchOptions")?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
@@ -784,6 +824,9 @@ async fn resource(
             let opts = delete_opts(query, &body)?;
             delete_collection(shared, &def, ns, query, &opts)
         }
+        (Method::PUT, None) if def.builtin.is_none() => {
+            Err(ApiError::bad_request("name must be provided"))
+        }
         _ => Err(ApiError::method_not_allowed()),
     };
     reply_after_commit(answer, after_commit)
@@ -821,7 +864,7 @@ fn verb_of(method: &Method, named: bool, watch: bool, watch_path: bool, sub: Sub
         (Method::GET, false) => Some(Verb::List),
         (Method::GET, true) => Some(Verb::Get),
         (Method::POST, false) if sub == Sub::Main => Some(Verb::Create),
-        (Method::PUT, true) => Some(Verb::Update),
+        (Method::PUT, _) => Some(Verb::Update),
         (Method::PATCH, true) => Some(Verb::Patch),
         (Method::DELETE, true) if sub == Sub::Main => Some(Verb::Delete),
         (Method::DELETE, false) if sub == Sub::Main => Some(Verb::DeleteCollection),
@@ -937,12 +980,12 @@ async fn scale_request(
             super::scale::get(shared, def, ns, name)?
         }
         Verb::Update => {
-            let params = write_params(query, headers)?;
+            let params = write_params(query, headers, "UpdateOptions")?;
             let obj = decode_object(def, headers, body)?;
             super::scale::update(shared, def, ns, name, &obj, &params)?
         }
         _ => {
-            let params = write_params(query, headers)?;
+            let params = write_params(query, headers, "PatchOptions")?;
             let ct = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())
@@ -999,10 +1042,9 @@ fn fault_answer(
 
 fn delete_response(def: &ResourceDef, name: &str, written: &Written) -> Response {
     match written {
-        // Built-in registries other than namespaces answer an immediate deletion with a Status.
-        Written::Removed(obj)
-            if def.builtin.is_some() && def.builtin != Some(Builtin::Namespace) =>
-        {
+        // Registries other than the namespaces' answer an immediate deletion with a Status (custom
+        // resources too).
+        Written::Removed(obj) if def.builtin != Some(Builtin::Namespace) => {
             let status = json!({
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
                 "details": {"name": name, "group": def.group, "kind": def.plural, "uid": meta::meta_str(obj.value(), "uid")}
@@ -1040,16 +1082,12 @@ fn delete_opts(query: &Query, body: &[u8]) -> Result<DeleteOpts, ApiError> {
         (Some(other), _) => {
             return Err(ApiError::invalid(
                 "DeleteOptions",
-                "",
+                "meta.k8s.io",
                 "",
                 &[FieldError::not_supported(
                     "propagationPolicy",
                     &json!(other),
-                    &[
-                        "Foreground".to_string(),
-                        "Background".to_string(),
-                        "Orphan".to_string(),
-                    ],
+                    &["Foreground", "Background", "Orphan", "nil"].map(String::from),
                 )],
             ));
         }

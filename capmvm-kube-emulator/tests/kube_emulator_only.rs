@@ -167,3 +167,34 @@ async fn request_counters_fold_clients_beyond_the_cap_into_other() {
     assert_eq!(emu.counters_of_agent("agent-1").total(), 2);
 }
 
+
+/// Where the emulator deliberately answers otherwise than the real server (the README lists these):
+/// a protobuf body for a custom resource is a 415 (kube-apiserver v1.36 drops the connection without
+/// an answer), and a client that accepts only protobuf gets its 406 Status in JSON (the real server
+/// encodes it in protobuf, which the emulator never writes).
+#[tokio::test]
+async fn protobuf_a_custom_resource_cannot_take_is_refused_with_a_json_status() {
+    let (_emu, client) = start().await;
+    install_project_crds(&client).await;
+    create_machine(&client, "default", "m").await;
+    let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
+    let r = raw(
+        &client,
+        "POST",
+        base,
+        Some("application/vnd.kubernetes.protobuf"),
+        b"k8s\0",
+    )
+    .await;
+    assert_status(&r, 415, "UnsupportedMediaType");
+    let r = raw_with(
+        &client,
+        "GET",
+        &format!("{base}/m"),
+        None,
+        Some("application/vnd.kubernetes.protobuf"),
+        b"",
+    )
+    .await;
+    assert_status(&r, 406, "NotAcceptable");
+}

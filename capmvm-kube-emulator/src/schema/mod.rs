@@ -661,7 +661,7 @@ impl Schema {
             && counted as u64 > max
         {
             let shown = &path.shown();
-            errs.push(FieldError::too_many(shown, counted, max, "properties"));
+            errs.push(FieldError::too_many(shown, counted, max, "items"));
         }
         if let Some(min) = self.min_properties
             && (counted as u64) < min

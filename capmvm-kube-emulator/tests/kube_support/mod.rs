@@ -60,12 +60,47 @@ pub fn crd_api(client: &Client) -> Api<DynamicObject> {
     Api::all_with(client.clone(), &ar)
 }
 
+/// Creates a CRD and waits until it is Established and its resource is served (a real server serves
+/// it a moment after the create, as envtest's CRD installation waits for); the CRD as it is then.
 pub async fn create_crd(client: &Client, crd: &Value) -> DynamicObject {
     let obj: DynamicObject = serde_json::from_value(crd.clone()).expect("CRD object");
-    crd_api(client)
+    let created = crd_api(client)
         .create(&PostParams::default(), &obj)
         .await
-        .expect("create CRD")
+        .expect("create CRD");
+    wait_established(client, &created).await
+}
+
+/// Waits until a CRD is Established and every served version's collection answers; the CRD then.
+pub async fn wait_established(client: &Client, crd: &DynamicObject) -> DynamicObject {
+    let name = crd.metadata.name.clone().expect("CRD name");
+    let group = crd.data["spec"]["group"].as_str().unwrap_or("").to_string();
+    let plural = crd.data["spec"]["names"]["plural"].as_str().unwrap_or("").to_string();
+    let versions: Vec<String> = crd.data["spec"]["versions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|v| v["served"] == true)
+        .filter_map(|v| v["name"].as_str().map(str::to_string))
+        .collect();
+    for _ in 0..400 {
+        let now = crd_api(client).get(&name).await.expect("get CRD");
+        let established = now.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+        let mut served = established;
+        for v in &versions {
+            if served {
+                let path = format!("/apis/{group}/{v}/{plural}?limit=1");
+                served = raw(client, "GET", &path, None, b"").await.status == 200;
+            }
+        }
+        if served {
+            return now;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    panic!("CRD {name} was not established and served within 10 s");
 }
 
 pub async fn install_project_crds(client: &Client) {
@@ -284,13 +319,30 @@ pub fn assert_status(r: &Raw, code: u16, reason: &str) {
     );
 }
 
+/// Asserts a raw answer is the plain-text `404 page not found` of a path no API handler serves (an
+/// unknown group or version, or an unknown resource of a custom resource group), as the real server's
+/// mux answers it: not a Status.
+pub fn assert_page_not_found(r: &Raw) {
+    assert_eq!(r.status, 404, "{}", r.text);
+    assert_eq!(r.text.trim(), "404 page not found", "{}", r.text);
+    assert!(
+        r.headers
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|c| c.starts_with("text/plain")),
+        "{:?}",
+        r.headers
+    );
+}
+
 /// Waits until `f` holds, polling.
 pub async fn eventually<F, Fut>(what: &str, mut f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
 {
-    for _ in 0..200 {
+    // Up to 30 s: the real server's garbage collector and namespace controller take a moment.
+    for _ in 0..1200 {
         if f().await {
             return;
         }
