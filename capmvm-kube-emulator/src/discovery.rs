@@ -7,6 +7,7 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use super::builtin;
+use super::reviews;
 use super::registry::{Builtin, Registry, ResourceDef};
 
 const VERBS: &[&str] = &[
@@ -67,20 +68,31 @@ fn group_doc(name: &str, versions: &[String]) -> Value {
 }
 
 pub(crate) fn api_group_list(registry: &Registry) -> Value {
-    let groups: Vec<Value> = registry
+    let mut groups: Vec<Value> = registry
         .groups()
         .iter()
         .filter(|(g, _)| !g.is_empty())
         .map(|(g, vs)| group_doc(g, vs))
         .collect();
+    groups.extend(
+        reviews::GROUPS
+            .iter()
+            .map(|(g, v, _)| group_doc(g, &[(*v).to_string()])),
+    );
     json!({"kind": "APIGroupList", "apiVersion": "v1", "groups": groups})
 }
 
 pub(crate) fn api_group(registry: &Registry, group: &str) -> Option<Value> {
-    let (g, vs) = registry
-        .groups()
-        .into_iter()
-        .find(|(g, _)| g == group && !g.is_empty())?;
+    let review = reviews::GROUPS
+        .iter()
+        .find(|(g, _, _)| *g == group)
+        .map(|(g, v, _)| ((*g).to_string(), vec![(*v).to_string()]));
+    let (g, vs) = review.or_else(|| {
+        registry
+            .groups()
+            .into_iter()
+            .find(|(g, _)| g == group && !g.is_empty())
+    })?;
     let mut doc = group_doc(&g, &vs);
     if let Value::Object(m) = &mut doc {
         m.insert("kind".into(), json!("APIGroup"));
@@ -90,6 +102,9 @@ pub(crate) fn api_group(registry: &Registry, group: &str) -> Option<Value> {
 }
 
 pub(crate) fn resource_list(registry: &Registry, group: &str, version: &str) -> Option<Value> {
+    if reviews::is_review_group(group) {
+        return reviews::resource_list(group, version);
+    }
     if !registry.has_group_version(group, version) {
         return None;
     }

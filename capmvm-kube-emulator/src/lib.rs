@@ -42,6 +42,7 @@ mod ops;
 mod patch;
 mod protobuf;
 mod registry;
+mod reviews;
 mod scale;
 mod schema;
 mod selector;

@@ -1105,13 +1105,15 @@ pub(crate) struct ListPage {
 fn encode_continue(rv: u64, key: &ObjKey) -> String {
     let start = format!("{}/{}\u{0}", key.ns, key.name);
     let doc = json!({"v": "meta.k8s.io/v1", "rv": rv, "start": start});
-    base64::engine::general_purpose::URL_SAFE.encode(doc.to_string())
+    // Unpadded, as the real server's tokens.
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(doc.to_string())
 }
 
 fn decode_continue(token: &str) -> Result<(u64, ObjKey), ApiError> {
     let bad = |why: &str| ApiError::bad_request(format!("continue key is not valid: {why}"));
-    let raw = base64::engine::general_purpose::URL_SAFE
+    let raw = base64::engine::general_purpose::URL_SAFE_NO_PAD
         .decode(token)
+        .or_else(|_| base64::engine::general_purpose::URL_SAFE.decode(token))
         .or_else(|_| base64::engine::general_purpose::STANDARD.decode(token))
         .map_err(|_| bad("illegal base64 data"))?;
     let doc: Value = serde_json::from_slice(&raw).map_err(|_| bad("not a JSON document"))?;

@@ -1,6 +1,6 @@
 //! Protobuf request bodies (`application/vnd.kubernetes.protobuf`) for the built-in kinds that
-//! kubectl's typed commands send that way (`kubectl create namespace|secret|configmap`): Namespace,
-//! Secret and ConfigMap. The message layouts are those of `k8s.io/api` and apimachinery's
+//! kubectl's typed commands send that way (`kubectl create namespace|secret|configmap`, `kubectl auth
+//! can-i|whoami`): Namespace, Secret, ConfigMap and the self-reviews. The message layouts are those of `k8s.io/api` and apimachinery's
 //! `generated.proto`; anything else is answered 415 as a server without protobuf support would.
 
 use base64::Engine as _;
@@ -278,6 +278,82 @@ fn config_map(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The string fields of a message by number, as JSON fields (Go writes empty strings in protobuf and
+/// omits them in JSON: they are left out).
+fn strings(b: &[u8], names: &[(u64, &str)]) -> Result<Value, ApiError> {
+    let mut r = Reader::new(b);
+    let mut m = Map::new();
+    while let Some((f, w)) = r.next()? {
+        if let (Some((_, name)), Wire::Bytes(v)) = (names.iter().find(|(n, _)| *n == f), w)
+            && !v.is_empty()
+        {
+            m.insert((*name).into(), string(v)?);
+        }
+    }
+    Ok(Value::Object(m))
+}
+
+/// `SelfSubjectAccessReview` (kubectl auth can-i): metadata (1), spec (2) with resourceAttributes (1)
+/// and nonResourceAttributes (2).
+fn access_review(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    const RESOURCE: &[(u64, &str)] = &[
+        (1, "namespace"),
+        (2, "verb"),
+        (3, "group"),
+        (4, "version"),
+        (5, "resource"),
+        (6, "subresource"),
+        (7, "name"),
+    ];
+    let mut r = Reader::new(b);
+    while let Some((f, w)) = r.next()? {
+        match (f, w) {
+            (1, Wire::Bytes(v)) => {
+                out.insert("metadata".into(), object_meta(v)?);
+            }
+            (2, Wire::Bytes(v)) => {
+                let mut spec = Map::new();
+                let mut sr = Reader::new(v);
+                while let Some((sf, sw)) = sr.next()? {
+                    match (sf, sw) {
+                        (1, Wire::Bytes(x)) => {
+                            spec.insert("resourceAttributes".into(), strings(x, RESOURCE)?);
+                        }
+                        (2, Wire::Bytes(x)) => {
+                            spec.insert(
+                                "nonResourceAttributes".into(),
+                                strings(x, &[(1, "path"), (2, "verb")])?,
+                            );
+                        }
+                        _ => {}
+                    }
+                }
+                out.insert("spec".into(), Value::Object(spec));
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// `SelfSubjectRulesReview` (kubectl auth can-i --list): metadata (1), spec (2) with namespace (1);
+/// `SelfSubjectReview` (kubectl auth whoami) has only metadata (1).
+fn rules_review(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let mut r = Reader::new(b);
+    while let Some((f, w)) = r.next()? {
+        match (f, w) {
+            (1, Wire::Bytes(v)) => {
+                out.insert("metadata".into(), object_meta(v)?);
+            }
+            (2, Wire::Bytes(v)) => {
+                out.insert("spec".into(), strings(v, &[(1, "namespace")])?);
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
 pub(crate) fn unsupported() -> ApiError {
     ApiError::unsupported_media_type(
         "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml",
@@ -321,6 +397,9 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
         ("v1", "Namespace") => namespace(raw, &mut out)?,
         ("v1", "Secret") => secret(raw, &mut out)?,
         ("v1", "ConfigMap") => config_map(raw, &mut out)?,
+        ("authorization.k8s.io/v1", "SelfSubjectAccessReview") => access_review(raw, &mut out)?,
+        ("authorization.k8s.io/v1", "SelfSubjectRulesReview")
+        | ("authentication.k8s.io/v1", "SelfSubjectReview") => rules_review(raw, &mut out)?,
         _ => return Err(unsupported()),
     }
     Ok(Value::Object(out))

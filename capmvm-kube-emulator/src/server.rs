@@ -683,6 +683,9 @@ async fn resource(
 ) -> Result<Response, ApiError> {
     let shared = &app.shared;
     let agent = request_agent(headers);
+    if super::reviews::is_review_group(&rp.group) {
+        return review_request(shared, method, &rp, query, headers, &body);
+    }
     let def = {
         let store = shared.lock();
         store.registry.lookup(&rp.group, &rp.version, &rp.plural)
@@ -852,6 +855,55 @@ fn reply_after_commit(
             Ok(Response::from_parts(parts, Body::from_stream(broken)))
         }
         (answer, _) => answer,
+    }
+}
+
+/// `POST` of a self-review (`kubectl auth can-i`, `kubectl auth whoami`): answered at once, nothing
+/// stored.
+fn review_request(
+    shared: &Shared,
+    method: &Method,
+    rp: &ResourcePath,
+    query: &Query,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<Response, ApiError> {
+    let known = super::reviews::resource_list(&rp.group, &rp.version).is_some_and(|l| {
+        l["resources"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["name"] == rp.plural.as_str()))
+    });
+    if !known || rp.ns.is_some() || rp.name.is_some() || rp.sub.is_some() || rp.watch {
+        return Err(ApiError::path_not_found());
+    }
+    if *method != Method::POST {
+        return Err(ApiError::method_not_allowed());
+    }
+    let counter: Arc<str> = Arc::from(format!("{}/{}", rp.group, rp.plural));
+    shared.counters.bump(Verb::Create, &counter, request_agent(headers));
+    let params = write_params(query, headers, "CreateOptions")?;
+    let ct = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/json");
+    let doc: Value = if ct.starts_with("application/vnd.kubernetes.protobuf") {
+        super::protobuf::decode(body)?
+    } else if ct.contains("yaml") {
+        let text = std::str::from_utf8(body)
+            .map_err(|e| ApiError::bad_request(format!("invalid YAML: {e}")))?;
+        serde_saphyr::from_str(text).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; yaml parse error: {e}"))
+        })?
+    } else {
+        serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!("couldn't get version/kind; json parse error: {e}"))
+        })?
+    };
+    let manager = params.field_manager.as_deref().unwrap_or("unknown");
+    match super::reviews::review(&rp.group, &rp.version, &rp.plural, &doc, manager) {
+        Some(Ok(answer)) => Ok(respond_value(StatusCode::CREATED, &answer, &[])),
+        Some(Err(e)) => Err(e),
+        None => Err(ApiError::path_not_found()),
     }
 }
 

@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use capmvm_kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
+use capmvm_upstream::tools::Kubectl;
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
@@ -51,6 +52,14 @@ macro_rules! on_both_servers {
 pub struct Server {
     client: Client,
     kind: Kind,
+    /// Scratch space of the test (kubeconfigs for kubectl), removed with the server.
+    scratch: PathBuf,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.scratch);
+    }
 }
 
 enum Kind {
@@ -87,6 +96,7 @@ impl Server {
         Server {
             client,
             kind: Kind::Emulator(emulator),
+            scratch: scratch_dir("emulator"),
         }
     }
 
@@ -123,6 +133,7 @@ impl Server {
         }
         Some(Server {
             client,
+            scratch: scratch_dir(test),
             kind: Kind::Real(Box::new(Real {
                 controllers: Mutex::new(None),
                 api,
@@ -169,6 +180,15 @@ impl Server {
         };
         config.default_retry = false;
         Client::try_from(config).expect("client")
+    }
+
+    /// The pinned kubectl (from the upstream binaries), talking to this server; `None` (the test
+    /// skipped) when it is not built, outside CI.
+    pub fn kubectl(&self, test: &str) -> Option<Kubectl> {
+        let binaries = Binaries::for_test(test, &["kubectl"])?;
+        std::fs::create_dir_all(&self.scratch).expect("scratch directory");
+        let kubeconfig = self.kubeconfig(&self.scratch);
+        Some(Kubectl::new(&binaries, &kubeconfig).expect("kubectl"))
     }
 
     /// A kubeconfig for kubectl (written under `dir` for the emulator).
@@ -239,6 +259,14 @@ async fn etcd_post(url: &str, path: &str, body: &serde_json::Value) -> serde_jso
     let start = json.find('{').unwrap_or(0);
     let end = json.rfind('}').map_or(json.len(), |e| e + 1);
     serde_json::from_str(&json[start..end]).unwrap_or_else(|e| panic!("etcd {path}: {e}: {answer}"))
+}
+
+fn scratch_dir(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!(
+        "capmvm-contract-scratch-{}-{name}-{}",
+        std::process::id(),
+        unique()
+    ))
 }
 
 fn unique() -> u64 {
