@@ -21,16 +21,17 @@ const VERBS: &[&str] = &[
     "watch",
 ];
 
-/// The Kubernetes version the emulator answers as.
+/// The Kubernetes version the emulator answers as: the kube-apiserver its contract suite is checked
+/// against.
 pub(crate) fn version() -> Value {
     json!({
         "major": "1",
-        "minor": "33",
-        "gitVersion": "v1.33.0-kube-emulator",
+        "minor": "36",
+        "gitVersion": "v1.36.3-kube-emulator",
         "gitCommit": "0000000000000000000000000000000000000000",
         "gitTreeState": "clean",
         "buildDate": "2026-01-01T00:00:00Z",
-        "goVersion": "go1.24.0",
+        "goVersion": "go1.26.8",
         "compiler": "gc",
         "platform": "linux/amd64"
     })
@@ -420,7 +421,7 @@ pub(crate) fn openapi_doc(registry: &Registry, group: &str, version: &str) -> Op
     );
     Some(json!({
         "openapi": "3.0.0",
-        "info": {"title": "Kubernetes", "version": "v1.33.0"},
+        "info": {"title": "Kubernetes", "version": "v1.36.3"},
         "paths": paths,
         "components": {"schemas": schemas}
     }))

@@ -2,7 +2,8 @@
 //! The real `kubectl` against the emulator: discovery, `get` with short names, categories and printer
 //! columns, client-side `apply`, `patch`, `delete`, `wait --for=condition`, `explain`.
 //!
-//! `kubectl` must be on PATH (or named by `KUBECTL`); each test uses its own kubeconfig and cache dir.
+//! The kubectl is the pinned one `hack/upstream.sh build` makes (skipped locally when it is missing, a
+//! failure under CI); each test uses its own kubeconfig and cache dir.
 
 mod kube_support;
 
@@ -16,19 +17,29 @@ use kube_support::*;
 use serde_json::json;
 
 struct Kubectl {
+    bin: PathBuf,
     dir: PathBuf,
     kubeconfig: PathBuf,
 }
 
 impl Kubectl {
-    fn new(emu: &EmulatorHandle, name: &str) -> Self {
+    /// The pinned kubectl (`hack/upstream.sh build`) for the emulator; `None` (the test skipped)
+    /// when it is not built, outside CI.
+    fn new(emu: &EmulatorHandle, name: &str) -> Option<Self> {
+        let bin = capmvm_upstream::Binaries::for_test(name, &["kubectl"])?
+            .path("kubectl")
+            .ok()?;
         let dir =
             std::env::temp_dir().join(format!("capmvm-kubectl-{}-{name}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).unwrap();
         let kubeconfig = dir.join("kubeconfig");
         emu.write_kubeconfig(&kubeconfig).unwrap();
-        Self { dir, kubeconfig }
+        Some(Self {
+            bin,
+            dir,
+            kubeconfig,
+        })
     }
 
     fn run(&self, args: &[&str]) -> Output {
@@ -36,8 +47,7 @@ impl Kubectl {
     }
 
     fn run_stdin(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-        let mut cmd = Command::new(bin);
+        let mut cmd = Command::new(&self.bin);
         cmd.arg("--kubeconfig")
             .arg(&self.kubeconfig)
             .arg("--cache-dir")
@@ -126,7 +136,9 @@ fn table(out: &str) -> Vec<Vec<String>> {
 async fn kubectl_discovers_builtin_and_custom_resources() {
     let (emu, client) = start().await;
     install_project_crds(&client).await;
-    let k = Kubectl::new(&emu, "discovery");
+    let Some(k) = Kubectl::new(&emu, "discovery") else {
+        return;
+    };
     let out = k.ok(&["api-resources"]);
     for expected in [
         "microvmmachines             mvmm         infrastructure.cluster.x-k8s.io/v1alpha2   true         MicrovmMachine",
@@ -159,7 +171,9 @@ async fn kubectl_discovers_builtin_and_custom_resources() {
 async fn kubectl_get_prints_the_printer_columns() {
     let (emu, client) = start().await;
     install_project_crds(&client).await;
-    let k = Kubectl::new(&emu, "get");
+    let Some(k) = Kubectl::new(&emu, "get") else {
+        return;
+    };
     create_machine(&client, "default", "m1").await;
     create_machine(&client, "default", "m2").await;
     machines(&client, "default")
@@ -266,7 +280,9 @@ spec:
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_apply_creates_configures_and_leaves_unchanged() {
     let (emu, client) = start().await;
-    let k = Kubectl::new(&emu, "apply");
+    let Some(k) = Kubectl::new(&emu, "apply") else {
+        return;
+    };
     let crds = repo_root().join("config/crd/bases");
     let files = std::fs::read_dir(&crds).unwrap().count();
     let out = k.ok(&["apply", "-f", crds.to_str().unwrap()]);
@@ -333,7 +349,9 @@ async fn kubectl_apply_creates_configures_and_leaves_unchanged() {
 async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources() {
     let (emu, client) = start().await;
     install_project_crds(&client).await;
-    let k = Kubectl::new(&emu, "patch");
+    let Some(k) = Kubectl::new(&emu, "patch") else {
+        return;
+    };
     create_machine(&client, "default", "m").await;
     let out = k.ok(&[
         "patch",
@@ -417,7 +435,9 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
 async fn kubectl_wait_for_a_condition_and_delete() {
     let (emu, client) = start().await;
     install_project_crds(&client).await;
-    let k = Kubectl::new(&emu, "wait");
+    let Some(k) = Kubectl::new(&emu, "wait") else {
+        return;
+    };
     create_machine(&client, "default", "m").await;
     // The condition becomes true while kubectl waits on its watch.
     let client2 = client.clone();
@@ -458,7 +478,7 @@ async fn kubectl_wait_for_a_condition_and_delete() {
     let out = k.ok(&["delete", "mvmm", "m", "--wait=false"]);
     assert_eq!(
         out.trim(),
-        "microvmmachine.infrastructure.cluster.x-k8s.io \"m\" deleted"
+        "microvmmachine.infrastructure.cluster.x-k8s.io \"m\" deleted from default namespace"
     );
     let client3 = client.clone();
     let release = tokio::spawn(async move {
@@ -480,7 +500,7 @@ async fn kubectl_wait_for_a_condition_and_delete() {
     let out = k.ok(&["delete", "mvmm", "n"]);
     assert_eq!(
         out.trim(),
-        "microvmmachine.infrastructure.cluster.x-k8s.io \"n\" deleted"
+        "microvmmachine.infrastructure.cluster.x-k8s.io \"n\" deleted from default namespace"
     );
     assert!(k.ok(&["get", "mvmm", "-o", "name"]).trim().is_empty());
     let out = k.run(&["delete", "mvmm", "gone"]);
@@ -491,7 +511,9 @@ async fn kubectl_wait_for_a_condition_and_delete() {
 async fn kubectl_explain_reads_the_openapi_v3_documents() {
     let (emu, client) = start().await;
     install_project_crds(&client).await;
-    let k = Kubectl::new(&emu, "explain");
+    let Some(k) = Kubectl::new(&emu, "explain") else {
+        return;
+    };
     let out = k.ok(&["explain", "mvmm.spec.kernel"]);
     assert!(out.contains("KIND:       MicrovmMachine"), "{out}");
     assert!(
@@ -508,7 +530,9 @@ async fn kubectl_explain_reads_the_openapi_v3_documents() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_create_sends_protobuf_for_builtins_and_events_print() {
     let (emu, client) = start().await;
-    let k = Kubectl::new(&emu, "create");
+    let Some(k) = Kubectl::new(&emu, "create") else {
+        return;
+    };
     assert_eq!(
         k.ok(&["create", "namespace", "demo"]).trim(),
         "namespace/demo created"
@@ -661,7 +685,11 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     let written = std::fs::read_to_string(&kubeconfig).unwrap();
     assert!(written.contains(&format!("server: {url}")), "{written}");
 
+    let Some(binaries) = capmvm_upstream::Binaries::for_test("kube_command", &["kubectl"]) else {
+        return;
+    };
     let k = Kubectl {
+        bin: binaries.path("kubectl").unwrap(),
         dir: dir.clone(),
         kubeconfig,
     };

@@ -211,8 +211,10 @@ async fn kubectl_scale_sets_the_replicas() {
     std::fs::create_dir_all(&dir).unwrap();
     let kubeconfig = dir.join("kubeconfig");
     emu.write_kubeconfig(&kubeconfig).unwrap();
-    let bin = std::env::var("KUBECTL").unwrap_or_else(|_| "kubectl".into());
-    let out = Command::new(bin)
+    let Some(binaries) = capmvm_upstream::Binaries::for_test("kubectl_scale", &["kubectl"]) else {
+        return;
+    };
+    let out = Command::new(binaries.path("kubectl").unwrap())
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .arg("--cache-dir")
