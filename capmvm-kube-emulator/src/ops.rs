@@ -58,7 +58,7 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn finish(&self, store: MutexGuard<'_, Store>) {
+    pub(crate) fn finish(&self, store: MutexGuard<'_, Store>) {
         let pending = store.has_background_work();
         drop(store);
         if pending {
@@ -80,8 +80,13 @@ pub(crate) enum FieldValidation {
 pub(crate) struct WriteParams {
     pub(crate) dry_run: bool,
     pub(crate) field_validation: FieldValidation,
-    /// `fieldManager` (or the client's user agent); ownership is tracked for Leases only.
+    /// `fieldManager` (or the client's user agent's product) that field ownership records the write
+    /// under.
     pub(crate) field_manager: Option<String>,
+    /// The subresource the write is recorded under when its path does not say (`scale`).
+    pub(crate) subresource: Option<&'static str>,
+    /// Whether `metadata.managedFields` was already worked out (server-side apply does it).
+    pub(crate) managed_fields_set: bool,
 }
 
 /// Whether a write targets the object or its `status` subresource.
@@ -408,9 +413,6 @@ pub(crate) fn create(
         ] {
             m.remove(f);
         }
-        if def.builtin != Some(Builtin::Lease) || params.field_manager.is_some() {
-            m.remove("managedFields");
-        }
         if def.has_generation {
             m.insert("generation".into(), json!(1));
         }
@@ -468,10 +470,8 @@ pub(crate) fn create(
     if def.builtin == Some(Builtin::Crd) {
         prepare_crd(&mut obj, None, &mut warnings)?;
     }
-    if def.builtin == Some(Builtin::Lease)
-        && let Some(manager) = &params.field_manager
-    {
-        super::apply::track_update(None, &mut obj, manager);
+    if !params.managed_fields_set {
+        super::apply::track_update(def, Sub::Main, params, None, &mut obj);
     }
     let obj = to_storage(def, obj);
     let storage = def.storage.clone();
@@ -612,7 +612,15 @@ pub(crate) fn prepare_update(
             }
             Sub::Status => {
                 let status = new.get("status").cloned();
+                // Apply has worked out the ownership of a /status write already.
+                let managed = meta::metadata(&new)
+                    .and_then(|m| m.get("managedFields"))
+                    .filter(|_| params.managed_fields_set)
+                    .cloned();
                 new = old.clone();
+                if let Some(managed) = managed {
+                    meta::metadata_mut(&mut new).insert("managedFields".into(), managed);
+                }
                 if let Value::Object(m) = &mut new {
                     match status {
                         Some(s) => m.insert("status".into(), s),
@@ -631,7 +639,6 @@ pub(crate) fn prepare_update(
             "deletionTimestamp",
             "deletionGracePeriodSeconds",
             "generation",
-            "managedFields",
             "namespace",
             "name",
         ] {
@@ -711,14 +718,10 @@ pub(crate) fn prepare_update(
             .unwrap_or(0);
         meta::metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
-    Ok(to_storage(def, new))
-}
-
-fn track_lease(def: &ResourceDef, current: &Stored, new: &mut Value, params: &WriteParams) {
-    if def.builtin == Some(Builtin::Lease) {
-        let manager = params.field_manager.as_deref().unwrap_or("unknown");
-        super::apply::track_update(Some(current.value()), new, manager);
+    if !params.managed_fields_set {
+        super::apply::track_update(def, sub, params, Some(old), &mut new);
     }
+    Ok(to_storage(def, new))
 }
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
@@ -776,7 +779,7 @@ pub(crate) fn update(
         } else if parse_rv(&body_rv)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
-        let mut new = prepare_update(
+        let new = prepare_update(
             shared,
             def,
             sub,
@@ -786,7 +789,6 @@ pub(crate) fn update(
             params,
             &mut warnings,
         )?;
-        track_lease(def, &current, &mut new, params);
         if params.dry_run {
             return Ok(WriteResult {
                 written: Written::Stored(Arc::new(dry_run_stored(new))),
@@ -829,11 +831,6 @@ pub(crate) fn patch(
     params: &WriteParams,
 ) -> Result<WriteResult, ApiError> {
     match ptype {
-        PatchType::Apply => {
-            return Err(ApiError::unsupported_media_type(
-                "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json (server-side apply, application/apply-patch+yaml, is not supported by the API emulator)",
-            ));
-        }
         PatchType::Strategic if def.builtin.is_none() => {
             return Err(ApiError::unsupported_media_type(
                 "the body of the request was in an unknown format - accepted media types include: application/json-patch+json, application/merge-patch+json, application/apply-patch+yaml",
@@ -871,7 +868,7 @@ pub(crate) fn patch(
         // Strict decoding of a patched object fails as an invalid `patch` carrying the whole patched
         // object (a 422, where a create or an update is a 400): kept only for that message.
         let patched = (params.field_validation == FieldValidation::Strict).then(|| doc.clone());
-        let mut new = prepare_update(
+        let new = prepare_update(
             shared,
             def,
             sub,
@@ -897,7 +894,6 @@ pub(crate) fn patch(
             }
             _ => e,
         })?;
-        track_lease(def, &current, &mut new, params);
         if params.dry_run {
             return Ok(WriteResult {
                 written: Written::Stored(Arc::new(dry_run_stored(new))),

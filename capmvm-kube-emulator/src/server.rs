@@ -356,9 +356,31 @@ pub(crate) fn in_process_client(app: Arc<App>, user_agent: Option<HeaderValue>) 
     kube::Client::new(service, "default")
 }
 
+/// Whether every `%` of a path starts a two-digit hex escape (Go's HTTP server refuses the request
+/// before any handler sees it otherwise).
+fn escapes_valid(path: &str) -> bool {
+    let b = path.as_bytes();
+    b.iter().enumerate().all(|(i, c)| {
+        *c != b'%'
+            || (b.get(i + 1).is_some_and(u8::is_ascii_hexdigit)
+                && b.get(i + 2).is_some_and(u8::is_ascii_hexdigit))
+    })
+}
+
 async fn handle(State(app): State<Arc<App>>, req: Request) -> Response {
     let method = req.method().clone();
     let path = req.uri().path().to_string();
+    if !escapes_valid(&path) {
+        let mut resp = respond(
+            StatusCode::BAD_REQUEST,
+            "text/plain; charset=utf-8",
+            Bytes::from_static(b"400 Bad Request"),
+            &[],
+        );
+        resp.headers_mut()
+            .insert(header::CONNECTION, HeaderValue::from_static("close"));
+        return resp;
+    }
     let query = Query::parse(req.uri().query());
     let headers = req.headers().clone();
     let body = match read_body(req.into_body()).await {
@@ -557,6 +579,8 @@ fn write_params(
         dry_run,
         field_validation,
         field_manager,
+        subresource: None,
+        managed_fields_set: false,
     })
 }
 
@@ -797,12 +821,21 @@ async fn resource(
                     "the body of the request was in an unknown format - accepted media types include: {accepted}"
                 )));
             };
-            if ptype == PatchType::Apply && def.builtin == Some(Builtin::Lease) {
-                let manager = query.get("fieldManager").unwrap_or("").to_string();
-                let force = query.flag("force")?;
-                let res = super::apply::apply_lease(
-                    shared, &def, ns, name, &body, &manager, force, &params,
-                )?;
+            if ptype == PatchType::Apply {
+                // Apply names its manager explicitly: the User-Agent does not stand in.
+                let mut params = params;
+                params.field_manager = query
+                    .get("fieldManager")
+                    .filter(|m| !m.is_empty())
+                    .map(str::to_string);
+                let request = super::apply::ApplyRequest {
+                    ns,
+                    name,
+                    sub,
+                    body: &body,
+                    force: query.flag("force")?,
+                };
+                let res = super::apply::apply(shared, &def, &request, &params)?;
                 return Ok(written_response(
                     &def,
                     &res.written,
@@ -1032,12 +1065,14 @@ async fn scale_request(
             super::scale::get(shared, def, ns, name)?
         }
         Verb::Update => {
-            let params = write_params(query, headers, "UpdateOptions")?;
+            let mut params = write_params(query, headers, "UpdateOptions")?;
+            params.subresource = Some("scale");
             let obj = decode_object(def, headers, body)?;
             super::scale::update(shared, def, ns, name, &obj, &params)?
         }
         _ => {
-            let params = write_params(query, headers, "PatchOptions")?;
+            let mut params = write_params(query, headers, "PatchOptions")?;
+            params.subresource = Some("scale");
             let ct = headers
                 .get(header::CONTENT_TYPE)
                 .and_then(|v| v.to_str().ok())

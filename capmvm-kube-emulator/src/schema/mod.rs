@@ -48,6 +48,8 @@ pub(crate) struct Schema {
     embedded: bool,
     list_type: Option<String>,
     list_map_keys: Vec<String>,
+    /// `x-kubernetes-map-type: atomic`: the object is owned and replaced as a whole by apply.
+    map_atomic: bool,
     all_of: Vec<Schema>,
     any_of: Vec<Schema>,
     one_of: Vec<Schema>,
@@ -151,6 +153,7 @@ impl Schema {
                         .collect()
                 })
                 .unwrap_or_default(),
+            map_atomic: m.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic"),
             has_cel: m
                 .get("x-kubernetes-validations")
                 .is_some_and(|r| r.as_array().is_some_and(|a| !a.is_empty())),
@@ -235,6 +238,47 @@ impl Schema {
             )));
         }
         s
+    }
+
+    /// How server-side apply treats this node: its declared fields, the schema of other keys, its
+    /// items, and whether it is atomic.
+    pub(crate) fn property(&self, key: &str) -> Option<&Schema> {
+        self.properties.as_ref().and_then(|p| p.get(key))
+    }
+
+    pub(crate) fn additional_schema(&self) -> Option<&Schema> {
+        match &self.additional {
+            Some(Additional::Schema(s)) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn item_schema(&self) -> Option<&Schema> {
+        self.items.as_deref()
+    }
+
+    pub(crate) fn list_type(&self) -> Option<&str> {
+        self.list_type.as_deref()
+    }
+
+    pub(crate) fn list_map_keys(&self) -> &[String] {
+        &self.list_map_keys
+    }
+
+    pub(crate) fn is_map_atomic(&self) -> bool {
+        self.map_atomic
+    }
+
+    pub(crate) fn is_int_or_string(&self) -> bool {
+        self.int_or_string
+    }
+
+    pub(crate) fn is_embedded(&self) -> bool {
+        self.embedded
+    }
+
+    pub(crate) fn type_name(&self) -> Option<&str> {
+        self.ty.as_deref()
     }
 
     fn child(&self, key: &str) -> Option<&Schema> {
