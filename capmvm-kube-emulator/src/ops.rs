@@ -725,8 +725,42 @@ pub(crate) fn prepare_update(
 }
 
 fn parse_rv(s: &str) -> Result<u64, ApiError> {
-    s.parse::<u64>()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {s:?}")))
+    parse_rv_for(s, RvUse::List)
+}
+
+/// Where an unparsable resourceVersion was given: the real server answers a LIST with 400, and a
+/// GET, a watch or an update's precondition with its storage layer's plain error (a 500 without a
+/// reason).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RvUse {
+    List,
+    Read,
+    Precondition,
+}
+
+pub(crate) fn parse_rv_for(s: &str, use_: RvUse) -> Result<u64, ApiError> {
+    s.parse::<u64>().map_err(|e| {
+        let why = format!("strconv.ParseUint: parsing {s:?}: {}", go_parse_error(&e));
+        match use_ {
+            RvUse::List => ApiError::bad_request(format!(
+                "invalid resource version: resourceVersion: Invalid value: {s:?}: {why}"
+            )),
+            RvUse::Read => ApiError::new(
+                500,
+                "",
+                format!("resourceVersion: Invalid value: {s:?}: {why}"),
+            ),
+            RvUse::Precondition => ApiError::new(500, "", why),
+        }
+    })
+}
+
+/// Go's words for a failed unsigned integer parse.
+fn go_parse_error(e: &std::num::ParseIntError) -> &'static str {
+    match e.kind() {
+        std::num::IntErrorKind::PosOverflow => "value out of range",
+        _ => "invalid syntax",
+    }
 }
 
 /// PUT: replaces an object (or its status).
@@ -776,7 +810,7 @@ pub(crate) fn update(
                 )];
                 return Err(ApiError::invalid(&def.kind, &def.group, name, &errs));
             }
-        } else if parse_rv(&body_rv)? != current.rv {
+        } else if parse_rv_for(&body_rv, RvUse::Precondition)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
         let new = prepare_update(
@@ -862,7 +896,7 @@ pub(crate) fn patch(
             )));
         }
         let rv = meta::meta_str(&doc, "resourceVersion").to_string();
-        if !rv.is_empty() && parse_rv(&rv)? != current.rv {
+        if !rv.is_empty() && parse_rv_for(&rv, RvUse::Precondition)? != current.rv {
             return Err(ApiError::modified_conflict(&def.plural, &def.group, name));
         }
         // Strict decoding of a patched object fails as an invalid `patch` carrying the whole patched
@@ -1319,7 +1353,7 @@ pub(crate) async fn watch(
     let wanted = if rv.is_empty() || rv == "0" {
         None
     } else {
-        Some(parse_rv(rv)?)
+        Some(parse_rv_for(rv, RvUse::Read)?)
     };
     let from = if opts.send_initial_events {
         if let Some(w) = wanted
@@ -1375,11 +1409,12 @@ pub(crate) async fn wait_for_read(
     shared: &Shared,
     resource_version: Option<&str>,
     continued: bool,
+    use_: RvUse,
 ) -> Result<(), ApiError> {
     match resource_version {
         None | Some("" | "0") => Ok(()),
         Some(_) if continued => Ok(()),
-        Some(rv) => wait_for_revision(shared, parse_rv(rv)?).await,
+        Some(rv) => wait_for_revision(shared, parse_rv_for(rv, use_)?).await,
     }
 }
 

@@ -777,6 +777,7 @@ async fn resource(
                 shared,
                 opts.resource_version.as_deref(),
                 opts.continue_token.is_some(),
+                ops::RvUse::List,
             )
             .await?;
             list(shared, &def, ns, query, &opts, format)
@@ -784,7 +785,7 @@ async fn resource(
         (Method::GET, Some(name)) => {
             let format = negotiate(headers)?;
             // A GET "not older than" a resourceVersion waits for it as a LIST does.
-            ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
+            ops::wait_for_read(shared, query.get("resourceVersion"), false, ops::RvUse::Read).await?;
             let stored = ops::get(shared, &def, ns, name)?;
             object_response(&def, &stored, format, query, StatusCode::OK, &[])
         }
@@ -1061,7 +1062,7 @@ async fn scale_request(
     let ns = rp.ns.as_deref();
     let scale = match verb {
         Verb::Get => {
-            ops::wait_for_read(shared, query.get("resourceVersion"), false).await?;
+            ops::wait_for_read(shared, query.get("resourceVersion"), false, ops::RvUse::Read).await?;
             super::scale::get(shared, def, ns, name)?
         }
         Verb::Update => {

@@ -433,17 +433,23 @@ impl Schema {
     pub(crate) fn validate_root(&self, v: &Value) -> Vec<FieldError> {
         let mut errs = Vec::new();
         self.validate(v, &Path::Root, &mut errs, true);
-        errs
+        // The real validator reports missing fields after every wrong value.
+        let (required, mut values): (Vec<FieldError>, Vec<FieldError>) = errs
+            .into_iter()
+            .partition(|e| e.kind == super::error::FieldErrorKind::Required);
+        values.extend(required);
+        values
     }
 
     fn validate(&self, v: &Value, path: &Path<'_>, errs: &mut Vec<FieldError>, root: bool) {
         if v.is_null() {
             if !self.nullable && (self.ty.is_some() || self.int_or_string) {
-                let t = self.ty.as_deref().unwrap_or("integer-or-string");
+                let t = self.ty.as_deref().unwrap_or("integer,string");
                 let shown = &path.shown();
+                // The real validator shows the value's type as the invalid value.
                 errs.push(FieldError::type_invalid(
                     shown,
-                    v,
+                    &Value::String("null".into()),
                     &format!("{shown} in body must be of type {t}: \"null\""),
                 ));
             }
@@ -454,9 +460,9 @@ impl Schema {
                 let shown = &path.shown();
                 errs.push(FieldError::type_invalid(
                     shown,
-                    v,
+                    &Value::String(type_name(v).into()),
                     &format!(
-                        "{shown} in body must be of type integer-or-string: {:?}",
+                        "{shown} in body must be of type integer,string: {:?}",
                         type_name(v)
                     ),
                 ));
@@ -468,7 +474,7 @@ impl Schema {
             let shown = &path.shown();
             errs.push(FieldError::type_invalid(
                 shown,
-                v,
+                &Value::String(type_name(v).into()),
                 &format!("{shown} in body must be of type {t}: {:?}", type_name(v)),
             ));
             return;
@@ -586,11 +592,14 @@ impl Schema {
             && self.format.as_deref() == Some("int32")
             && !(f64::from(i32::MIN)..=f64::from(i32::MAX)).contains(&n)
         {
-            let shown = &path.shown();
+            // Word for word what the real validator answers (its path lost, its field `<nil>`).
             errs.push(FieldError::invalid(
-                shown,
-                v,
-                &format!("{shown} in body must be of type int32: {:?}", v.to_string()),
+                "<nil>",
+                &Value::String(String::new()),
+                &format!(
+                    "Checked value must be of type integer with format int32 in {}",
+                    path.shown()
+                ),
             ));
         }
     }
@@ -627,7 +636,7 @@ impl Schema {
             && !format_ok(f, s)
         {
             let shown = &path.shown();
-            errs.push(FieldError::invalid(
+            errs.push(FieldError::type_invalid(
                 shown,
                 v,
                 &format!("{shown} in body must be of type {f}: {s:?}"),
