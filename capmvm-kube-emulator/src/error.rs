@@ -96,6 +96,41 @@ impl FieldError {
         }
     }
 
+    /// `Invalid value: <shown>: detail`, the value already formatted.
+    pub(crate) fn invalid_shown(field: impl Into<String>, shown: &str, detail: &str) -> Self {
+        Self {
+            kind: FieldErrorKind::Invalid,
+            field: field.into(),
+            message: format!("Invalid value: {shown}: {detail}"),
+        }
+    }
+
+    /// A failed CEL rule, as its `reason` says; an invalid scalar is shown, an object or a list is not,
+    /// as the real server words it.
+    pub(crate) fn rule_failed(
+        field: impl Into<String>,
+        reason: &str,
+        value: &Value,
+        message: &str,
+    ) -> Self {
+        let field = field.into();
+        match reason {
+            "FieldValueForbidden" => Self::forbidden(field, message),
+            "FieldValueRequired" => Self::required_detail(field, message),
+            "FieldValueDuplicate" => Self {
+                kind: FieldErrorKind::Duplicate,
+                field,
+                message: format!("Duplicate value: {message}"),
+            },
+            _ if value.is_object() || value.is_array() => Self {
+                kind: FieldErrorKind::Invalid,
+                field,
+                message: format!("Invalid value: {message}"),
+            },
+            _ => Self::invalid(field, value, message),
+        }
+    }
+
     pub(crate) fn type_invalid(field: impl Into<String>, value: &Value, detail: &str) -> Self {
         Self {
             kind: FieldErrorKind::TypeInvalid,

@@ -31,6 +31,7 @@
 mod admission;
 mod apply;
 mod builtin;
+mod cel;
 mod cli;
 mod counters;
 mod discovery;

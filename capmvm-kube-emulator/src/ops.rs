@@ -237,7 +237,7 @@ fn apply_schema(
     let mut errs = def
         .schema
         .as_ref()
-        .map(|s| s.validate_root(obj))
+        .map(|s| s.validate_root(obj, old))
         .unwrap_or_default();
     if let Some(old) = old {
         // Ratcheting: a field that was already invalid and did not change is not an error.
@@ -321,19 +321,6 @@ fn prepare_crd(
                 ));
             }
         }
-    }
-    let has_cel = obj
-        .pointer("/spec/versions")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.pointer("/schema/openAPIV3Schema"))
-        .filter_map(|s| super::schema::Schema::compile(s, "schema").ok())
-        .any(|s| s.has_cel);
-    if has_cel {
-        warnings.push(
-            "x-kubernetes-validations (CEL) rules are not evaluated by the API emulator".into(),
-        );
     }
     if obj
         .pointer("/spec/conversion/strategy")

@@ -460,7 +460,19 @@ pub(crate) fn validate_crd(crd: &Value) -> Vec<FieldError> {
                         "must be object at the root",
                     ));
                 }
-                if let Err(e) = Schema::compile(s, &format!("{base}.schema.openAPIV3Schema")) {
+                // The real server keeps a schema all versions share once, as `spec.validation`,
+                // and names its errors there (once).
+                let shared = versions
+                    .iter()
+                    .all(|o| o.pointer("/schema/openAPIV3Schema") == Some(s));
+                let at = if shared {
+                    "spec.validation.openAPIV3Schema".to_string()
+                } else {
+                    format!("{base}.schema.openAPIV3Schema")
+                };
+                if (!shared || i == 0)
+                    && let Err(e) = Schema::compile(s, &at)
+                {
                     errs.extend(e);
                 }
             }

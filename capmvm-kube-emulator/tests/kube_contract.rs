@@ -1884,6 +1884,140 @@ async fn formats_int_or_string_and_unknown_fields_under_strict_decoding(server: 
     assert_eq!(r.body["spec"]["port"], "http");
 }
 
+/// A CRD whose schema carries CEL rules of each kind CAPI's and ours use.
+fn ruled_crd() -> Value {
+    json!({
+        "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+        "metadata": {"name": "pools.test.example.com"},
+        "spec": {"group": "test.example.com", "scope": "Namespaced",
+            "names": {"plural": "pools", "singular": "pool", "kind": "Pool"},
+            "versions": [{"name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                    "type": "object",
+                    "x-kubernetes-validations": [
+                        {"rule": "self.min <= self.max", "message": "min must not exceed max"},
+                        {"rule": "!has(self.zone) || self.zone == oldSelf.zone",
+                            "message": "zone is immutable", "reason": "FieldValueForbidden"},
+                        {"rule": "[has(self.layout),has(self.diskLayout)].filter(x,x==true).size() <= 1",
+                            "messageExpression": "'at most one of layout (' + self.layout + ') and diskLayout'"}
+                    ],
+                    "properties": {
+                        "min": {"type": "integer"}, "max": {"type": "integer"},
+                        "zone": {"type": "string"},
+                        "layout": {"type": "string", "maxLength": 20},
+                        "diskLayout": {"type": "string", "maxLength": 20},
+                        "type": {"type": "string", "maxLength": 20,
+                            "x-kubernetes-validations": [{"rule": "!(self in ['Ready','Available'])",
+                                "message": "type must not be one of: Ready, Available"}]},
+                        "args": {"type": "array", "maxItems": 10, "items": {"type": "object",
+                            "properties": {"name": {"type": "string", "maxLength": 20}}},
+                            "x-kubernetes-validations": [{"rule": "self.all(x, self.exists_one(y, x.name == y.name))",
+                                "message": "args name must be unique"}]}
+                    }}}}}}]}
+    })
+}
+
+async fn cel_rules_are_evaluated_with_old_self(server: Server) {
+    let client = server.client();
+    create_crd(&client, &ruled_crd()).await;
+    let path = "/apis/test.example.com/v1/namespaces/default/pools";
+    let pool = |spec: Value| {
+        json!({"apiVersion": "test.example.com/v1", "kind": "Pool", "metadata": {"name": "p"}, "spec": spec})
+        .to_string()
+    };
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        pool(json!({"min": 3, "max": 1, "layout": "a", "diskLayout": "b", "type": "Ready",
+            "args": [{"name": "x"}, {"name": "x"}]}))
+        .as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    let mut causes: Vec<(String, String, String)> = r.body["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["field"].as_str().unwrap().to_string(),
+                c["reason"].as_str().unwrap().to_string(),
+                c["message"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    causes.sort();
+    let expected: Vec<(String, String, String)> = [
+        ("spec", "FieldValueInvalid", "Invalid value: at most one of layout (a) and diskLayout"),
+        ("spec", "FieldValueInvalid", "Invalid value: min must not exceed max"),
+        ("spec.args", "FieldValueInvalid", "Invalid value: args name must be unique"),
+        ("spec.type", "FieldValueInvalid", "Invalid value: \"Ready\": type must not be one of: Ready, Available"),
+    ]
+    .iter()
+    .map(|(f, r, m)| (f.to_string(), r.to_string(), m.to_string()))
+    .collect();
+    assert_eq!(causes, expected, "{}", r.text);
+    // A valid one; then a transition rule checks the update against the object before it.
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        pool(json!({"min": 1, "max": 3, "zone": "a"})).as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let p = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/p"),
+        Some("application/merge-patch+json"),
+        br#"{"spec":{"zone":"b"}}"#,
+    )
+    .await;
+    assert_status(&p, 422, "Invalid");
+    assert_eq!(
+        p.body["message"],
+        "Pool.test.example.com \"p\" is invalid: spec: Forbidden: zone is immutable"
+    );
+    let ok = raw(
+        &client,
+        "PATCH",
+        &format!("{path}/p"),
+        Some("application/merge-patch+json"),
+        br#"{"spec":{"max":4}}"#,
+    )
+    .await;
+    assert_eq!(ok.status, 200, "{}", ok.text);
+
+    // A rule that does not parse is refused with the CRD, as the real server refuses it.
+    let mut broken = ruled_crd();
+    broken["metadata"]["name"] = json!("brokens.test.example.com");
+    broken["spec"]["names"] = json!({"plural": "brokens", "singular": "broken", "kind": "Broken"});
+    broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+        ["x-kubernetes-validations"] = json!([{"rule": "self.min ==", "message": "bad"}]);
+    let r = raw(
+        &client,
+        "POST",
+        "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+        Some("application/json"),
+        broken.to_string().as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    let cause = &r.body["details"]["causes"][0];
+    assert_eq!(
+        cause["field"],
+        "spec.validation.openAPIV3Schema.properties[spec].x-kubernetes-validations[0].rule"
+    );
+    assert_eq!(
+        cause["message"],
+        "Invalid value: {\"Rule\":\"self.min ==\",\"Message\":\"bad\",\"MessageExpression\":\"\",\"Reason\":null,\"FieldPath\":\"\",\"OptionalOldSelf\":null}: compilation failed: ERROR: <input>:1:12: Syntax error: mismatched input '<EOF>' expecting {'[', '{', '(', '.', '-', '!', 'true', 'false', 'null', NUM_FLOAT, NUM_INT, NUM_UINT, STRING, BYTES, IDENTIFIER}\n | self.min ==\n | ...........^"
+    );
+}
+
 async fn defaults_are_applied_and_unknown_fields_pruned(server: Server) {
     let client = server.client();
     create_crd(&client, &widget_crd()).await;
@@ -3358,6 +3492,7 @@ async fn self_reviews_answer_what_a_client_may_do(server: Server) {
 }
 
 on_both_servers!(
+    cel_rules_are_evaluated_with_old_self,
     formats_int_or_string_and_unknown_fields_under_strict_decoding,
     every_invalid_field_is_named_in_one_answer,
     self_reviews_answer_what_a_client_may_do,

@@ -54,8 +54,8 @@ pub(crate) struct Schema {
     any_of: Vec<Schema>,
     one_of: Vec<Schema>,
     not: Option<Box<Schema>>,
-    /// Whether this node or a descendant carries CEL rules (`x-kubernetes-validations`), which are not evaluated.
-    pub(crate) has_cel: bool,
+    /// This node's CEL rules.
+    rules: Vec<crate::cel::Rule>,
 }
 
 fn f64_of(v: Option<&Value>) -> Option<f64> {
@@ -154,11 +154,11 @@ impl Schema {
                 })
                 .unwrap_or_default(),
             map_atomic: m.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic"),
-            has_cel: m
-                .get("x-kubernetes-validations")
-                .is_some_and(|r| r.as_array().is_some_and(|a| !a.is_empty())),
             ..Self::default()
         };
+        if let Some(list) = m.get("x-kubernetes-validations") {
+            s.rules = crate::cel::compile(list, path, errs);
+        }
         if let Some(t) = &s.ty
             && !TYPES.contains(&t.as_str())
         {
@@ -189,7 +189,6 @@ impl Schema {
             for (k, pv) in props {
                 let child =
                     Self::compile_inner(pv, &format!("{path}.properties[{k}]"), errs, structural);
-                s.has_cel |= child.has_cel;
                 out.insert(k.clone(), child);
             }
             s.properties = Some(out);
@@ -203,14 +202,12 @@ impl Schema {
                     errs,
                     structural,
                 );
-                s.has_cel |= child.has_cel;
                 s.additional = Some(Additional::Schema(Box::new(child)));
             }
             _ => {}
         }
         if let Some(items) = m.get("items") {
             let child = Self::compile_inner(items, &format!("{path}.items"), errs, structural);
-            s.has_cel |= child.has_cel;
             s.items = Some(Box::new(child));
         }
         for (key, target) in [("allOf", 0), ("anyOf", 1), ("oneOf", 2)] {
@@ -430,9 +427,9 @@ impl Schema {
     }
 
     /// Validates a whole object (the root: `apiVersion`, `kind` and `metadata` are not checked here).
-    pub(crate) fn validate_root(&self, v: &Value) -> Vec<FieldError> {
+    pub(crate) fn validate_root(&self, v: &Value, old: Option<&Value>) -> Vec<FieldError> {
         let mut errs = Vec::new();
-        self.validate(v, &Path::Root, &mut errs, true);
+        self.validate(v, old, &Path::Root, &mut errs, true);
         // The real validator reports missing fields after every wrong value.
         let (required, mut values): (Vec<FieldError>, Vec<FieldError>) = errs
             .into_iter()
@@ -441,7 +438,14 @@ impl Schema {
         values
     }
 
-    fn validate(&self, v: &Value, path: &Path<'_>, errs: &mut Vec<FieldError>, root: bool) {
+    fn validate(
+        &self,
+        v: &Value,
+        old: Option<&Value>,
+        path: &Path<'_>,
+        errs: &mut Vec<FieldError>,
+        root: bool,
+    ) {
         if v.is_null() {
             if !self.nullable && (self.ty.is_some() || self.int_or_string) {
                 let t = self.ty.as_deref().unwrap_or("integer,string");
@@ -492,13 +496,14 @@ impl Schema {
         match v {
             Value::Number(n) => self.validate_number(n.as_f64().unwrap_or(0.0), v, path, errs),
             Value::String(s) => self.validate_string(s, v, path, errs),
-            Value::Array(a) => self.validate_array(a, v, path, errs),
-            Value::Object(m) => self.validate_object(m, v, path, errs, root),
+            Value::Array(a) => self.validate_array(a, v, old, path, errs),
+            Value::Object(m) => self.validate_object(m, v, old, path, errs, root),
             _ => {}
         }
         for s in &self.all_of {
-            s.validate(v, path, errs, root);
+            s.validate(v, old, path, errs, root);
         }
+        crate::cel::check(&self.rules, v, old, &path.render(), errs);
         if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.passes(v)) {
             let shown = &path.shown();
             errs.push(FieldError::invalid(
@@ -532,7 +537,7 @@ impl Schema {
 
     fn passes(&self, v: &Value) -> bool {
         let mut errs = Vec::new();
-        self.validate(v, &Path::Root, &mut errs, false);
+        self.validate(v, None, &Path::Root, &mut errs, false);
         errs.is_empty()
     }
 
@@ -644,7 +649,14 @@ impl Schema {
         }
     }
 
-    fn validate_array(&self, a: &[Value], v: &Value, path: &Path<'_>, errs: &mut Vec<FieldError>) {
+    fn validate_array(
+        &self,
+        a: &[Value],
+        v: &Value,
+        old: Option<&Value>,
+        path: &Path<'_>,
+        errs: &mut Vec<FieldError>,
+    ) {
         if let Some(max) = self.max_items
             && a.len() as u64 > max
         {
@@ -689,8 +701,19 @@ impl Schema {
             _ => {}
         }
         if let Some(items) = &self.items {
+            // Only a keyed list pairs its items with the old ones (for transition rules).
+            let old_items = old.and_then(Value::as_array).filter(|_| {
+                self.list_type.as_deref() == Some("map") && !self.list_map_keys.is_empty()
+            });
             for (i, item) in a.iter().enumerate() {
-                items.validate(item, &path.item(i), errs, false);
+                let before = old_items.and_then(|olds| {
+                    olds.iter().find(|o| {
+                        self.list_map_keys
+                            .iter()
+                            .all(|k| o.get(k) == item.get(k))
+                    })
+                });
+                items.validate(item, before, &path.item(i), errs, false);
             }
         }
     }
@@ -699,6 +722,7 @@ impl Schema {
         &self,
         m: &Map<String, Value>,
         v: &Value,
+        old: Option<&Value>,
         path: &Path<'_>,
         errs: &mut Vec<FieldError>,
         root: bool,
@@ -743,7 +767,7 @@ impl Schema {
                 continue;
             }
             if let Some(child) = self.child(k) {
-                child.validate(cv, &path.field(k), errs, false);
+                child.validate(cv, old.and_then(|o| o.get(k)), &path.field(k), errs, false);
             }
         }
     }
@@ -888,7 +912,7 @@ mod tests {
     #[test]
     fn messages_name_list_items_by_index_and_the_root_as_body() {
         let s = schema();
-        let errs = s.validate_root(&json!({"spec": {"vcpu": 1, "list": [{}, {"type": 5}]}}));
+        let errs = s.validate_root(&json!({"spec": {"vcpu": 1, "list": [{}, {"type": 5}]}}), None);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.list[1].type");
         assert!(
@@ -898,7 +922,7 @@ mod tests {
             "{:?}",
             errs[0]
         );
-        let errs = s.validate_root(&json!([1]));
+        let errs = s.validate_root(&json!([1]), None);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "body");
         assert!(
@@ -955,7 +979,7 @@ mod tests {
         assert_eq!(v["spec"]["kind"], "a");
         assert_eq!(v["spec"]["list"][0]["type"], "tap");
         assert_eq!(v["spec"]["free"]["any"]["thing"], 1);
-        let errs = s.validate_root(&v);
+        let errs = s.validate_root(&v, None);
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.vcpu");
         assert_eq!(
@@ -963,7 +987,7 @@ mod tests {
             "Invalid value: 100: spec.vcpu in body should be less than or equal to 64"
         );
         let v = json!({"spec": {"name": "ABCD", "kind": "c"}});
-        let errs = s.validate_root(&v);
+        let errs = s.validate_root(&v, None);
         let msgs: Vec<String> = errs.iter().map(FieldError::full).collect();
         assert!(
             msgs.contains(&"spec.vcpu: Required value".to_string()),
