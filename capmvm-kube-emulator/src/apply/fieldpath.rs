@@ -136,6 +136,23 @@ impl Set {
         }
     }
 
+    /// Drops `pe` as a member and everything below it.
+    pub(crate) fn remove_subtree(&mut self, pe: &Pe) {
+        self.members.remove(pe);
+        self.children.remove(pe);
+    }
+
+    /// Drops `pe` as a member (what is below it stays).
+    pub(crate) fn remove_member(&mut self, pe: &Pe) {
+        self.members.remove(pe);
+    }
+
+    /// Keeps only `pe` (as a member, and what is below it).
+    pub(crate) fn retain_only(&mut self, pe: &Pe) {
+        self.members.retain(|m| m == pe);
+        self.children.retain(|c, _| c == pe);
+    }
+
     /// The set below `pe` (empty if none).
     pub(crate) fn child(&self, pe: &Pe) -> Option<&Set> {
         self.children.get(pe)
@@ -184,28 +201,6 @@ impl Set {
             .children
             .iter()
             .filter_map(|(pe, c)| other.children.get(pe).map(|o| (pe.clone(), c.intersection(o))))
-            .filter(|(_, c)| !c.is_empty())
-            .collect();
-        Set { members, children }
-    }
-
-    /// The paths of `self` with no prefix (themselves included) among `other`'s members: what is
-    /// left when `other`'s fields are dropped with everything below them.
-    pub(crate) fn recursive_difference(&self, other: &Set) -> Set {
-        let members = self
-            .members
-            .iter()
-            .filter(|m| !other.members.contains(*m))
-            .cloned()
-            .collect();
-        let children = self
-            .children
-            .iter()
-            .filter(|(pe, _)| !other.members.contains(*pe))
-            .map(|(pe, c)| match other.children.get(pe) {
-                Some(o) => (pe.clone(), c.recursive_difference(o)),
-                None => (pe.clone(), c.clone()),
-            })
             .filter(|(_, c)| !c.is_empty())
             .collect();
         Set { members, children }
@@ -290,6 +285,22 @@ impl Set {
     }
 }
 
+/// Whether a `fieldsV1` document has `path` as a member (read in place: no set is built).
+pub(crate) fn fields_v1_has(doc: &Value, path: &[Pe]) -> bool {
+    let mut cur = doc;
+    for (i, pe) in path.iter().enumerate() {
+        let Some(next) = cur.get(pe.fields_v1_key()) else {
+            return false;
+        };
+        if i + 1 == path.len() {
+            // A member is a leaf, or has the `.` marker.
+            return next.as_object().is_none_or(|m| m.is_empty() || m.contains_key("."));
+        }
+        cur = next;
+    }
+    false
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -332,9 +343,9 @@ mod tests {
         b.insert(&[f("status")]);
         assert_eq!(a.intersection(&b).paths(), vec![vec![f("spec"), f("b")]]);
         assert_eq!(a.difference(&b).paths(), vec![vec![f("spec"), f("a")]]);
-        let mut spec = Set::default();
-        spec.insert(&[f("spec")]);
-        assert!(a.recursive_difference(&spec).is_empty());
+        let mut without = a.clone();
+        without.remove_subtree(&f("spec"));
+        assert!(without.is_empty());
         assert!(a.with_fields_as_members().has(&[f("spec")]));
         assert_eq!(a.union(&b).paths().len(), 3);
     }

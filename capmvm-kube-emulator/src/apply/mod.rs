@@ -172,34 +172,15 @@ fn subresource(sub: Sub, params: &WriteParams) -> &'static str {
 /// Restricts a set to what a write to `sub` may own: a resource with a status subresource keeps
 /// `status` out of its main path's sets, and its `/status` sets hold only `status`. `metadata` itself
 /// is never owned (only the fields in it).
-fn owned_by(def: &ResourceDef, sub: Sub, set: &Set) -> Set {
-    let mut strip = Set::default();
-    strip.insert(&[Pe::Field("metadata".into())]);
-    let set = set.difference(&strip);
+fn owned_by(def: &ResourceDef, sub: Sub, mut set: Set) -> Set {
+    set.remove_member(&Pe::Field("metadata".into()));
     let status = Pe::Field("status".into());
     match sub {
-        Sub::Status => {
-            let mut only = Set::default();
-            if set.has(std::slice::from_ref(&status)) {
-                only.insert(std::slice::from_ref(&status));
-            }
-            let mut out = set.intersection(&only);
-            if let Some(child) = set.child(&status) {
-                for p in child.paths() {
-                    let mut full = vec![status.clone()];
-                    full.extend(p);
-                    out.insert(&full);
-                }
-            }
-            out
-        }
-        Sub::Main if def.status_subresource => {
-            let mut reset = Set::default();
-            reset.insert(std::slice::from_ref(&status));
-            set.recursive_difference(&reset)
-        }
-        Sub::Main => set,
+        Sub::Status => set.retain_only(&status),
+        Sub::Main if def.status_subresource => set.remove_subtree(&status),
+        Sub::Main => {}
     }
+    set
 }
 
 /// The entries an update starts from: those the request carries, if it carries any (a client may
@@ -221,15 +202,8 @@ pub(crate) fn track_update(
     old: Option<&Value>,
     new: &mut Value,
 ) {
-    let mut entries = base_entries(old, new);
     let ty = Ty::of(def);
     let c = typed::compare(old, Some(new), ty);
-    if c.is_same() {
-        write_entries(new, entries);
-        return;
-    }
-    let changed = owned_by(def, sub, &c.modified.union(&c.added));
-    let removed = c.removed;
     let manager = params
         .field_manager
         .as_deref()
@@ -237,6 +211,23 @@ pub(crate) fn track_update(
         .to_string();
     let api_version = def.api_version();
     let subresource = subresource(sub, params);
+    let mut changed = c.modified;
+    changed.union_in_place(&c.added);
+    let changed = owned_by(def, sub, changed);
+    let removed = c.removed;
+    if changed.is_empty() && removed.is_empty() {
+        // Nothing anyone owns changed: the entries stay as they are (the request's, or the stored).
+        if read_entries(new).is_none_or(|e| e.is_empty())
+            && let Some(stored) = old.and_then(|o| meta::metadata(o)?.get("managedFields"))
+        {
+            meta::metadata_mut(new).insert("managedFields".into(), stored.clone());
+        }
+        return;
+    }
+    if refresh_in_place(old, new, &changed, &removed, &manager, subresource, &api_version) {
+        return;
+    }
+    let mut entries = base_entries(old, new);
     let mut previous = Set::default();
     for e in &mut entries {
         if e.is(&manager, false, subresource, &api_version) {
@@ -265,6 +256,66 @@ pub(crate) fn track_update(
         }),
     }
     write_entries(new, entries);
+}
+
+/// The common case of a controller writing again what it alone owns (the operator's status): when
+/// the writer's entry already holds every changed field and no entry holds a changed or removed one,
+/// only that entry's time moves; done on the stored entries in place, without reading them into sets.
+fn refresh_in_place(
+    old: Option<&Value>,
+    new: &mut Value,
+    changed: &Set,
+    removed: &Set,
+    manager: &str,
+    subresource: &str,
+    api_version: &str,
+) -> bool {
+    let Some(stored) = old
+        .and_then(|o| meta::metadata(o)?.get("managedFields"))
+        .and_then(Value::as_array)
+    else {
+        return false;
+    };
+    // A request that sets managedFields itself goes the long way.
+    let requested = meta::metadata(new).and_then(|m| m.get("managedFields"));
+    if requested.is_some_and(|r| r.as_array() != Some(stored)) {
+        return false;
+    }
+    let is_writer = |e: &Value| {
+        e.get("manager").and_then(Value::as_str) == Some(manager)
+            && e.get("operation").and_then(Value::as_str) == Some("Update")
+            && e.get("subresource").and_then(Value::as_str).unwrap_or("") == subresource
+            && e.get("apiVersion").and_then(Value::as_str) == Some(api_version)
+    };
+    let changed_paths = changed.paths();
+    let removed_paths = removed.paths();
+    let mut writer = None;
+    for (i, e) in stored.iter().enumerate() {
+        let fields = e.get("fieldsV1").unwrap_or(&Value::Null);
+        if is_writer(e) {
+            if !changed_paths.iter().all(|p| fieldpath::fields_v1_has(fields, p))
+                || removed_paths.iter().any(|p| fieldpath::fields_v1_has(fields, p))
+            {
+                return false;
+            }
+            writer = Some(i);
+        } else if changed_paths
+            .iter()
+            .chain(&removed_paths)
+            .any(|p| fieldpath::fields_v1_has(fields, p))
+        {
+            return false;
+        }
+    }
+    let Some(writer) = writer else {
+        return false;
+    };
+    let mut entries = stored.clone();
+    if let Some(Value::Object(e)) = entries.get_mut(writer) {
+        e.insert("time".into(), json!(meta::now_rfc3339()));
+    }
+    meta::metadata_mut(new).insert("managedFields".into(), Value::Array(entries));
+    true
 }
 
 /// A 409 naming every conflicting field and its manager, worded as the real server words it.
@@ -382,7 +433,7 @@ pub(crate) fn apply(
         schema.prune(&mut config, &mut unknown);
     }
     let ty = Ty::of(def);
-    let config_set = owned_by(def, req.sub, &typed::to_set(&config, ty));
+    let config_set = owned_by(def, req.sub, typed::to_set(&config, ty));
     let subresource = subresource(req.sub, params);
     let api_version = def.api_version();
     let key = ObjKey::new(
@@ -455,8 +506,10 @@ pub(crate) fn apply(
         }
         let c = typed::compare(Some(&live), Some(&merged), ty);
         // What the subresource resets (status on the main path, the rest on /status) is no change.
-        let changed = owned_by(def, req.sub, &c.modified.union(&c.added));
-        let removed = owned_by(def, req.sub, &c.removed);
+        let mut changed = c.modified;
+        changed.union_in_place(&c.added);
+        let changed = owned_by(def, req.sub, changed);
+        let removed = owned_by(def, req.sub, c.removed);
         let mut conflicts: Vec<(String, String)> = Vec::new();
         for e in &mut entries {
             if e.is(&manager, true, subresource, &api_version) {

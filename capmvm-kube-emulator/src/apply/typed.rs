@@ -281,12 +281,6 @@ pub(crate) struct Comparison {
     pub(crate) removed: Set,
 }
 
-impl Comparison {
-    pub(crate) fn is_same(&self) -> bool {
-        self.added.is_empty() && self.modified.is_empty() && self.removed.is_empty()
-    }
-}
-
 /// Compares `old` and `new` (both whole objects, or absent).
 pub(crate) fn compare(old: Option<&Value>, new: Option<&Value>, ty: Ty<'_>) -> Comparison {
     let mut c = Comparison::default();
@@ -327,6 +321,12 @@ fn walk_compare(
     let (Some(first), other) = (r.or(l), l.and(r)) else {
         return;
     };
+    // Most of an object is the same before and after a write: skip it without walking it.
+    if let (Some(a), Some(b)) = (l, r)
+        && a == b
+    {
+        return;
+    }
     let shape = ty.shape(first);
     // A value that changed its kind (an object that became a string) is a leaf that changed.
     if other.is_some_and(|_| l.map(|v| ty.shape(v)) != Some(shape)) {
