@@ -75,6 +75,12 @@ pub struct EmulatorOptions {
     pub bookmark_interval: Duration,
     /// How long a watch lasts when the client does not say (`timeoutSeconds`).
     pub default_watch_timeout: Duration,
+    /// Whether every write records its fields under its manager in `metadata.managedFields`
+    /// (operation `Update`), as a real server does (the default). Off, only server-side apply records
+    /// (and checks) ownership: for simulations at scale whose clients never apply, where every watcher
+    /// decoding the entries of every change is most of their cost; the emulator then differs from a
+    /// real server in exactly that.
+    pub managed_fields: bool,
 }
 
 impl Default for EmulatorOptions {
@@ -85,6 +91,7 @@ impl Default for EmulatorOptions {
             watch_buffer: 1_000,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(1800),
+            managed_fields: true,
         }
     }
 }
@@ -108,6 +115,13 @@ impl EmulatorOptions {
     #[must_use]
     pub fn watch_buffer(mut self, events: usize) -> Self {
         self.watch_buffer = events;
+        self
+    }
+
+    /// Records (or not) every write's fields in `metadata.managedFields` (see the field).
+    #[must_use]
+    pub fn managed_fields(mut self, on: bool) -> Self {
+        self.managed_fields = on;
         self
     }
 
@@ -148,6 +162,7 @@ impl Emulator {
         let shared = Arc::new(ops::Shared::new(
             store::Store::new(options.history_limit, options.watch_buffer),
             options.default_watch_timeout,
+            options.managed_fields,
             shutdown_rx,
         ));
         let app = Arc::new(server::App {

@@ -30,6 +30,8 @@ pub(crate) struct Shared {
     pub(crate) admission: super::admission::Admission,
     pub(crate) gc_notify: Notify,
     pub(crate) default_watch_timeout: Duration,
+    /// Whether writes other than apply record their fields (`EmulatorOptions::managed_fields`).
+    pub(crate) track_updates: bool,
     pub(crate) shutdown: tokio::sync::watch::Receiver<bool>,
 }
 
@@ -37,6 +39,7 @@ impl Shared {
     pub(crate) fn new(
         store: Store,
         default_watch_timeout: Duration,
+        track_updates: bool,
         shutdown: tokio::sync::watch::Receiver<bool>,
     ) -> Self {
         Self {
@@ -46,6 +49,7 @@ impl Shared {
             admission: super::admission::Admission::default(),
             gc_notify: Notify::new(),
             default_watch_timeout,
+            track_updates,
             shutdown,
         }
     }
@@ -457,7 +461,7 @@ pub(crate) fn create(
     if def.builtin == Some(Builtin::Crd) {
         prepare_crd(&mut obj, None, &mut warnings)?;
     }
-    if !params.managed_fields_set {
+    if !params.managed_fields_set && shared.track_updates {
         super::apply::track_update(def, Sub::Main, params, None, &mut obj);
     }
     let obj = to_storage(def, obj);
@@ -706,7 +710,11 @@ pub(crate) fn prepare_update(
         meta::metadata_mut(&mut new).insert("generation".into(), json!(g + 1));
     }
     if !params.managed_fields_set {
-        super::apply::track_update(def, sub, params, Some(old), &mut new);
+        if shared.track_updates {
+            super::apply::track_update(def, sub, params, Some(old), &mut new);
+        } else {
+            super::apply::keep_entries(old, &mut new);
+        }
     }
     Ok(to_storage(def, new))
 }

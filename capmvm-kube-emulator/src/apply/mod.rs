@@ -318,6 +318,15 @@ fn refresh_in_place(
     true
 }
 
+/// Without update tracking: the entries stay the stored ones unless the request sets its own.
+pub(crate) fn keep_entries(old: &Value, new: &mut Value) {
+    if read_entries(new).is_none_or(|e| e.is_empty())
+        && let Some(stored) = meta::metadata(old).and_then(|m| m.get("managedFields"))
+    {
+        meta::metadata_mut(new).insert("managedFields".into(), stored.clone());
+    }
+}
+
 /// A 409 naming every conflicting field and its manager, worded as the real server words it.
 fn conflict_error(conflicts: &[(String, String)]) -> ApiError {
     let n = conflicts.len();
