@@ -3,7 +3,8 @@
 //! at 10 000 objects and watch event latency with 20 watchers, all through kube-rs over loopback HTTP
 //! with the clients in the same process (so the numbers include the client's own work).
 //!
-//! Run: `cargo bench -p capmvm-kube-emulator --bench kube_emulator` (set `KUBE_BENCH_OBJECTS` to change 10 000).
+//! Run: `cargo bench -p capmvm-kube-emulator --bench kube_emulator` (set `KUBE_BENCH_OBJECTS` to change 10 000,
+//! `KUBE_BENCH_MANAGED_FIELDS=0` to leave out the managedFields entries).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -107,9 +108,15 @@ fn main() {
 }
 
 async fn run(objects: usize) {
-    let emu = Emulator::start(EmulatorOptions::default().history_limit(20_000))
-        .await
-        .unwrap();
+    // KUBE_BENCH_MANAGED_FIELDS=0 leaves out the managedFields entries every write records.
+    let managed_fields = std::env::var("KUBE_BENCH_MANAGED_FIELDS").map_or(true, |v| v != "0");
+    let emu = Emulator::start(
+        EmulatorOptions::default()
+            .history_limit(20_000)
+            .managed_fields(managed_fields),
+    )
+    .await
+    .unwrap();
     let client = emu.client().unwrap();
     install_crds(&client).await;
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &machine_ar());

@@ -235,21 +235,37 @@ mod tests {
             {"rule": "self.size() >= oldSelf.size()", "message": "may not shrink"}
         ]));
         let mut errs = Vec::new();
-        check(&r, &json!([{"name": "a"}, {"name": "a"}]), None, "spec.args", &mut errs);
+        check(
+            &r,
+            &json!([{"name": "a"}, {"name": "a"}]),
+            None,
+            "spec.args",
+            &mut errs,
+        );
         assert_eq!(errs.len(), 1, "the transition rule waits for an update");
         assert_eq!(
             errs[0].full(),
             "spec.args: Invalid value: names must be unique"
         );
         let mut errs = Vec::new();
-        check(&r, &json!([{"name": "a"}]), Some(&json!([{"name": "a"}, {"name": "b"}])), "spec.args", &mut errs);
+        check(
+            &r,
+            &json!([{"name": "a"}]),
+            Some(&json!([{"name": "a"}, {"name": "b"}])),
+            "spec.args",
+            &mut errs,
+        );
         assert_eq!(errs[0].message, "Invalid value: may not shrink");
     }
 
     #[test]
     fn a_rule_that_does_not_parse_is_refused() {
         let mut errs = Vec::new();
-        compile(&json!([{"rule": "self.a ==", "message": "bad"}]), "p", &mut errs);
+        compile(
+            &json!([{"rule": "self.a ==", "message": "bad"}]),
+            "p",
+            &mut errs,
+        );
         assert_eq!(errs[0].field, "p.x-kubernetes-validations[0].rule");
         assert!(
             errs[0].message.starts_with(
@@ -258,6 +274,10 @@ mod tests {
             "{}",
             errs[0].message
         );
-        assert!(errs[0].message.contains("\n | self.a ==\n | .........^"), "{}", errs[0].message);
+        assert!(
+            errs[0].message.contains("\n | self.a ==\n | .........^"),
+            "{}",
+            errs[0].message
+        );
     }
 }

@@ -7,8 +7,8 @@ use base64::Engine as _;
 use serde_json::{Map, Value, json};
 
 use super::builtin;
-use super::reviews;
 use super::registry::{Builtin, Registry, ResourceDef};
+use super::reviews;
 
 const VERBS: &[&str] = &[
     "create",

@@ -909,7 +909,10 @@ pub(crate) fn patch(
         )
         .map_err(|e| match patched {
             Some(patched) if e.code == 400 && e.message.contains("strict decoding error") => {
-                let detail = e.message.split_once(": strict").map_or(e.message.as_str(), |(_, r)| r);
+                let detail = e
+                    .message
+                    .split_once(": strict")
+                    .map_or(e.message.as_str(), |(_, r)| r);
                 ApiError::invalid(
                     "",
                     "",
@@ -1364,7 +1367,13 @@ pub(crate) async fn watch(
     // A watch that starts with the current state ends it with the `initial-events-end` bookmark
     // whenever bookmarks are allowed, with or without `sendInitialEvents`, as the real watch cache does.
     let initial_events_end = from.is_none() && opts.bookmarks;
-    match store.watch(&def.storage, filter, from, opts.bookmarks, initial_events_end) {
+    match store.watch(
+        &def.storage,
+        filter,
+        from,
+        opts.bookmarks,
+        initial_events_end,
+    ) {
         Ok((backlog, rx)) => Ok(WatchStart::Stream(backlog, rx)),
         Err(e) if e.code == 410 => Ok(WatchStart::Error(e)),
         Err(e) => Err(e),

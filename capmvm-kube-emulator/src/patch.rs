@@ -270,7 +270,8 @@ fn merge_map(
         }
         if let Some(Value::Array(list)) = doc.get_mut(field) {
             // The listed items in the order given, then the others as they were.
-            let mut ordered: Vec<Value> = order.iter().filter(|o| list.contains(o)).cloned().collect();
+            let mut ordered: Vec<Value> =
+                order.iter().filter(|o| list.contains(o)).cloned().collect();
             ordered.extend(list.iter().filter(|x| !order.contains(x)).cloned());
             *list = ordered;
         }

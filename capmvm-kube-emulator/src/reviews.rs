@@ -12,13 +12,20 @@ use super::meta;
 /// The user every client of the emulator is.
 const USER: &str = "kube-emulator";
 
+/// A review resource: `(plural, singular, kind)`.
+type Review = (&'static str, &'static str, &'static str);
+
 /// The group versions these reviews are served in, with their resources (all cluster-scoped,
-/// create only): `(group, version, [(plural, singular, kind)])`.
-pub(crate) const GROUPS: &[(&str, &str, &[(&str, &str, &str)])] = &[
+/// create only): `(group, version, resources)`.
+pub(crate) const GROUPS: &[(&str, &str, &[Review])] = &[
     (
         "authentication.k8s.io",
         "v1",
-        &[("selfsubjectreviews", "selfsubjectreview", "SelfSubjectReview")],
+        &[(
+            "selfsubjectreviews",
+            "selfsubjectreview",
+            "SelfSubjectReview",
+        )],
     ),
     (
         "authorization.k8s.io",
@@ -191,9 +198,15 @@ mod tests {
         assert_eq!(e.code, 422);
         let ok = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
             "spec": {"resourceAttributes": {"verb": "get", "resource": "pods"}}});
-        let r = review("authorization.k8s.io", "v1", "selfsubjectaccessreviews", &ok, "m")
-            .unwrap()
-            .unwrap();
+        let r = review(
+            "authorization.k8s.io",
+            "v1",
+            "selfsubjectaccessreviews",
+            &ok,
+            "m",
+        )
+        .unwrap()
+        .unwrap();
         assert_eq!(r["status"]["allowed"], true);
         assert!(review("authorization.k8s.io", "v1", "nothing", &ok, "m").is_none());
     }

@@ -785,7 +785,13 @@ async fn resource(
         (Method::GET, Some(name)) => {
             let format = negotiate(headers)?;
             // A GET "not older than" a resourceVersion waits for it as a LIST does.
-            ops::wait_for_read(shared, query.get("resourceVersion"), false, ops::RvUse::Read).await?;
+            ops::wait_for_read(
+                shared,
+                query.get("resourceVersion"),
+                false,
+                ops::RvUse::Read,
+            )
+            .await?;
             let stored = ops::get(shared, &def, ns, name)?;
             object_response(&def, &stored, format, query, StatusCode::OK, &[])
         }
@@ -914,7 +920,9 @@ fn review_request(
         return Err(ApiError::method_not_allowed());
     }
     let counter: Arc<str> = Arc::from(format!("{}/{}", rp.group, rp.plural));
-    shared.counters.bump(Verb::Create, &counter, request_agent(headers));
+    shared
+        .counters
+        .bump(Verb::Create, &counter, request_agent(headers));
     let params = write_params(query, headers, "CreateOptions")?;
     let ct = headers
         .get(header::CONTENT_TYPE)
@@ -1062,7 +1070,13 @@ async fn scale_request(
     let ns = rp.ns.as_deref();
     let scale = match verb {
         Verb::Get => {
-            ops::wait_for_read(shared, query.get("resourceVersion"), false, ops::RvUse::Read).await?;
+            ops::wait_for_read(
+                shared,
+                query.get("resourceVersion"),
+                false,
+                ops::RvUse::Read,
+            )
+            .await?;
             super::scale::get(shared, def, ns, name)?
         }
         Verb::Update => {

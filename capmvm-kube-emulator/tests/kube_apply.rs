@@ -198,7 +198,10 @@ async fn an_apply_that_changes_another_managers_fields_conflicts(server: Server)
     )
     .await
     .unwrap();
-    assert_eq!(fields_of(&shared, "mgr-c"), &json!({"f:spec": {"f:color": {}}}));
+    assert_eq!(
+        fields_of(&shared, "mgr-c"),
+        &json!({"f:spec": {"f:color": {}}})
+    );
     assert!(fields_of(&shared, "mgr-a")["f:spec"]["f:color"].is_object());
 
     // Forced, the apply takes the fields over; what did not conflict merges in.
@@ -236,9 +239,15 @@ async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(se
     .await
     .unwrap();
     // Another manager co-owns the color.
-    apply(&client, "mgr-b", false, thing(json!({"color": "red"})), false)
-        .await
-        .unwrap();
+    apply(
+        &client,
+        "mgr-b",
+        false,
+        thing(json!({"color": "red"})),
+        false,
+    )
+    .await
+    .unwrap();
     let after = apply(
         &client,
         "mgr-a",
@@ -258,9 +267,15 @@ async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(se
         json!([{"name": "http", "protocol": "TCP", "port": 80}])
     );
     // Once nobody applies a struct's fields, the struct goes too.
-    let last = apply(&client, "mgr-a", false, thing(json!({"replicas": 1})), false)
-        .await
-        .unwrap();
+    let last = apply(
+        &client,
+        "mgr-a",
+        false,
+        thing(json!({"replicas": 1})),
+        false,
+    )
+    .await
+    .unwrap();
     assert!(last["spec"].get("granular").is_none(), "{last}");
     assert!(last["spec"].get("ports").is_none(), "{last}");
     assert_eq!(last["spec"]["color"], "red");
@@ -269,9 +284,15 @@ async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(se
 async fn apply_conflicts_with_update_managers_and_on_the_status_subresource(server: Server) {
     let client = server.client();
     create_crd(&client, &thing_crd()).await;
-    apply(&client, "mgr-a", false, thing(json!({"replicas": 1})), false)
-        .await
-        .unwrap();
+    apply(
+        &client,
+        "mgr-a",
+        false,
+        thing(json!({"replicas": 1})),
+        false,
+    )
+    .await
+    .unwrap();
     // A merge patch is an update: its manager owns what it changed, taken from mgr-a.
     let r = raw(
         &client,
@@ -458,13 +479,26 @@ async fn kubectl_apply_server_side_on_a_configmap_and_a_capi_machine_deployment(
     kubectl
         .apply(
             &changed,
-            &["--server-side", "--field-manager=team-b", "--force-conflicts"],
+            &[
+                "--server-side",
+                "--field-manager=team-b",
+                "--force-conflicts",
+            ],
         )
         .await
         .unwrap();
     let got: Value = serde_json::from_str(
         &kubectl
-            .run(&["get", "configmap", "settings", "-n", "default", "-o", "json", "--show-managed-fields"])
+            .run(&[
+                "get",
+                "configmap",
+                "settings",
+                "-n",
+                "default",
+                "-o",
+                "json",
+                "--show-managed-fields",
+            ])
             .await
             .unwrap(),
     )
@@ -493,7 +527,10 @@ async fn kubectl_apply_server_side_on_a_configmap_and_a_capi_machine_deployment(
         "machinedeployment.cluster.x-k8s.io/workers serverside-applied"
     );
     let e = kubectl
-        .apply(&deployment(3), &["--server-side", "--field-manager=autoscaler"])
+        .apply(
+            &deployment(3),
+            &["--server-side", "--field-manager=autoscaler"],
+        )
         .await
         .unwrap_err()
         .to_string();
@@ -523,8 +560,10 @@ async fn kubectl_apply_server_side_on_a_configmap_and_a_capi_machine_deployment(
         .patch(
             "workers",
             &PatchParams::apply("autoscaler").force(),
-            &Patch::Apply(json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
-                "metadata": {"name": "workers"}, "spec": {"replicas": 3}})),
+            &Patch::Apply(
+                json!({"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachineDeployment",
+                "metadata": {"name": "workers"}, "spec": {"replicas": 3}}),
+            ),
         )
         .await
         .unwrap();

@@ -577,9 +577,14 @@ async fn field_validation_strict_warn_and_ignore(server: Server) {
     )
     .await;
     assert_status(&p, 422, "Invalid");
-    assert_eq!(p.body["details"]["causes"][0]["field"], "patch", "{}", p.text);
+    assert_eq!(
+        p.body["details"]["causes"][0]["field"], "patch",
+        "{}",
+        p.text
+    );
     assert!(
-        p.text.contains(r#"strict decoding error: unknown field \"spec.alsoBogus\""#),
+        p.text
+            .contains(r#"strict decoding error: unknown field \"spec.alsoBogus\""#),
         "{}",
         p.text
     );
@@ -1794,10 +1799,7 @@ async fn every_invalid_field_is_named_in_one_answer(server: Server) {
     values.sort();
     assert_eq!(values, own(&value_errors));
     assert_eq!(causes[3..].to_vec(), own(&required));
-    let listed: Vec<String> = causes
-        .iter()
-        .map(|(f, _, m)| format!("{f}: {m}"))
-        .collect();
+    let listed: Vec<String> = causes.iter().map(|(f, _, m)| format!("{f}: {m}")).collect();
     assert_eq!(
         s.message,
         format!(
@@ -1831,7 +1833,14 @@ async fn formats_int_or_string_and_unknown_fields_under_strict_decoding(server: 
     let body = json!({"apiVersion": "test.example.com/v1", "kind": "Gauge", "metadata": {"name": "g"},
         "spec": {"when": "yesterday", "uid": "not-a-uuid", "address": "300.1.1.1", "port": [1],
             "surge": "10 percent", "count": 3_000_000_000_i64, "name": "long"}});
-    let r = raw(&client, "POST", path, Some("application/json"), body.to_string().as_bytes()).await;
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        body.to_string().as_bytes(),
+    )
+    .await;
     assert_status(&r, 422, "Invalid");
     let mut causes: Vec<(String, String)> = r.body["details"]["causes"]
         .as_array()
@@ -1879,7 +1888,14 @@ async fn formats_int_or_string_and_unknown_fields_under_strict_decoding(server: 
         r.body["message"],
         "Gauge in version \"v1\" cannot be handled as a Gauge: strict decoding error: unknown field \"spec.colour\""
     );
-    let r = raw(&client, "POST", path, Some("application/json"), good.to_string().as_bytes()).await;
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        good.to_string().as_bytes(),
+    )
+    .await;
     assert_eq!(r.status, 201, "{}", r.text);
     assert_eq!(r.body["spec"]["port"], "http");
 }
@@ -1930,8 +1946,10 @@ async fn cel_rules_are_evaluated_with_old_self(server: Server) {
         "POST",
         path,
         Some("application/json"),
-        pool(json!({"min": 3, "max": 1, "layout": "a", "diskLayout": "b", "type": "Ready",
-            "args": [{"name": "x"}, {"name": "x"}]}))
+        pool(
+            json!({"min": 3, "max": 1, "layout": "a", "diskLayout": "b", "type": "Ready",
+            "args": [{"name": "x"}, {"name": "x"}]}),
+        )
         .as_bytes(),
     )
     .await;
@@ -1950,10 +1968,26 @@ async fn cel_rules_are_evaluated_with_old_self(server: Server) {
         .collect();
     causes.sort();
     let expected: Vec<(String, String, String)> = [
-        ("spec", "FieldValueInvalid", "Invalid value: at most one of layout (a) and diskLayout"),
-        ("spec", "FieldValueInvalid", "Invalid value: min must not exceed max"),
-        ("spec.args", "FieldValueInvalid", "Invalid value: args name must be unique"),
-        ("spec.type", "FieldValueInvalid", "Invalid value: \"Ready\": type must not be one of: Ready, Available"),
+        (
+            "spec",
+            "FieldValueInvalid",
+            "Invalid value: at most one of layout (a) and diskLayout",
+        ),
+        (
+            "spec",
+            "FieldValueInvalid",
+            "Invalid value: min must not exceed max",
+        ),
+        (
+            "spec.args",
+            "FieldValueInvalid",
+            "Invalid value: args name must be unique",
+        ),
+        (
+            "spec.type",
+            "FieldValueInvalid",
+            "Invalid value: \"Ready\": type must not be one of: Ready, Available",
+        ),
     ]
     .iter()
     .map(|(f, r, m)| (f.to_string(), r.to_string(), m.to_string()))
@@ -1996,8 +2030,8 @@ async fn cel_rules_are_evaluated_with_old_self(server: Server) {
     let mut broken = ruled_crd();
     broken["metadata"]["name"] = json!("brokens.test.example.com");
     broken["spec"]["names"] = json!({"plural": "brokens", "singular": "broken", "kind": "Broken"});
-    broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-        ["x-kubernetes-validations"] = json!([{"rule": "self.min ==", "message": "bad"}]);
+    broken["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]["x-kubernetes-validations"] =
+        json!([{"rule": "self.min ==", "message": "bad"}]);
     let r = raw(
         &client,
         "POST",
@@ -2147,9 +2181,7 @@ async fn delete_without_finalizers_removes_at_once_and_answers_success(server: S
     let created = create_machine(&client, "default", "m").await;
     let out = api.delete("m", &DeleteParams::default()).await.unwrap();
     // A custom resource removed at once is answered with a Success Status naming it, as built-ins are.
-    let status = out
-        .right()
-        .expect("an immediate deletion answers a Status");
+    let status = out.right().expect("an immediate deletion answers a Status");
     assert_eq!(
         status.status,
         Some(kube::core::response::StatusSummary::Success)
@@ -2224,10 +2256,7 @@ async fn a_delete_without_finalizers_removes_the_object_unmarked(server: Server)
         .await
         .unwrap()
         .boxed();
-    let out = api
-        .delete("m", &DeleteParams::default())
-        .await
-        .unwrap();
+    let out = api.delete("m", &DeleteParams::default()).await.unwrap();
     assert!(out.is_right(), "answered with a Success Status: {out:?}");
     match tokio::time::timeout(Duration::from_secs(5), events.try_next())
         .await
@@ -3231,7 +3260,11 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
                 )
                 .await
                 .unwrap();
-            late.metadata.resource_version.unwrap().parse::<u64>().unwrap()
+            late.metadata
+                .resource_version
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
         })
     };
     let list = cms
@@ -3271,7 +3304,10 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
         assert_eq!(r["code"], 504, "{r}");
         assert_eq!(r["reason"], "Timeout", "{r}");
         let message = r["message"].as_str().unwrap();
-        let prefix = format!("Timeout: Too large resource version: {}, current: ", now + 100);
+        let prefix = format!(
+            "Timeout: Too large resource version: {}, current: ",
+            now + 100
+        );
         let current: u64 = message
             .strip_prefix(&prefix)
             .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
@@ -3483,11 +3519,21 @@ async fn self_reviews_answer_what_a_client_may_do(server: Server) {
         return;
     };
     let can = kubectl
-        .run(&["auth", "can-i", "create", "microvmmachines.infrastructure.cluster.x-k8s.io", "-n", "default"])
+        .run(&[
+            "auth",
+            "can-i",
+            "create",
+            "microvmmachines.infrastructure.cluster.x-k8s.io",
+            "-n",
+            "default",
+        ])
         .await
         .unwrap();
     assert_eq!(can.trim(), "yes");
-    let list = kubectl.run(&["auth", "can-i", "--list", "-n", "default"]).await.unwrap();
+    let list = kubectl
+        .run(&["auth", "can-i", "--list", "-n", "default"])
+        .await
+        .unwrap();
     assert!(list.lines().any(|l| l.starts_with("*.*")), "{list}");
 }
 

@@ -6,7 +6,9 @@ mod kube_support;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use kube_support::*;
 use serde_json::json;
 
@@ -171,7 +173,6 @@ async fn request_counters_fold_clients_beyond_the_cap_into_other() {
     assert_eq!(emu.counters_of_agent("agent-1").total(), 2);
 }
 
-
 /// Where the emulator deliberately answers otherwise than the real server (the README lists these):
 /// a protobuf body for a custom resource is a 415 (kube-apiserver v1.36 drops the connection without
 /// an answer), and a client that accepts only protobuf gets its 406 Status in JSON (the real server
@@ -288,8 +289,19 @@ async fn protobuf_bodies_never_break_the_server() {
     for path in &paths {
         for method in ["POST", "PUT", "PATCH"] {
             for body in bodies {
-                let r = raw(&client, method, path, Some("application/vnd.kubernetes.protobuf"), body).await;
-                assert!(r.status >= 400 && r.status < 500, "{method} {path}: {}", r.text);
+                let r = raw(
+                    &client,
+                    method,
+                    path,
+                    Some("application/vnd.kubernetes.protobuf"),
+                    body,
+                )
+                .await;
+                assert!(
+                    r.status >= 400 && r.status < 500,
+                    "{method} {path}: {}",
+                    r.text
+                );
                 assert_eq!(r.body["kind"], "Status", "{method} {path}: {}", r.text);
             }
         }

@@ -167,7 +167,10 @@ impl Set {
     pub(crate) fn union_in_place(&mut self, other: &Set) {
         self.members.extend(other.members.iter().cloned());
         for (pe, c) in &other.children {
-            self.children.entry(pe.clone()).or_default().union_in_place(c);
+            self.children
+                .entry(pe.clone())
+                .or_default()
+                .union_in_place(c);
         }
     }
 
@@ -200,7 +203,12 @@ impl Set {
         let children = self
             .children
             .iter()
-            .filter_map(|(pe, c)| other.children.get(pe).map(|o| (pe.clone(), c.intersection(o))))
+            .filter_map(|(pe, c)| {
+                other
+                    .children
+                    .get(pe)
+                    .map(|o| (pe.clone(), c.intersection(o)))
+            })
             .filter(|(_, c)| !c.is_empty())
             .collect();
         Set { members, children }
@@ -294,7 +302,9 @@ pub(crate) fn fields_v1_has(doc: &Value, path: &[Pe]) -> bool {
         };
         if i + 1 == path.len() {
             // A member is a leaf, or has the `.` marker.
-            return next.as_object().is_none_or(|m| m.is_empty() || m.contains_key("."));
+            return next
+                .as_object()
+                .is_none_or(|m| m.is_empty() || m.contains_key("."));
         }
         cur = next;
     }

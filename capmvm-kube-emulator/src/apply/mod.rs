@@ -92,13 +92,20 @@ fn write_entries(obj: &mut Value, mut entries: Vec<Entry>) {
     entries.retain(|e| !e.set.is_empty());
     cap_updates(&mut entries);
     entries.sort_by(|a, b| {
-        (!a.apply, &a.time, &a.manager, &a.api_version, &a.subresource).cmp(&(
-            !b.apply,
-            &b.time,
-            &b.manager,
-            &b.api_version,
-            &b.subresource,
-        ))
+        (
+            !a.apply,
+            &a.time,
+            &a.manager,
+            &a.api_version,
+            &a.subresource,
+        )
+            .cmp(&(
+                !b.apply,
+                &b.time,
+                &b.manager,
+                &b.api_version,
+                &b.subresource,
+            ))
     });
     let list: Vec<Value> = entries
         .iter()
@@ -224,7 +231,15 @@ pub(crate) fn track_update(
         }
         return;
     }
-    if refresh_in_place(old, new, &changed, &removed, &manager, subresource, &api_version) {
+    if refresh_in_place(
+        old,
+        new,
+        &changed,
+        &removed,
+        &manager,
+        subresource,
+        &api_version,
+    ) {
         return;
     }
     let mut entries = base_entries(old, new);
@@ -293,8 +308,12 @@ fn refresh_in_place(
     for (i, e) in stored.iter().enumerate() {
         let fields = e.get("fieldsV1").unwrap_or(&Value::Null);
         if is_writer(e) {
-            if !changed_paths.iter().all(|p| fieldpath::fields_v1_has(fields, p))
-                || removed_paths.iter().any(|p| fieldpath::fields_v1_has(fields, p))
+            if !changed_paths
+                .iter()
+                .all(|p| fieldpath::fields_v1_has(fields, p))
+                || removed_paths
+                    .iter()
+                    .any(|p| fieldpath::fields_v1_has(fields, p))
             {
                 return false;
             }
@@ -370,7 +389,10 @@ fn decode_config(def: &ResourceDef, name: &str, body: &[u8]) -> Result<Value, Ap
             meta::json_type(&config)
         )));
     }
-    let api_version = config.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+    let api_version = config
+        .get("apiVersion")
+        .and_then(Value::as_str)
+        .unwrap_or("");
     let kind = config.get("kind").and_then(Value::as_str).unwrap_or("");
     if kind.is_empty() {
         return Err(ApiError::bad_request(format!(
@@ -399,9 +421,7 @@ fn decode_config(def: &ResourceDef, name: &str, body: &[u8]) -> Result<Value, Ap
         .and_then(|m| m.get("managedFields"))
         .is_some_and(|f| !f.is_null())
     {
-        return Err(ApiError::bad_request(
-            "metadata.managedFields must be nil",
-        ));
+        return Err(ApiError::bad_request("metadata.managedFields must be nil"));
     }
     Ok(config)
 }
@@ -478,7 +498,8 @@ pub(crate) fn apply(
             let mut params = params.clone();
             params.managed_fields_set = true;
             let mut res = ops::create(shared, def, req.ns, obj, &params)?;
-            res.warnings.extend(unknown_warnings(&unknown, params.field_validation)?);
+            res.warnings
+                .extend(unknown_warnings(&unknown, params.field_validation)?);
             return Ok(res);
         };
         let live = ops::view(def, current.value()).into_owned();
@@ -583,14 +604,15 @@ pub(crate) fn apply(
             Err(CommitError::Api(e)) => return Err(e),
         }
     }
-    Err(ApiError::modified_conflict(&def.plural, &def.group, req.name))
+    Err(ApiError::modified_conflict(
+        &def.plural,
+        &def.group,
+        req.name,
+    ))
 }
 
 /// The configuration's unknown fields, handled as `fieldValidation` says (warnings, or a 400).
-fn unknown_warnings(
-    unknown: &[String],
-    fv: ops::FieldValidation,
-) -> Result<Vec<String>, ApiError> {
+fn unknown_warnings(unknown: &[String], fv: ops::FieldValidation) -> Result<Vec<String>, ApiError> {
     if unknown.is_empty() {
         return Ok(Vec::new());
     }
@@ -627,7 +649,10 @@ mod tests {
             two.message,
             "Apply failed with 2 conflicts: conflicts with \"a\":\n- .spec.color\n- .spec.items"
         );
-        assert_eq!(two.to_status()["details"]["causes"][1]["field"], ".spec.items");
+        assert_eq!(
+            two.to_status()["details"]["causes"][1]["field"],
+            ".spec.items"
+        );
     }
 
     #[test]

@@ -600,10 +600,19 @@ mod tests {
         assert_eq!(merged["spec"]["items"], json!(["c"]));
         assert_eq!(merged["spec"]["atomic"], json!({"b": "B"}));
         let c = compare(Some(&live), Some(&merged), ty);
-        let modified: Vec<String> = c.modified.paths().iter().map(|p| super::super::fieldpath::render(p)).collect();
+        let modified: Vec<String> = c
+            .modified
+            .paths()
+            .iter()
+            .map(|p| super::super::fieldpath::render(p))
+            .collect();
         assert_eq!(
             modified,
-            [".spec.atomic", ".spec.items", ".spec.ports[name=\"b\"].port"]
+            [
+                ".spec.atomic",
+                ".spec.items",
+                ".spec.ports[name=\"b\"].port"
+            ]
         );
         let mut removed = merged.clone();
         let mut set = Set::default();

@@ -707,11 +707,8 @@ impl Schema {
             });
             for (i, item) in a.iter().enumerate() {
                 let before = old_items.and_then(|olds| {
-                    olds.iter().find(|o| {
-                        self.list_map_keys
-                            .iter()
-                            .all(|k| o.get(k) == item.get(k))
-                    })
+                    olds.iter()
+                        .find(|o| self.list_map_keys.iter().all(|k| o.get(k) == item.get(k)))
                 });
                 items.validate(item, before, &path.item(i), errs, false);
             }
@@ -912,7 +909,10 @@ mod tests {
     #[test]
     fn messages_name_list_items_by_index_and_the_root_as_body() {
         let s = schema();
-        let errs = s.validate_root(&json!({"spec": {"vcpu": 1, "list": [{}, {"type": 5}]}}), None);
+        let errs = s.validate_root(
+            &json!({"spec": {"vcpu": 1, "list": [{}, {"type": 5}]}}),
+            None,
+        );
         assert_eq!(errs.len(), 1);
         assert_eq!(errs[0].field, "spec.list[1].type");
         assert!(

@@ -75,7 +75,10 @@ pub async fn create_crd(client: &Client, crd: &Value) -> DynamicObject {
 pub async fn wait_established(client: &Client, crd: &DynamicObject) -> DynamicObject {
     let name = crd.metadata.name.clone().expect("CRD name");
     let group = crd.data["spec"]["group"].as_str().unwrap_or("").to_string();
-    let plural = crd.data["spec"]["names"]["plural"].as_str().unwrap_or("").to_string();
+    let plural = crd.data["spec"]["names"]["plural"]
+        .as_str()
+        .unwrap_or("")
+        .to_string();
     let versions: Vec<String> = crd.data["spec"]["versions"]
         .as_array()
         .into_iter()
@@ -87,7 +90,10 @@ pub async fn wait_established(client: &Client, crd: &DynamicObject) -> DynamicOb
         let now = crd_api(client).get(&name).await.expect("get CRD");
         let established = now.data["status"]["conditions"]
             .as_array()
-            .is_some_and(|c| c.iter().any(|c| c["type"] == "Established" && c["status"] == "True"));
+            .is_some_and(|c| {
+                c.iter()
+                    .any(|c| c["type"] == "Established" && c["status"] == "True")
+            });
         let mut served = established;
         for v in &versions {
             if served {

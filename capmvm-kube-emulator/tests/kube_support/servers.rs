@@ -168,8 +168,8 @@ impl Server {
         let mut config = match &self.kind {
             Kind::Emulator(e) => kube::Config::new(e.base_url().parse().expect("url")),
             Kind::Real(r) => {
-                let kubeconfig = kube::config::Kubeconfig::read_from(r.api.kubeconfig())
-                    .expect("kubeconfig");
+                let kubeconfig =
+                    kube::config::Kubeconfig::read_from(r.api.kubeconfig()).expect("kubeconfig");
                 kube::Config::from_custom_kubeconfig(
                     kubeconfig,
                     &kube::config::KubeConfigOptions::default(),
@@ -209,7 +209,8 @@ impl Server {
             Kind::Emulator(e) => e.compact(),
             Kind::Real(r) => {
                 let url = r.etcd.url();
-                let range = etcd_post(&url, "/v3/kv/range", &serde_json::json!({"key": "AA=="})).await;
+                let range =
+                    etcd_post(&url, "/v3/kv/range", &serde_json::json!({"key": "AA=="})).await;
                 let revision = range["header"]["revision"].clone();
                 etcd_post(
                     &url,
