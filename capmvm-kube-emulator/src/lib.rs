@@ -3,9 +3,10 @@
 //! It serves plain HTTP on loopback, and `kubectl`, kube-rs and controllers under test talk to it as
 //! they would to a real kube-apiserver: discovery, CustomResourceDefinitions served as soon as they are
 //! created, one global resourceVersion, optimistic concurrency, `generation`, the status subresource,
-//! merge / JSON / strategic merge patches, schema validation with defaulting and pruning, finalizers,
-//! owner-reference garbage collection, label and field selectors, consistent pagination, watches with
-//! bookmarks and 410 Gone, Table output and `Status` errors. The crate's README lists what is
+//! merge / JSON / strategic merge patches, server-side apply, schema validation (CEL rules included)
+//! with defaulting and pruning, finalizers, owner-reference garbage collection, label and field
+//! selectors, consistent pagination, watches with bookmarks and 410 Gone, Table output, access reviews
+//! and `Status` errors. The crate's README lists what is
 //! supported and what is answered as unsupported.
 //!
 //! ```no_run
@@ -23,7 +24,7 @@
 //!
 //! Module map: `server` (HTTP routing, negotiation, watch streams) → `ops` (the API verbs and the
 //! garbage collector) → `store` (objects, revisions, history, watchers); `registry` and `builtin` (what
-//! is served), `schema` (structural schemas), `patch`, `admission` (in-process defaulting and validation per kind), `apply` (server-side apply, Leases only), `scale` (the scale subresource),
+//! is served), `schema` (structural schemas) and `cel` (their CEL rules), `patch`, `admission` (in-process defaulting and validation per kind), `apply` (server-side apply and field ownership), `reviews` (access reviews), `scale` (the scale subresource),
 //! `protobuf` (request bodies of `kubectl create namespace|secret|configmap`), `selector`, `jsonpath`
 //! and `table` (printer columns), `discovery` (discovery and OpenAPI documents), `counters`, `faults` (faults on demand), `cli`
 //! (the command: this crate's binary, and `capmvm-sim kube`).
