@@ -280,7 +280,7 @@ impl ApiError {
         Self::new(404, "", PAGE_NOT_FOUND)
     }
 
-    /// Whether this is [`ApiError::page_not_found`].
+    /// Whether this is [`ApiError::page_not_found`] (or the OpenAPI handler's empty 404).
     pub(crate) fn is_page_not_found(&self) -> bool {
         self.code == 404 && self.reason.is_empty()
     }

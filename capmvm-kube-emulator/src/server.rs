@@ -166,10 +166,15 @@ fn respond_value(code: StatusCode, v: &Value, warnings: &[String]) -> Response {
 
 fn respond_error(e: &ApiError) -> Response {
     if e.is_page_not_found() {
+        let body: &'static [u8] = if e.message.is_empty() {
+            b""
+        } else {
+            b"404 page not found\n"
+        };
         return respond(
             StatusCode::NOT_FOUND,
             "text/plain; charset=utf-8",
-            Bytes::from_static(b"404 page not found\n"),
+            Bytes::from_static(body),
             &[],
         );
     }
@@ -479,7 +484,14 @@ async fn dispatch(
         }
         Route::OpenApiDoc(g, v) => {
             let doc = discovery::openapi_doc(&shared.lock().registry, &g, &v);
-            discovery_get("openapi", doc)
+            // The real OpenAPI v3 handler answers an unknown group version with an empty 404.
+            discovery_get("openapi", doc).map_err(|e| {
+                if e.code == 404 {
+                    ApiError::new(404, "", "")
+                } else {
+                    e
+                }
+            })
         }
         Route::FaultCounts => {
             if method != Method::GET {
@@ -748,7 +760,11 @@ async fn resource(
     }
     // `?watch=true` makes a GET of a collection a watch; on a named path the real server ignores it
     // (a plain GET), and only the `/watch/` form watches one object.
-    let watch = rp.watch || query.flag("watch")?;
+    // As the real server's request info decides it: any `watch` value but `false` or `0` watches.
+    let watch = rp.watch
+        || query
+            .get("watch")
+            .is_some_and(|w| !w.eq_ignore_ascii_case("false") && w != "0");
     // The custom resource handler takes a POST to a named path as a create (the name comes from the
     // body), where the built-in registries refuse it.
     let named = rp.name.is_some() && !(*method == Method::POST && def.builtin.is_none());
