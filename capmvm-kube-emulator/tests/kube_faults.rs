@@ -466,7 +466,7 @@ async fn a_cut_watch_ends_after_some_events() {
             .get(FaultKind::CutWatch, Verb::Watch, MACHINES),
         2
     );
-    // The next watch is whole.
+    // The next watch is whole: the three objects, then the bookmark that ends the initial state.
     let events: Vec<_> = api
         .watch(&WatchParams::default().timeout(1), "0")
         .await
@@ -474,7 +474,9 @@ async fn a_cut_watch_ends_after_some_events() {
         .try_collect()
         .await
         .unwrap();
-    assert_eq!(events.len(), 3);
+    assert_eq!(events.len(), 4);
+    assert!(events[..3].iter().all(|e| matches!(e, WatchEvent::Added(_))));
+    assert!(matches!(events[3], WatchEvent::Bookmark(_)));
 }
 
 /// Follows a kube-runtime watcher (with its default backoff) until `names` have all been applied,
