@@ -475,7 +475,11 @@ async fn a_cut_watch_ends_after_some_events() {
         .await
         .unwrap();
     assert_eq!(events.len(), 4);
-    assert!(events[..3].iter().all(|e| matches!(e, WatchEvent::Added(_))));
+    assert!(
+        events[..3]
+            .iter()
+            .all(|e| matches!(e, WatchEvent::Added(_)))
+    );
     assert!(matches!(events[3], WatchEvent::Bookmark(_)));
 }
 
