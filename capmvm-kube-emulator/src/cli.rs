@@ -54,6 +54,7 @@ pub async fn run(args: KubeArgs) -> Result<(), Error> {
         .history_limit(args.history_limit)
         .watch_buffer(args.watch_buffer);
     options.bind = std::net::SocketAddr::new(args.address, args.port);
+    let stop = signal_handlers()?;
     let emulator = Emulator::start(options).await?;
     let faults = emulator.faults();
     faults.seed(args.fault_seed);
@@ -70,7 +71,7 @@ pub async fn run(args: KubeArgs) -> Result<(), Error> {
         "try: kubectl --kubeconfig {} api-resources",
         args.kubeconfig.display()
     );
-    wait_for_signal().await?;
+    stop.await?;
     tracing::info!(
         requests = emulator.counters().total(),
         "stopping the Kubernetes API emulator"
@@ -94,25 +95,35 @@ fn check_address(address: IpAddr, insecure_bind_any: bool) -> Result<(), Error> 
     )))
 }
 
-async fn wait_for_signal() -> Result<(), Error> {
+/// Installs the Ctrl-C and SIGTERM handlers at once (a signal that comes after the URL is printed
+/// but before they are in place would otherwise end the process with its default action) and returns
+/// what waits for either.
+fn signal_handlers() -> Result<impl std::future::Future<Output = Result<(), Error>>, Error> {
     let io = |what: &str, source| Error::Io {
         what: what.to_string(),
         source,
     };
     #[cfg(unix)]
     {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(|e| io("installing the SIGTERM handler", e))?;
-        tokio::select! {
-            r = tokio::signal::ctrl_c() => r.map_err(|e| io("waiting for Ctrl-C", e)),
-            _ = term.recv() => Ok(()),
-        }
+        use tokio::signal::unix::{SignalKind, signal};
+        let mut term =
+            signal(SignalKind::terminate()).map_err(|e| io("installing the SIGTERM handler", e))?;
+        let mut int =
+            signal(SignalKind::interrupt()).map_err(|e| io("installing the SIGINT handler", e))?;
+        Ok(async move {
+            tokio::select! {
+                _ = int.recv() => Ok(()),
+                _ = term.recv() => Ok(()),
+            }
+        })
     }
     #[cfg(not(unix))]
     {
-        tokio::signal::ctrl_c()
-            .await
-            .map_err(|e| io("waiting for Ctrl-C", e))
+        Ok(async move {
+            tokio::signal::ctrl_c()
+                .await
+                .map_err(|e| io("waiting for Ctrl-C", e))
+        })
     }
 }
 
