@@ -9,10 +9,17 @@ use serde_json::{Map, Value, json};
 use super::error::{ApiError, FieldError};
 use super::jsonpath::JsonPath;
 use super::meta::NameRule;
+use super::node::{node_columns, node_schema};
 use super::registry::{Builtin, CellSource, Column, Conversion, ResourceDef, storage_key};
 use super::schema::Schema;
 
-fn path_column(name: &str, ty: &str, path: &str, description: &str, priority: i64) -> Column {
+pub(crate) fn path_column(
+    name: &str,
+    ty: &str,
+    path: &str,
+    description: &str,
+    priority: i64,
+) -> Column {
     Column {
         name: name.into(),
         ty: ty.into(),
@@ -51,7 +58,7 @@ fn object_reference() -> Value {
     })
 }
 
-fn type_meta(schema: Value) -> Value {
+pub(crate) fn type_meta(schema: Value) -> Value {
     let mut s = schema;
     if let Some(props) = s.get_mut("properties").and_then(Value::as_object_mut) {
         props.insert("apiVersion".into(), json!({"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."}));
@@ -172,64 +179,6 @@ fn lease_schema() -> Value {
                 "preferredHolder": {"type": "string", "description": "PreferredHolder signals to a lease holder that the lease has a more optimal holder and should be given up."},
                 "renewTime": {"type": "string", "format": "date-time", "description": "renewTime is a time when the current holder of a lease has last updated the lease."},
                 "strategy": {"type": "string", "description": "Strategy indicates the strategy for picking the leader for coordinated leader election."}
-            }}
-        }
-    }))
-}
-
-/// A quantity (`"2"`, `"2048Mi"` or a number), as `resource.Quantity` publishes itself.
-fn quantity_map() -> Value {
-    json!({"type": "object", "additionalProperties": {"x-kubernetes-int-or-string": true, "anyOf": [{"type": "integer"}, {"type": "string"}]}})
-}
-
-fn node_schema() -> Value {
-    let string = json!({"type": "string"});
-    let time = json!({"type": "string", "format": "date-time"});
-    type_meta(json!({
-        "type": "object",
-        "description": "Node is a worker node in Kubernetes. Each node will have a unique identifier in the cache (i.e. in etcd).",
-        "properties": {
-            "spec": {"type": "object", "description": "Spec defines the behavior of a node.", "properties": {
-                "configSource": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                "externalID": string,
-                "podCIDR": {"type": "string", "description": "PodCIDR represents the pod IP range assigned to the node."},
-                "podCIDRs": {"type": "array", "items": string, "x-kubernetes-list-type": "set"},
-                "providerID": {"type": "string", "description": "ID of the node assigned by the cloud provider in the format: <ProviderName>://<ProviderSpecificNodeID>"},
-                "taints": {"type": "array", "items": {"type": "object", "properties": {
-                    "effect": string, "key": string, "timeAdded": time, "value": string
-                }, "required": ["key", "effect"]}},
-                "unschedulable": {"type": "boolean", "description": "Unschedulable controls node schedulability of new pods."}
-            }},
-            "status": {"type": "object", "description": "Most recently observed status of the node.", "properties": {
-                "addresses": {"type": "array", "items": {"type": "object", "properties": {
-                    "address": string, "type": string
-                }, "required": ["type", "address"]}},
-                "allocatable": quantity_map(),
-                "capacity": quantity_map(),
-                "conditions": {"type": "array", "items": {"type": "object", "properties": {
-                    "lastHeartbeatTime": time, "lastTransitionTime": time, "message": string,
-                    "reason": string, "status": string, "type": string
-                }, "required": ["type", "status"]}},
-                "config": {"type": "object", "x-kubernetes-preserve-unknown-fields": true},
-                "daemonEndpoints": {"type": "object", "properties": {
-                    "kubeletEndpoint": {"type": "object", "properties": {"Port": {"type": "integer", "format": "int32"}}}
-                }},
-                "features": {"type": "object", "properties": {"supplementalGroupsPolicy": {"type": "boolean"}}},
-                "images": {"type": "array", "items": {"type": "object", "properties": {
-                    "names": {"type": "array", "items": string},
-                    "sizeBytes": {"type": "integer", "format": "int64"}
-                }}},
-                "nodeInfo": {"type": "object", "description": "Set of ids/uuids to uniquely identify the node.", "properties": {
-                    "architecture": string, "bootID": string, "containerRuntimeVersion": string,
-                    "kernelVersion": string, "kubeProxyVersion": string, "kubeletVersion": string,
-                    "machineID": string, "operatingSystem": string, "osImage": string,
-                    "swap": {"type": "object", "properties": {"capacity": {"type": "integer", "format": "int64"}}},
-                    "systemUUID": string
-                }, "required": ["machineID", "systemUUID", "bootID", "kernelVersion", "osImage", "containerRuntimeVersion", "kubeletVersion", "kubeProxyVersion", "operatingSystem", "architecture"]},
-                "phase": string,
-                "runtimeHandlers": {"type": "array", "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
-                "volumesAttached": {"type": "array", "items": {"type": "object", "properties": {"devicePath": string, "name": string}}},
-                "volumesInUse": {"type": "array", "items": string}
             }}
         }
     }))
@@ -623,73 +572,6 @@ pub(crate) fn defs() -> Vec<ResourceDef> {
     ]
 }
 
-/// The columns `kubectl get nodes` prints (`-o wide` adds those of priority 1).
-fn node_columns() -> Vec<Column> {
-    let mut status = path_column(
-        "Status",
-        "string",
-        ".status.conditions",
-        "The status of the node",
-        0,
-    );
-    status.source = CellSource::NodeStatus;
-    let mut roles = path_column(
-        "Roles",
-        "string",
-        ".metadata.labels",
-        "The roles of the node",
-        0,
-    );
-    roles.source = CellSource::NodeRoles;
-    vec![
-        status,
-        roles,
-        age_column(),
-        path_column(
-            "Version",
-            "string",
-            ".status.nodeInfo.kubeletVersion",
-            "Kubelet Version reported by the node.",
-            0,
-        ),
-        path_column(
-            "Internal-IP",
-            "string",
-            r#".status.addresses[?(@.type=="InternalIP")].address"#,
-            "List of internal IPs for the node.",
-            1,
-        ),
-        path_column(
-            "External-IP",
-            "string",
-            r#".status.addresses[?(@.type=="ExternalIP")].address"#,
-            "List of external IPs for the node.",
-            1,
-        ),
-        path_column(
-            "OS-Image",
-            "string",
-            ".status.nodeInfo.osImage",
-            "OS Image reported by the node from /etc/os-release (e.g. Debian GNU/Linux 7 (wheezy)).",
-            1,
-        ),
-        path_column(
-            "Kernel-Version",
-            "string",
-            ".status.nodeInfo.kernelVersion",
-            "Kernel Version reported by the node from 'uname -r' (e.g. 3.16.0-0.bpo.4-amd64).",
-            1,
-        ),
-        path_column(
-            "Container-Runtime",
-            "string",
-            ".status.nodeInfo.containerRuntimeVersion",
-            "Container Runtime Version reported by the node through runtime remote API (e.g. containerd://1.4.2).",
-            1,
-        ),
-    ]
-}
-
 /// Field renames between `events.k8s.io/v1` (left) and core `v1` (right) Events.
 const EVENT_FIELDS: &[(&str, &str)] = &[
     ("regarding", "involvedObject"),
@@ -793,7 +675,8 @@ pub(crate) fn prepare(
                 }
             }
         }
-        Builtin::Event | Builtin::EventV1 | Builtin::Lease | Builtin::Crd | Builtin::Node => {}
+        Builtin::Node => super::node::prepare(obj)?,
+        Builtin::Event | Builtin::EventV1 | Builtin::Lease | Builtin::Crd => {}
     }
     Ok(())
 }

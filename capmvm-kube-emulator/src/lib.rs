@@ -31,6 +31,7 @@
 
 mod admission;
 mod apply;
+mod background;
 mod builtin;
 mod cel;
 mod cli;
@@ -40,6 +41,7 @@ mod error;
 mod faults;
 mod jsonpath;
 mod meta;
+mod node;
 mod ops;
 mod patch;
 mod protobuf;
@@ -176,8 +178,8 @@ impl Emulator {
                 tracing::error!(error = %e, "the API emulator stopped serving");
             }
         });
-        let gc = tokio::spawn(ops::gc_worker(shared.clone()));
-        let bookmarks = tokio::spawn(ops::bookmark_ticker(
+        let gc = tokio::spawn(background::gc_worker(shared.clone()));
+        let bookmarks = tokio::spawn(background::bookmark_ticker(
             shared.clone(),
             options.bookmark_interval,
         ));

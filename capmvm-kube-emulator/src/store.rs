@@ -560,7 +560,11 @@ impl Store {
             Value::String(current.rv.to_string()),
         );
         if removable(storage, &value) {
-            return Ok(Written::Removed(self.remove(storage, key, value)));
+            // The real registry never stores this write: it deletes the object from etcd as it was
+            // last stored, so the DELETED event carries that state (deletionTimestamp, and the
+            // finalizers just removed still on it), while the writer is answered with what it wrote.
+            let removed = self.remove(storage, key, current.value().clone());
+            return Ok(Written::Removed(Arc::new(Stored::new(value, removed.rv))));
         }
         if value == *current.value() {
             return Ok(Written::Unchanged(current));
@@ -582,7 +586,8 @@ impl Store {
         Ok(Written::Stored(stored))
     }
 
-    /// Removes an object; `last` is its final state (written with the deletion's revision).
+    /// Removes an object; `last` is the state its DELETED event carries (given the deletion's
+    /// revision).
     pub(crate) fn remove(&mut self, storage: &Arc<str>, key: &ObjKey, last: Value) -> Arc<Stored> {
         self.rev += 1;
         let stored = Arc::new(Stored::new(last, self.rev));

@@ -1,7 +1,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Nodes (core `v1`, cluster-scoped) served as a real kube-apiserver serves them: what a kubelet
 //! registers (status included) is kept, `/status` is the subresource a kubelet updates, and
-//! `kubectl get nodes` prints NAME, STATUS, ROLES, AGE, VERSION.
+//! `kubectl get nodes` prints NAME, STATUS, ROLES, AGE, VERSION. Every test runs on the emulator and on
+//! the real kube-apiserver (see `kube_contract`).
 
 mod kube_support;
 
@@ -14,6 +15,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Api;
 use kube::api::{ListParams, Patch, PatchParams, PostParams};
+use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::json;
 
@@ -54,16 +56,17 @@ fn node(name: &str, ready: &str) -> Node {
                 operating_system: "linux".into(),
                 os_image: "Ubuntu 24.04.2 LTS".into(),
                 system_uuid: "u".into(),
-                swap: Some(NodeSwapStatus { capacity: Some(0) }),
+                swap: Some(NodeSwapStatus {
+                    capacity: Some(2 << 30),
+                }),
             }),
             ..Default::default()
         }),
     }
 }
 
-#[tokio::test]
-async fn a_registered_node_keeps_its_status_and_status_is_a_subresource() {
-    let (_emu, client) = start().await;
+async fn a_registered_node_keeps_its_status_and_status_is_a_subresource(server: Server) {
+    let client = server.client();
     let nodes: Api<Node> = Api::all(client.clone());
     let created = nodes
         .create(&PostParams::default(), &node("cp-0", "True"))
@@ -72,10 +75,32 @@ async fn a_registered_node_keeps_its_status_and_status_is_a_subresource() {
     // A kubelet registers its Node with status; the API server keeps it on create.
     let info = created.status.as_ref().unwrap().node_info.as_ref().unwrap();
     assert_eq!(info.kubelet_version, "v1.33.0");
-    assert_eq!(info.swap.as_ref().unwrap().capacity, Some(0));
+    assert_eq!(info.swap.as_ref().unwrap().capacity, Some(2 << 30));
+    // Quantities are kept in their canonical form, as `resource.Quantity` writes itself.
     assert_eq!(
         created.status.as_ref().unwrap().capacity.as_ref().unwrap()["memory"],
-        Quantity("2048Mi".into())
+        Quantity("2Gi".into())
+    );
+    let mut bad = node("bad-quantity", "True");
+    bad.status
+        .as_mut()
+        .unwrap()
+        .capacity
+        .as_mut()
+        .unwrap()
+        .insert("cpu".into(), Quantity("two".into()));
+    let s = status_of(
+        nodes
+            .create(&PostParams::default(), &bad)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(s.code, 400, "{}", s.message);
+    assert!(
+        s.message
+            .contains("quantities must match the regular expression"),
+        "{}",
+        s.message
     );
     assert_eq!(
         created.spec.as_ref().unwrap().provider_id.as_deref(),
@@ -120,9 +145,8 @@ async fn a_registered_node_keeps_its_status_and_status_is_a_subresource() {
     assert_eq!(cordoned.items.len(), 1);
 }
 
-#[tokio::test]
-async fn nodes_are_discovered_cluster_scoped_with_their_short_name_and_status() {
-    let (_emu, client) = start().await;
+async fn nodes_are_discovered_cluster_scoped_with_their_short_name_and_status(server: Server) {
+    let client = server.client();
     let list = get_json(&client, "/api/v1").await;
     let resources = list["resources"].as_array().unwrap();
     let nodes = resources.iter().find(|r| r["name"] == "nodes").unwrap();
@@ -142,9 +166,8 @@ async fn nodes_are_discovered_cluster_scoped_with_their_short_name_and_status() 
     assert_eq!(r.status, 404, "{}", r.text);
 }
 
-#[tokio::test]
-async fn the_node_table_prints_status_roles_and_kubelet_version() {
-    let (_emu, client) = start().await;
+async fn the_node_table_prints_status_roles_and_kubelet_version(server: Server) {
+    let client = server.client();
     let nodes: Api<Node> = Api::all(client.clone());
     nodes
         .create(&PostParams::default(), &node("cp-0", "True"))
@@ -213,3 +236,65 @@ async fn the_node_table_prints_status_roles_and_kubelet_version() {
         ]
     );
 }
+
+/// A Node that reports swap reports a positive capacity: the real `ValidateNode` refuses 0 or less
+/// on create, under `metadata.nodeSwapStatus.capacity`, and its update validation does not look.
+async fn a_node_reporting_swap_reports_a_positive_capacity(server: Server) {
+    let client = server.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    for (name, capacity) in [("zero", 0), ("negative", -1)] {
+        let mut n = node(name, "True");
+        n.status.as_mut().unwrap().node_info.as_mut().unwrap().swap = Some(NodeSwapStatus {
+            capacity: Some(capacity),
+        });
+        let s = status_of(nodes.create(&PostParams::default(), &n).await.unwrap_err());
+        assert_eq!(
+            (s.code, s.reason.as_str()),
+            (422, "Invalid"),
+            "{}",
+            s.message
+        );
+        assert_eq!(
+            s.message,
+            format!(
+                "Node \"{name}\" is invalid: metadata.nodeSwapStatus.capacity: Invalid value: {capacity}: must be greater than zero"
+            )
+        );
+        let causes = s.details.unwrap().causes;
+        assert_eq!(causes.len(), 1, "{causes:?}");
+        assert_eq!(causes[0].field, "metadata.nodeSwapStatus.capacity");
+        assert_eq!(causes[0].reason, "FieldValueInvalid");
+    }
+    // Without swap, or with a positive capacity, the Node registers; a later status write of 0 is
+    // not checked.
+    let mut bare = node("no-swap", "True");
+    bare.status
+        .as_mut()
+        .unwrap()
+        .node_info
+        .as_mut()
+        .unwrap()
+        .swap = None;
+    nodes.create(&PostParams::default(), &bare).await.unwrap();
+    nodes
+        .create(&PostParams::default(), &node("swap", "True"))
+        .await
+        .unwrap();
+    let patched = nodes
+        .patch_status(
+            "swap",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"nodeInfo": {"swap": {"capacity": 0}}}})),
+        )
+        .await
+        .unwrap();
+    let info = patched.status.unwrap().node_info.unwrap();
+    assert_eq!(info.swap.unwrap().capacity, Some(0));
+}
+
+on_both_servers!(
+    a_registered_node_keeps_its_status_and_status_is_a_subresource,
+    nodes_are_discovered_cluster_scoped_with_their_short_name_and_status,
+    the_node_table_prints_status_roles_and_kubelet_version,
+    a_node_reporting_swap_reports_a_positive_capacity,
+);

@@ -126,10 +126,11 @@ async fn nodes_register_machines_get_their_node_and_the_cluster_takes_them_along
         assert_eq!(info["operatingSystem"], "linux");
         // A kubelet without swap leaves `swap` out (the real API server refuses a capacity of 0).
         assert!(info.get("swap").is_none(), "{info}");
-        // The Node carries the microVM's size: 2 vCPUs, 2048 MiB.
+        // The Node carries the microVM's size: 2 vCPUs, 2048 MiB (the kubelet's 2097152Ki, which the
+        // API server stores in canonical form, as a real one does).
         let capacity = node.status.as_ref().unwrap().capacity.as_ref().unwrap();
         assert_eq!(capacity["cpu"].0, "2");
-        assert_eq!(capacity["memory"].0, "2097152Ki");
+        assert_eq!(capacity["memory"].0, "2Gi");
         assert_eq!(capacity["pods"].0, "110");
     }
     let roles: Vec<bool> = nodes

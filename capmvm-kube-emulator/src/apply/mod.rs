@@ -18,7 +18,7 @@ use super::error::{ApiError, FieldError};
 use super::meta;
 use super::ops::{self, Shared, Sub, WriteParams, WriteResult};
 use super::registry::ResourceDef;
-use super::store::{CommitError, ObjKey, Stored, Written};
+use super::store::ObjKey;
 use fieldpath::{Pe, Set};
 use typed::Ty;
 
@@ -582,26 +582,9 @@ pub(crate) fn apply(
             &params,
             &mut warnings,
         )?;
-        if params.dry_run {
-            let bytes = super::store::encode(&new);
-            return Ok(WriteResult {
-                written: Written::Stored(Arc::new(Stored::detached(new, bytes))),
-                warnings,
-                created: false,
-            });
-        }
-        let mut store = shared.lock();
-        match store.replace(&def.storage, &key, &current, new) {
-            Ok(written) => {
-                shared.finish(store);
-                return Ok(WriteResult {
-                    written,
-                    warnings,
-                    created: false,
-                });
-            }
-            Err(CommitError::Stale) => continue,
-            Err(CommitError::Api(e)) => return Err(e),
+        match ops::commit(shared, def, &key, &current, new, &params, warnings)? {
+            ops::Committed::Done(result) => return Ok(result),
+            ops::Committed::Stale => continue,
         }
     }
     Err(ApiError::modified_conflict(
