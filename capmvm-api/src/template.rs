@@ -44,7 +44,13 @@ use crate::machine::MicrovmMachineSpec;
     )
 )]
 pub struct MicrovmMachineTemplateSpec {
-    /// What every cloned MicrovmMachine gets.
+    /// What every cloned MicrovmMachine gets. Immutable, as Cluster API's templates are: Machines
+    /// already cloned would no longer match it, so a change is a new template that the
+    /// MachineDeployment or control plane is pointed at (which rolls the Machines).
+    #[schemars(extend("x-kubernetes-validations" = [{
+        "rule": "self == oldSelf",
+        "message": "spec.template is immutable: create a new MicrovmMachineTemplate and point the owner at it"
+    }]))]
     pub template: MicrovmMachineTemplateResource,
 }
 
