@@ -1,14 +1,14 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! The scale subresource of custom resources: discovery, GET/PUT/PATCH of `{resource}/{name}/scale`
-//! as an `autoscaling/v1` Scale written through to the CRD's paths, and `kubectl scale`.
+//! as an `autoscaling/v1` Scale written through to the CRD's paths, and `kubectl scale`. Every test runs
+//! on the emulator and on the real kube-apiserver (see `kube_contract`).
 
 mod kube_support;
-
-use std::process::Command;
 
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
+use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::{Value, json};
 
@@ -69,9 +69,8 @@ async fn pool(client: &kube::Client, replicas: i64) -> DynamicObject {
 
 const SCALE: &str = "/apis/test.example.com/v1/namespaces/default/pools/p/scale";
 
-#[tokio::test]
-async fn discovery_lists_the_scale_subresource() {
-    let (_emu, client) = start().await;
+async fn discovery_lists_the_scale_subresource(server: Server) {
+    let client = server.client();
     create_crd(&client, &pool_crd()).await;
     let doc = get_json(&client, "/apis/test.example.com/v1").await;
     let scale = doc["resources"]
@@ -103,9 +102,8 @@ async fn discovery_lists_the_scale_subresource() {
     );
 }
 
-#[tokio::test]
-async fn scale_reads_and_writes_through_to_the_object() {
-    let (_emu, client) = start().await;
+async fn scale_reads_and_writes_through_to_the_object(server: Server) {
+    let client = server.client();
     create_crd(&client, &pool_crd()).await;
     let p = pool(&client, 3).await;
     let s = get_json(&client, SCALE).await;
@@ -202,41 +200,26 @@ async fn scale_reads_and_writes_through_to_the_object() {
     assert_status(&r, 404, "NotFound");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kubectl_scale_sets_the_replicas() {
-    let (emu, client) = start().await;
+async fn kubectl_scale_sets_the_replicas(server: Server) {
+    let client = server.client();
     create_crd(&client, &pool_crd()).await;
     pool(&client, 2).await;
-    let dir = std::env::temp_dir().join(format!("capmvm-kubectl-scale-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let kubeconfig = dir.join("kubeconfig");
-    emu.write_kubeconfig(&kubeconfig).unwrap();
-    let Some(binaries) = capmvm_upstream::Binaries::for_test("kubectl_scale", &["kubectl"]) else {
+    let Some(kubectl) = server.kubectl("kubectl_scale_sets_the_replicas") else {
         return;
     };
-    let out = Command::new(binaries.path("kubectl").unwrap())
-        .arg("--kubeconfig")
-        .arg(&kubeconfig)
-        .arg("--cache-dir")
-        .arg(dir.join("cache"))
-        .args(["scale", "pools.test.example.com/p", "--replicas=4"])
-        .env("HOME", &dir)
-        .env_remove("KUBECONFIG")
-        .output()
-        .expect("kubectl runs");
-    let _ = std::fs::remove_dir_all(&dir);
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "pool.test.example.com/p scaled"
-    );
+    let out = kubectl
+        .run(&["scale", "pools.test.example.com/p", "--replicas=4"])
+        .await
+        .expect("kubectl scale");
+    assert_eq!(out.trim(), "pool.test.example.com/p scaled");
     assert_eq!(
         pools(&client).get("p").await.unwrap().data["spec"]["replicas"],
         4
     );
 }
+
+on_both_servers!(
+    discovery_lists_the_scale_subresource,
+    scale_reads_and_writes_through_to_the_object,
+    kubectl_scale_sets_the_replicas,
+);
