@@ -1,6 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 //! kube-runtime against the emulator, unchanged: the watcher (including its relist after a 410 Gone),
-//! a reflector, a Controller that owns Secrets, and kube-lease-manager's refused apply.
+//! a reflector, a Controller that owns Secrets, the events recorder, and kube-lease-manager's refused
+//! apply. The reflector, the Controller and the recorder run on the real kube-apiserver too (see
+//! `kube_contract`); the watcher's relist needs the emulator's forgetting history and counters, and
+//! the lease manager a multi-threaded runtime.
 
 mod kube_support;
 
@@ -17,6 +20,7 @@ use kube::core::DynamicObject;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::{WatchStreamExt, reflector, watcher};
 use kube::{Resource, ResourceExt};
+use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::json;
 
@@ -139,9 +143,8 @@ async fn the_watcher_follows_changes_and_relists_after_410_gone() {
     }
 }
 
-#[tokio::test]
-async fn a_reflector_store_tracks_the_collection() {
-    let (_emu, client) = start().await;
+async fn a_reflector_store_tracks_the_collection(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let writer = reflector::store::Writer::<DynamicObject>::new(machine_ar());
@@ -206,10 +209,12 @@ fn error_policy(_obj: Arc<DynamicObject>, _err: &ReconcileError, _ctx: Arc<Ctx>)
     Action::requeue(Duration::from_millis(100))
 }
 
-#[tokio::test]
-async fn a_controller_reconciles_every_object_and_reacts_to_owned_objects() {
-    let (_emu, client) = start().await;
+async fn a_controller_reconciles_every_object_and_reacts_to_owned_objects(server: Server) {
+    let client = server.client();
     install_project_crds(&client).await;
+    // The garbage collector (kube-controller-manager's on the real server, started once the CRDs
+    // exist) removes owned Secrets.
+    server.start_controllers().await;
     let api = machines(&client, "default");
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
     let ctx = Arc::new(Ctx {
@@ -298,10 +303,9 @@ async fn kube_lease_manager_takes_no_lease_as_on_a_real_server() {
     );
 }
 
-#[tokio::test]
-async fn kube_runtime_recorder_publishes_events_and_series() {
+async fn kube_runtime_recorder_publishes_events_and_series(server: Server) {
     use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-    let (_emu, client) = start().await;
+    let client = server.client();
     install_project_crds(&client).await;
     let m = create_machine(&client, "default", "m").await;
     let recorder = Recorder::new(
@@ -342,3 +346,9 @@ async fn kube_runtime_recorder_publishes_events_and_series() {
     assert_eq!(found.items.len(), 1);
     assert_eq!(found.items[0].message.as_deref(), Some("microVM created"));
 }
+
+on_both_servers!(
+    a_reflector_store_tracks_the_collection,
+    a_controller_reconciles_every_object_and_reacts_to_owned_objects,
+    kube_runtime_recorder_publishes_events_and_series,
+);
