@@ -729,6 +729,43 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     assert!(status.success(), "{status}");
 }
 
+/// A Ctrl-C (SIGINT) sent as soon as the command prints its URL stops it cleanly: its handlers are in
+/// place before anything is printed (a signal before they were ended the process with the signal's
+/// default action, without the exit report).
+#[test]
+fn the_kube_command_stops_cleanly_on_sigint_right_after_its_url() {
+    use std::io::BufRead as _;
+    let dir = command_dir("sigint");
+    let kubeconfig = dir.join("kubeconfig");
+    let mut child = ChildGuard(
+        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
+            .args(["--port", "0", "--kubeconfig"])
+            .arg(&kubeconfig)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("capmvm-kube-emulator starts"),
+    );
+    let stdout = child.0.stdout.take().unwrap();
+    let mut lines = std::io::BufReader::new(stdout).lines();
+    let first = lines
+        .next()
+        .expect("a line")
+        .expect("capmvm-kube-emulator reports where it serves");
+    assert!(first.starts_with("Kubernetes API emulator at "), "{first}");
+    let int = Command::new("kill")
+        .args(["-INT", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(int.success());
+    // Drain the rest so the command never blocks on a full pipe.
+    std::thread::spawn(move || for _ in lines {});
+    let status = wait_exit(&mut child.0, Duration::from_secs(20)).expect("exits on SIGINT");
+    assert!(status.success(), "{status}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn the_kube_command_refuses_a_non_loopback_address_without_the_opt_in() {
     let dir = command_dir("refuse");
