@@ -585,8 +585,25 @@ async fn clusterctl_move_to_a_second_management_cluster() {
         "machinedeployments",
     );
 
-    // Mid-creation: a worker still provisioning makes clusterctl refuse the move.
+    // Mid-creation: a worker still provisioning makes clusterctl refuse the move. The hosts take
+    // 30 s for this one microVM, so the move is asked while its Machine surely has no Node yet
+    // (with 500 ms a loaded machine could see the Node before clusterctl looks).
+    for h in &source.hosts {
+        h.control().set_provision_time(Duration::from_secs(30));
+    }
     source.scale(&md, ns, "moved-md-0", 2).await.unwrap();
+    wait_for("the third Machine exists", WAIT, POLL, || async {
+        let machines = Api::<DynamicObject>::namespaced_with(
+            source.client.clone(),
+            ns,
+            &ApiResource::erase::<Machine>(&()),
+        )
+        .list(&ListParams::default())
+        .await?;
+        Ok((machines.items.len() == 3).then_some(()))
+    })
+    .await
+    .unwrap();
     let refused = source
         .clusterctl
         .run(
@@ -608,6 +625,9 @@ async fn clusterctl_move_to_a_second_management_cluster() {
         refused.contains("cannot start the move operation while"),
         "{refused}"
     );
+    for h in &source.hosts {
+        h.control().set_provision_time(options().provision_time);
+    }
     let before = wait_ready_with_nodes(&source, ns, "moved", 3).await;
     let calls = |real: &RealStack, m: Method| -> u64 {
         real.hosts
