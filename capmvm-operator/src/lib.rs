@@ -14,6 +14,7 @@ pub mod events;
 pub mod fault;
 pub mod hosts;
 pub mod leader;
+pub mod memory;
 pub mod metrics;
 pub mod patch;
 pub mod preflight;
@@ -35,8 +36,9 @@ use tokio_stream::wrappers::UnboundedReceiverStream;
 use tracing::{info, warn};
 
 use crate::config::{Command, Flags, LogFormat, parse_listen_addr};
-use crate::context::{Backoff, Ctx};
+use crate::context::Ctx;
 use crate::hosts::Hosts;
+use crate::memory::Backoff;
 use crate::metrics::Metrics;
 use crate::server::Readiness;
 use crate::watch::{HostWake, Scope, Triggers};
@@ -211,7 +213,7 @@ pub async fn run(
         cluster: cluster_tx,
         pool: pool_tx,
     };
-    let own_writes = Arc::new(context::OwnWrites::default());
+    let own_writes = Arc::new(memory::OwnWrites::default());
     let (stores, watch_tasks) = watch::start(
         &watch::reporting_answers(client.clone(), readiness.clone()),
         &scope,
@@ -251,9 +253,9 @@ pub async fn run(
         writes: own_writes.clone(),
         sync_period: flags.sync_period,
         fault: fault::Fault::from_env(),
-        pool_expectations: controllers::pool::Expectations::default(),
-        pool_status_writes: controllers::pool::StatusWrites::default(),
-        claims: controllers::machine::ClaimSightings::default(),
+        pool_expectations: memory::Expectations::default(),
+        pool_status_writes: memory::StatusWrites::default(),
+        claims: memory::ClaimSightings::default(),
     });
 
     info!("waiting for watch caches");

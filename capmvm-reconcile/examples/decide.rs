@@ -20,8 +20,8 @@ use capmvm_api::keys::{
 };
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine};
 use capmvm_reconcile::{
-    BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Reachability,
-    Requeue, RunningSpec, Sensitive, VmState, decide,
+    BootstrapData, HostCall, HostFacts, HostLookup, HostRecord, MachinePlan, ObservedMachine,
+    ObservedVm, Reachability, Requeue, RunningSpec, Sensitive, VmState, decide,
 };
 use k8s_openapi::jiff::Timestamp;
 
@@ -71,14 +71,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         recorded_host: HostLookup::NotAsked,
         operator: "decide-example".to_string(),
         claim_seen_for: None,
+        failed_host_call: None,
     };
 
     let mut now = Timestamp::from_second(1_800_000_000)?;
     for step in 1..=5 {
         let plan = decide(&observed, now);
         println!("--- decision {step} at {now}");
-        for effect in &plan.effects {
-            println!("  effect: {}", describe(effect));
+        for step in describe(&plan) {
+            println!("  step: {step}");
         }
         if let Some(status) = &plan.status {
             for c in &status.conditions {
@@ -95,50 +96,51 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             HostLookup::Answered { vms } => vms.clone(),
             _ => Vec::new(),
         };
-        for effect in plan.effects {
-            let meta = &mut observed.machine.metadata;
-            match effect {
-                Effect::AddFinalizer => meta
-                    .finalizers
-                    .get_or_insert_with(Vec::new)
-                    .push(MACHINE_FINALIZER.to_string()),
-                Effect::RecordHost {
-                    host,
-                    origin_uid,
-                    attempt,
-                    claim,
-                } => {
-                    let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
-                    annotations.insert(HOST_ANNOTATION.to_string(), host.to_string());
-                    annotations.insert(ORIGIN_UID_ANNOTATION.to_string(), origin_uid);
-                    annotations.insert(
-                        PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
-                        attempt.to_string(),
-                    );
-                    annotations.insert(PLACEMENT_CLAIM_ANNOTATION.to_string(), claim);
-                }
-                Effect::CreateMicrovm { spec, .. } => vms.push(ObservedVm {
-                    uid: "01J9Z3Q4S5T6V7W8X9Y0ZABCDE".to_string(),
-                    namespace: spec.namespace.clone(),
-                    name: spec.id.clone(),
-                    // The host boots it at once, for the example's sake.
-                    state: VmState::Created,
-                    retry: 0,
-                    machine_uid: observed.machine.metadata.uid.clone(),
-                    cluster: None,
-                    running: Some(RunningSpec {
-                        vcpu: i64::from(spec.vcpu),
-                        memory_mb: i64::from(spec.memory_mb),
-                        kernel_image: spec.kernel.image.clone(),
-                        root_volume_image: spec
-                            .root_volume
-                            .as_ref()
-                            .and_then(|v| v.source.container_source.clone()),
-                    }),
+        let meta = &mut observed.machine.metadata;
+        if plan.add_finalizer {
+            meta.finalizers
+                .get_or_insert_with(Vec::new)
+                .push(MACHINE_FINALIZER.to_string());
+        }
+        if let Some(HostRecord {
+            host,
+            origin_uid,
+            attempt,
+            claim,
+        }) = plan.record_host.clone()
+        {
+            let annotations = meta.annotations.get_or_insert_with(BTreeMap::new);
+            annotations.insert(HOST_ANNOTATION.to_string(), host.to_string());
+            annotations.insert(ORIGIN_UID_ANNOTATION.to_string(), origin_uid);
+            annotations.insert(
+                PLACEMENT_ATTEMPT_ANNOTATION.to_string(),
+                attempt.to_string(),
+            );
+            annotations.insert(PLACEMENT_CLAIM_ANNOTATION.to_string(), claim);
+        }
+        if let Some(id) = plan.provider_id.clone() {
+            observed.machine.spec.provider_id = Some(id);
+        }
+        for (_, spec) in plan.creates() {
+            vms.push(ObservedVm {
+                uid: "01J9Z3Q4S5T6V7W8X9Y0ZABCDE".to_string(),
+                namespace: spec.namespace.clone(),
+                name: spec.id.clone(),
+                // The host boots it at once, for the example's sake.
+                state: VmState::Created,
+                retry: 0,
+                machine_uid: observed.machine.metadata.uid.clone(),
+                cluster: None,
+                running: Some(RunningSpec {
+                    vcpu: i64::from(spec.vcpu),
+                    memory_mb: i64::from(spec.memory_mb),
+                    kernel_image: spec.kernel.image.clone(),
+                    root_volume_image: spec
+                        .root_volume
+                        .as_ref()
+                        .and_then(|v| v.source.container_source.clone()),
                 }),
-                Effect::SetProviderId(id) => observed.machine.spec.provider_id = Some(id),
-                _ => {}
-            }
+            });
         }
         if let Some(status) = plan.status {
             observed.machine.status = Some(status);
@@ -161,24 +163,43 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// One line per effect; a create shows its size, never its cloud-init (user-data holds secrets).
-fn describe(effect: &Effect) -> String {
-    match effect {
-        Effect::CreateMicrovm { host, spec } => format!(
-            "create microVM {}/{} on {host}: {} vCPU, {} MiB",
-            spec.namespace, spec.id, spec.vcpu, spec.memory_mb
-        ),
-        Effect::RecordHost {
-            host,
-            origin_uid,
-            attempt,
-            ..
-        } => format!(
-            "record host {host}, origin uid {origin_uid} and placement attempt {attempt} (annotations, one conditional write)"
-        ),
-        Effect::Event(e) => format!("event {:?} {}: {}", e.kind, e.reason, e.note),
-        other => format!("{other:?}"),
+/// One line per step of the plan, in its order; a create shows its size, never its cloud-init
+/// (user-data holds secrets).
+fn describe(plan: &MachinePlan) -> Vec<String> {
+    let mut steps = Vec::new();
+    if plan.add_finalizer {
+        steps.push("add the finalizer".to_string());
     }
+    if let Some(HostRecord {
+        host,
+        origin_uid,
+        attempt,
+        ..
+    }) = &plan.record_host
+    {
+        steps.push(format!(
+            "record host {host}, origin uid {origin_uid} and placement attempt {attempt} (annotations, one conditional write)"
+        ));
+    }
+    if let Some(id) = &plan.provider_id {
+        steps.push(format!("set providerID {id}"));
+    }
+    for call in &plan.host_calls {
+        steps.push(match call {
+            HostCall::Create { host, spec } => format!(
+                "create microVM {}/{} on {host}: {} vCPU, {} MiB",
+                spec.namespace, spec.id, spec.vcpu, spec.memory_mb
+            ),
+            HostCall::Delete { host, uid } => format!("delete microVM {uid} on {host}"),
+        });
+    }
+    for e in &plan.events {
+        steps.push(format!("event {:?} {}: {}", e.kind, e.reason, e.note));
+    }
+    if plan.remove_finalizer {
+        steps.push("remove the finalizer".to_string());
+    }
+    steps
 }
 
 /// The CAPI Machine that owns the MicrovmMachine, its bootstrap data ready. CAPI copies a Machine's

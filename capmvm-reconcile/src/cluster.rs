@@ -12,16 +12,17 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use capmvm_api::conditions::{reasons, types};
-use capmvm_api::keys::{CLUSTER_FINALIZER, MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
+use capmvm_api::keys::{CLUSTER_FINALIZER, MANAGED_BY_ANNOTATION};
 use capmvm_api::{
     FailureDomain, HostEndpoint, Initialization, MicrovmCluster, MicrovmClusterStatus, validation,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 
-use crate::conditions::{self, Status};
+use crate::conditions::{self, Conditions, Status};
 use crate::observe::{HostedVm, ObservedCluster, Reachability, VmState};
-use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
+use crate::plan::{ClusterPlan, Event, EventKind, Requeue, reasons as events};
+use crate::preamble::{self, Gates, Path, preamble};
 
 /// Condition type: whether host connections are protected by TLS.
 pub const HOST_TRANSPORT_SECURE: &str = "HostTransportSecure";
@@ -107,82 +108,60 @@ pub fn cluster_name_of(mc: &MicrovmCluster) -> Option<&str> {
 }
 
 /// Decides what to do for one MicrovmCluster.
-pub fn decide_cluster(obs: &ObservedCluster, now: Timestamp) -> Plan<MicrovmClusterStatus> {
+pub fn decide_cluster(obs: &ObservedCluster, now: Timestamp) -> ClusterPlan {
     let mc = &obs.microvm_cluster;
     // Externally managed: someone else owns status; we must not touch the object.
     if mc.annotations().contains_key(MANAGED_BY_ANNOTATION) {
-        return Plan {
-            effects: Vec::new(),
-            status: None,
-            requeue: Requeue::Await,
-        };
+        return ClusterPlan::default();
     }
+    let stored = mc.status.clone().unwrap_or_default();
     let mut d = ClusterDecision {
         obs,
-        generation: mc.metadata.generation,
-        now,
-        status: mc.status.clone().unwrap_or_default(),
-        effects: Vec::new(),
-        requeue: Requeue::Await,
+        conditions: Conditions::new(stored.conditions.clone(), mc.metadata.generation, now),
+        status: stored,
+        plan: ClusterPlan::default(),
     };
-    d.run();
+    match preamble(&mc.metadata, obs.owner.as_ref(), &mut d.conditions) {
+        Path::Paused => {}
+        Path::Delete => d.reconcile_delete(),
+        Path::Normal => d.reconcile_normal(),
+    }
     d.finish()
 }
 
 struct ClusterDecision<'a> {
     obs: &'a ObservedCluster,
-    generation: Option<i64>,
-    now: Timestamp,
+    conditions: Conditions,
     status: MicrovmClusterStatus,
-    effects: Vec<Effect>,
-    requeue: Requeue,
+    plan: ClusterPlan,
 }
 
 impl ClusterDecision<'_> {
     fn set(&mut self, t: &str, s: Status, r: &str, m: impl Into<String>) {
-        conditions::set(
-            &mut self.status.conditions,
-            t,
-            s,
-            r,
-            m,
-            self.generation,
-            self.now,
-        );
+        self.conditions.set(t, s, r, m);
     }
 
-    fn run(&mut self) {
+    /// The normal path: the finalizers, the owner gate, a valid spec and a control-plane endpoint,
+    /// then failure domains, hosts and orphans.
+    fn reconcile_normal(&mut self) {
         let obs = self.obs;
         let mc = &obs.microvm_cluster;
-        let paused = if mc.annotations().contains_key(PAUSED_ANNOTATION) {
-            Some(format!("annotation {PAUSED_ANNOTATION} is set"))
-        } else if obs.owner.as_ref().is_some_and(|c| c.is_paused()) {
-            Some("Cluster spec.paused is set to true".to_string())
-        } else {
-            None
-        };
-        match &paused {
-            Some(why) => self.set(types::PAUSED, Status::True, reasons::PAUSED, why.clone()),
-            None => self.set(types::PAUSED, Status::False, reasons::NOT_PAUSED, ""),
-        }
-        if paused.is_some() {
-            return;
-        }
-        if mc.metadata.deletion_timestamp.is_some() {
-            self.delete();
-            return;
-        }
         self.protect();
         self.release_unclaimed_secrets();
 
-        let Some(owner) = &obs.owner else {
-            self.set(
-                types::READY,
-                Status::False,
-                reasons::WAITING_FOR_OWNER,
-                "waiting for a Cluster API Cluster to own this MicrovmCluster",
-            );
-            return;
+        let cluster_name = own_cluster_name(obs).unwrap_or_default().to_string();
+        let gates = Gates {
+            has_owner: obs.owner.is_some(),
+            owner_wait: "waiting for a Cluster API Cluster to own this MicrovmCluster",
+            cluster_name: &cluster_name,
+            cluster: obs.owner.as_ref(),
+        };
+        let owner = match gates.owner_and_cluster() {
+            Ok(owner) => owner,
+            Err(waiting) => {
+                preamble::wait(&mut self.conditions, waiting, None);
+                return;
+            }
         };
         self.transport_security();
         if let Err(errors) = validation::validate_cluster(mc) {
@@ -227,12 +206,11 @@ impl ClusterDecision<'_> {
             .iter()
             .any(|f| f == CLUSTER_FINALIZER)
         {
-            self.effects.push(Effect::AddFinalizer);
+            self.plan.add_finalizer = true;
         }
         for secret in &self.obs.credential_secrets {
             if secret.exists && !secret.protected {
-                self.effects
-                    .push(Effect::ProtectSecret(secret.name.clone()));
+                self.plan.protect_secrets.push(secret.name.clone());
             }
         }
     }
@@ -241,11 +219,13 @@ impl ClusterDecision<'_> {
     /// was changed to name another Secret).
     fn release_unclaimed_secrets(&mut self) {
         for name in &self.obs.unclaimed_secrets {
-            self.effects.push(Effect::ReleaseSecret(name.clone()));
+            self.plan.release_secrets.push(name.clone());
         }
     }
 
-    fn delete(&mut self) {
+    /// The delete path: the finalizer stays while machines exist; then the Secrets only this
+    /// cluster named are released, and the finalizer last.
+    fn reconcile_delete(&mut self) {
         let obs = self.obs;
         if !obs
             .microvm_cluster
@@ -275,13 +255,12 @@ impl ClusterDecision<'_> {
                 reasons::WAITING_FOR_MACHINES,
                 message,
             );
-            self.requeue = Requeue::After(MACHINES_GONE_RECHECK);
+            self.plan.requeue = Requeue::After(MACHINES_GONE_RECHECK);
             return;
         }
         for secret in &obs.credential_secrets {
             if secret.exists && secret.protected && secret.other_users == 0 {
-                self.effects
-                    .push(Effect::ReleaseSecret(secret.name.clone()));
+                self.plan.release_secrets.push(secret.name.clone());
             }
         }
         self.release_unclaimed_secrets();
@@ -291,7 +270,7 @@ impl ClusterDecision<'_> {
             reasons::DELETING,
             "every MicrovmMachine is gone",
         );
-        self.effects.push(Effect::RemoveFinalizer);
+        self.plan.remove_finalizer = true;
     }
 
     /// Transport security: tokens without TLS travel in plaintext (flintlock allows it).
@@ -319,7 +298,7 @@ impl ClusterDecision<'_> {
             ),
         };
         let was =
-            conditions::reason(&self.status.conditions, HOST_TRANSPORT_SECURE).map(str::to_string);
+            conditions::reason(&self.conditions.list, HOST_TRANSPORT_SECURE).map(str::to_string);
         if reason == "BasicAuthWithoutTLS" && was.as_deref() != Some(reason) {
             self.event(
                 EventKind::Warning,
@@ -533,12 +512,12 @@ impl ClusterDecision<'_> {
     }
 
     fn event(&mut self, kind: EventKind, reason: &'static str, note: String) {
-        self.effects.push(Effect::Event(Event {
+        self.plan.events.push(Event {
             kind,
             reason,
             action: "Reconcile",
             note,
-        }));
+        });
     }
 
     /// A Warning event when `Ready` turns False for a problem a person should look at, and a Normal
@@ -551,7 +530,7 @@ impl ClusterDecision<'_> {
             .as_ref()
             .and_then(|s| conditions::get(&s.conditions, types::READY))
             .map(|c| (c.status.clone(), c.reason.clone(), c.message.clone()));
-        let Some(after) = conditions::get(&self.status.conditions, types::READY).cloned() else {
+        let Some(after) = conditions::get(&self.conditions.list, types::READY).cloned() else {
             return;
         };
         let event_reason = match after.reason.as_str() {
@@ -589,35 +568,25 @@ impl ClusterDecision<'_> {
         }
     }
 
-    fn finish(mut self) -> Plan<MicrovmClusterStatus> {
+    fn finish(mut self) -> ClusterPlan {
         self.transition_events();
-        let mut p = plan(&self.obs.microvm_cluster, self.status, self.effects);
-        p.requeue = self.requeue;
-        p
-    }
-}
-
-fn plan(
-    mc: &capmvm_api::MicrovmCluster,
-    status: MicrovmClusterStatus,
-    effects: Vec<Effect>,
-) -> Plan<MicrovmClusterStatus> {
-    // Never un-provision (CAPI contract: provisioned is one-shot).
-    let mut status = status;
-    if mc
-        .status
-        .as_ref()
-        .and_then(|s| s.initialization.as_ref())
-        .and_then(|i| i.provisioned)
-        == Some(true)
-    {
-        status.initialization = Some(Initialization {
-            provisioned: Some(true),
-        });
-    }
-    Plan {
-        effects,
-        status: Some(status),
-        requeue: Requeue::Await,
+        let mut status = self.status;
+        status.conditions = self.conditions.list;
+        // Never un-provision (CAPI contract: provisioned is one-shot).
+        if self
+            .obs
+            .microvm_cluster
+            .status
+            .as_ref()
+            .and_then(|s| s.initialization.as_ref())
+            .and_then(|i| i.provisioned)
+            == Some(true)
+        {
+            status.initialization = Some(Initialization {
+                provisioned: Some(true),
+            });
+        }
+        self.plan.status = Some(status);
+        self.plan
     }
 }

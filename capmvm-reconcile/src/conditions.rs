@@ -74,6 +74,61 @@ pub fn reason<'a>(conditions: &'a [Condition], type_: &str) -> Option<&'a str> {
     get(conditions, type_).map(|c| c.reason.as_str())
 }
 
+/// An object's conditions as an engine decides them: every condition it sets carries the object's
+/// generation and the decision's time.
+#[derive(Clone, Debug)]
+pub(crate) struct Conditions {
+    /// The conditions, as stored before the decision and as set since.
+    pub(crate) list: Vec<Condition>,
+    generation: Option<i64>,
+    now: Timestamp,
+}
+
+impl Conditions {
+    /// The conditions `list`, set at `generation` and `now` from here on.
+    pub(crate) fn new(list: Vec<Condition>, generation: Option<i64>, now: Timestamp) -> Self {
+        Self {
+            list,
+            generation,
+            now,
+        }
+    }
+
+    /// Sets condition `type_` (see [`set`]).
+    pub(crate) fn set(
+        &mut self,
+        type_: &str,
+        status: Status,
+        reason: &str,
+        message: impl Into<String>,
+    ) {
+        set(
+            &mut self.list,
+            type_,
+            status,
+            reason,
+            message,
+            self.generation,
+            self.now,
+        );
+    }
+}
+
+impl crate::preamble::Report for Conditions {
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
+        self.set(type_, status, reason, message);
+    }
+
+    fn is_ready(&self) -> bool {
+        is_true(&self.list, capmvm_api::conditions::types::READY)
+    }
+
+    fn hold_status(&mut self) {
+        // Only the machine has a settle grace (`preamble::settle_left`): its
+        // engine holds its own status; a pool's and a cluster's waits are always written.
+    }
+}
+
 fn truncate_to_seconds(t: Timestamp) -> Timestamp {
     Timestamp::from_second(t.as_second()).unwrap_or(t)
 }

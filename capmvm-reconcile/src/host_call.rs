@@ -7,7 +7,7 @@ use capmvm_api::{MicrovmMachine, MicrovmMachineStatus};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::conditions::{self, Status};
-use crate::plan::{Effect, Event, EventKind, reasons as events};
+use crate::plan::{Event, EventKind, HostCall, reasons as events};
 
 /// How a host call failed, as far as what follows is concerned.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -39,13 +39,13 @@ pub struct HostCallVerdict {
 pub fn record_host_call_failure(
     machine: &MicrovmMachine,
     status: &mut MicrovmMachineStatus,
-    failed: &Effect,
+    failed: &HostCall,
     failure: HostCallFailure,
     message: &str,
     now: Timestamp,
 ) -> HostCallVerdict {
     let deleting = machine.metadata.deletion_timestamp.is_some();
-    let create = matches!(failed, Effect::CreateMicrovm { .. });
+    let create = matches!(failed, HostCall::Create { .. });
     let (reason, message, retry, event) = match (failure, deleting) {
         (HostCallFailure::Refused, false) if create => (
             reasons::MICROVM_SPEC_REJECTED,

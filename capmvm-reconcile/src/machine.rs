@@ -25,39 +25,33 @@ use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, MACHINE_FINALIZER, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_NAME_LABEL,
 };
-use capmvm_api::{
-    GROUP, HostEndpoint, Initialization, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus,
-    ProviderId, VmState as ApiVmState, validation,
-};
+use capmvm_api::{GROUP, HostEndpoint, MicrovmMachine, MicrovmMachineStatus};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use std::time::Duration;
 
 mod deletion;
+mod normal;
+mod ours;
 mod record;
 mod report;
 
-use record::{annotated_host, claim_value};
 pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
-use report::{addresses, failure_domain_of, starting_message};
 
-use crate::cloudinit::{self, CloudInit};
 use crate::conditions::{self, Status};
-use crate::gates::{self, Gate, Gates};
 pub use crate::host_call::{
     HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
 };
-use crate::microvm;
-use crate::observe::{BootstrapData, HostLookup, ObservedMachine, ObservedVm, VmState};
-use crate::placement::{self, Request};
-use crate::plan::{Effect, Event, EventKind, Plan, Requeue, reasons as events};
+use crate::observe::{FailedHostCall, HostLookup, ObservedMachine};
+use crate::plan::{Event, EventKind, MachinePlan, Requeue, reasons as events};
+use crate::preamble::{self, Gates, Path, Report, Waiting};
 
 /// How long to wait before looking again at a microVM that is still pending or being deleted, as a
 /// safety net behind the host observer, which wakes the machine when its microVM changes.
 pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
 
 /// How long a brand-new MicrovmMachine may wait on CAPI (owner, Cluster, bootstrap data) before the
-/// wait is reported on `Ready`.
+/// wait is reported on `Ready`: the machine's settle grace ([`crate::preamble::settle_left`]).
 pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
 
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
@@ -77,35 +71,49 @@ pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
     machine.spec.provider_id.is_none()
 }
 
+/// Whether a decision for this machine may create a microVM: it has no providerID and is not being
+/// deleted. Such a decision runs under the operator's placement turn, so concurrent placements see
+/// each other's reservations.
+pub fn may_create(machine: &MicrovmMachine) -> bool {
+    machine.spec.provider_id.is_none() && machine.metadata.deletion_timestamp.is_none()
+}
+
 /// Whether the decision reads the facts of every host of the pool (to choose one) rather than only
 /// the recorded host's: only when it may place the machine now, that is no host is recorded yet, it
-/// is not being deleted and the gates before placement (owner, Cluster, MicrovmCluster, pause) are
-/// open in `obs` (gathered without hosts). Gathering a whole pool for every reconcile of a placed
-/// machine, or of one still waiting for its owner, cost O(hosts) each for nothing.
+/// may create, and the preamble and gates before placement (pause, owner, Cluster, MicrovmCluster)
+/// let it through in `obs` (gathered without hosts). Gathering a whole pool for every reconcile of a
+/// placed machine, or of one still waiting for its owner, cost O(hosts) each for nothing.
 pub fn wants_pool_facts(obs: &ObservedMachine) -> bool {
-    let machine = &obs.machine;
-    if recorded_host(machine).is_some()
-        || machine.spec.provider_id.is_some()
-        || machine.metadata.deletion_timestamp.is_some()
-    {
-        return false;
+    may_create(&obs.machine) && recorded_host(&obs.machine).is_none() && gates_open(obs)
+}
+
+/// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
+/// be created now (no providerID, not deleting, not paused, the gates open) and the recorded host's
+/// answer, if gathered, holds no microVM of ours to adopt instead (right after a create). For a
+/// pool's instance it is always the MachinePool's (core gives MachinePool Machines an empty
+/// `dataSecretName`).
+pub fn wants_bootstrap_data(obs: &ObservedMachine) -> Option<&str> {
+    if !may_create(&obs.machine) || !gates_open(obs) {
+        return None;
     }
-    let paused = gates::paused(machine.annotations(), obs.cluster.as_ref());
-    let cluster_name = cluster_name(obs);
-    let owner_wait = owner_wait(obs);
-    matches!(
-        gates(obs, &owner_wait, &cluster_name, paused.as_deref()).check(),
-        Gate::Open { .. }
-    )
+    if let HostLookup::Answered { vms } = &obs.recorded_host
+        && vms.iter().any(|v| ours::is_ours(&obs.machine, v))
+    {
+        return None;
+    }
+    bootstrap_secret_name(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref())
+}
+
+/// Whether the preamble lets the machine through and every gate is open.
+fn gates_open(obs: &ObservedMachine) -> bool {
+    preamble::paused(obs.machine.annotations(), obs.cluster.as_ref()).is_none()
+        && gates(obs, &owner_wait(obs), &machine_cluster_name(obs))
+            .with_infrastructure(obs.infra_cluster.as_deref())
+            .is_ok()
 }
 
 /// What the gates see of a machine.
-fn gates<'a>(
-    obs: &'a ObservedMachine,
-    owner_wait: &'a str,
-    cluster_name: &'a str,
-    paused: Option<&'a str>,
-) -> Gates<'a> {
+fn gates<'a>(obs: &'a ObservedMachine, owner_wait: &'a str, cluster_name: &'a str) -> Gates<'a> {
     Gates {
         // A pool's instance is placed only once core's Machine owns it, as CAPD's DockerMachine
         // waits: core adopts a new instance (an ownerReference write) moments after the pool
@@ -118,8 +126,6 @@ fn gates<'a>(
         owner_wait,
         cluster_name,
         cluster: obs.cluster.as_ref(),
-        infra_cluster: obs.infra_cluster.as_deref(),
-        paused,
     }
 }
 
@@ -137,33 +143,24 @@ fn owner_wait(obs: &ObservedMachine) -> String {
     }
 }
 
-/// The machine's cluster: its cluster-name label, else its owner's.
-fn cluster_name(obs: &ObservedMachine) -> String {
-    obs.machine
+fn machine_cluster_name(obs: &ObservedMachine) -> String {
+    cluster_name(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref())
+}
+
+/// The machine's Cluster: its cluster-name label, else its owner Machine's, else (a pool's instance
+/// before core's Machine shows) its MachinePool's. The operator looks the Cluster up by this name.
+pub fn cluster_name(
+    machine: &MicrovmMachine,
+    owner: Option<&Machine>,
+    machine_pool: Option<&MachinePool>,
+) -> String {
+    machine
         .labels()
         .get(CLUSTER_NAME_LABEL)
         .cloned()
-        .or_else(|| obs.owner.as_ref().map(|o| o.spec.cluster_name.clone()))
-        .or_else(|| {
-            obs.machine_pool
-                .as_ref()
-                .map(|p| p.spec.cluster_name.clone())
-        })
+        .or_else(|| owner.map(|o| o.spec.cluster_name.clone()))
+        .or_else(|| machine_pool.map(|p| p.spec.cluster_name.clone()))
         .unwrap_or_default()
-}
-
-/// The bootstrap Secret the operator should read for this machine, if any: only while a microVM may
-/// still be created (no providerID, not deleting). For a pool's instance it is always the
-/// MachinePool's (core gives MachinePool Machines an empty `dataSecretName`).
-pub fn wants_bootstrap_data<'a>(
-    machine: &MicrovmMachine,
-    owner: Option<&'a Machine>,
-    machine_pool: Option<&'a MachinePool>,
-) -> Option<&'a str> {
-    if machine.metadata.deletion_timestamp.is_some() || machine.spec.provider_id.is_some() {
-        return None;
-    }
-    bootstrap_secret_name(machine, owner, machine_pool)
 }
 
 /// The MicrovmMachinePool a machine is an instance of: it carries the `cluster.x-k8s.io/pool-name`
@@ -200,10 +197,10 @@ fn bootstrap_secret_name<'a>(
 }
 
 /// Decides what to do for one MicrovmMachine.
-pub fn decide(obs: &ObservedMachine, now: Timestamp) -> Plan<MicrovmMachineStatus> {
+pub fn decide(obs: &ObservedMachine, now: Timestamp) -> MachinePlan {
     let mut d = Decision::new(obs, now);
-    let requeue = d.run();
-    d.finish(requeue)
+    d.plan.requeue = d.run();
+    d.finish()
 }
 
 struct Decision<'a> {
@@ -212,10 +209,26 @@ struct Decision<'a> {
     now: Timestamp,
     generation: Option<i64>,
     status: MicrovmMachineStatus,
-    effects: Vec<Effect>,
+    plan: MachinePlan,
     /// Leave the status unwritten: a brand-new object is still being assembled by CAPI, or the status
     /// is written by the adoption that follows a create.
     quiet: bool,
+    /// The status reports a failed host call, with its own event: no transition event.
+    failure_reported: bool,
+}
+
+impl Report for Decision<'_> {
+    fn condition(&mut self, type_: &str, status: Status, reason: &str, message: String) {
+        Decision::condition(self, type_, status, reason, message);
+    }
+
+    fn is_ready(&self) -> bool {
+        conditions::is_true(&self.status.conditions, types::READY)
+    }
+
+    fn hold_status(&mut self) {
+        self.quiet = true;
+    }
 }
 
 impl<'a> Decision<'a> {
@@ -227,42 +240,57 @@ impl<'a> Decision<'a> {
             now,
             generation: machine.metadata.generation,
             status: machine.status.clone().unwrap_or_default(),
-            effects: Vec::new(),
+            plan: MachinePlan::default(),
             quiet: false,
+            failure_reported: false,
         }
     }
 
+    /// The preamble every kind shares, then the delete or the normal path. A host call of the last
+    /// plan that failed is reported first: it is what the operator observed last.
     fn run(&mut self) -> Requeue {
-        let paused = self.paused();
-        match &paused {
-            Some(why) => self.condition(types::PAUSED, Status::True, reasons::PAUSED, why.clone()),
-            None => self.condition(types::PAUSED, Status::False, reasons::NOT_PAUSED, ""),
+        let path = preamble::preamble(&self.machine.metadata, self.obs.cluster.as_ref(), self);
+        if let Some(failed) = &self.obs.failed_host_call {
+            return self.report_failed_call(failed);
         }
-        if self.machine.metadata.deletion_timestamp.is_some() {
-            if paused.is_some() {
-                return Requeue::Await;
-            }
-            return self.delete();
+        match path {
+            Path::Paused => Requeue::Await,
+            Path::Delete => self.reconcile_delete(),
+            Path::Normal => self.reconcile_normal(),
         }
+    }
 
-        let cluster_name = cluster_name(self.obs);
+    /// A host call of the last plan failed: `Ready` and a Warning event say so, and the engine says
+    /// whether it is retried with backoff or waits for the spec to change ([`record_host_call_failure`]).
+    fn report_failed_call(&mut self, failed: &FailedHostCall) -> Requeue {
+        let verdict = record_host_call_failure(
+            self.machine,
+            &mut self.status,
+            &failed.call,
+            failed.failure,
+            &failed.message,
+            self.now,
+        );
+        self.plan.events.push(verdict.event);
+        self.failure_reported = true;
+        if verdict.retry_with_backoff {
+            Requeue::Backoff
+        } else {
+            Requeue::Await
+        }
+    }
+
+    /// The normal path: the gates, then a machine with a providerID follows its microVM, one without
+    /// is placed, created exactly once and adopted.
+    fn reconcile_normal(&mut self) -> Requeue {
+        let cluster_name = machine_cluster_name(self.obs);
         let owner_wait = owner_wait(self.obs);
-        let gates = gates(self.obs, &owner_wait, &cluster_name, paused.as_deref());
-        let (cluster, infra) = match gates.check() {
-            Gate::Open {
-                cluster,
-                infra_cluster,
-            } => (cluster, infra_cluster),
-            Gate::Paused(why) => {
-                // A ready machine stays Ready while paused (clusterctl move pauses every cluster).
-                if !conditions::is_true(&self.status.conditions, types::READY) {
-                    self.not_ready(reasons::PAUSED, why);
-                }
-                return Requeue::Await;
-            }
-            Gate::Waiting { reason, message } => return self.wait_for_capi(reason, message),
+        let open = gates(self.obs, &owner_wait, &cluster_name)
+            .with_infrastructure(self.obs.infra_cluster.as_deref());
+        let (cluster, infra) = match open {
+            Ok(open) => open,
+            Err(waiting) => return self.wait_for_capi(waiting),
         };
-
         if self.machine.spec.provider_id.is_some() {
             return self.observe_existing(infra);
         }
@@ -286,367 +314,6 @@ impl<'a> Decision<'a> {
         chosen.filter(|fd| !fd.is_empty())
     }
 
-    // --- the machine has a providerID: observe its microVM ---
-
-    fn observe_existing(&mut self, infra: &MicrovmCluster) -> Requeue {
-        let Some(pid) = provider_id(self.machine) else {
-            let raw = self.machine.spec.provider_id.clone().unwrap_or_default();
-            self.not_ready(
-                reasons::INVALID_SPEC,
-                format!("spec.providerID {raw:?} is not a microvm:// providerID"),
-            );
-            return Requeue::Await;
-        };
-        if self.missing_credentials(&pid.host) {
-            return Requeue::After(CREDENTIALS_RECHECK);
-        }
-        match &self.obs.recorded_host {
-            HostLookup::NotAsked => Requeue::After(NOT_OBSERVED_RECHECK),
-            HostLookup::Unreachable(why) => {
-                self.status.vm_state = Some(ApiVmState::Unknown);
-                self.not_ready(
-                    reasons::HOST_UNREACHABLE,
-                    format!("host {} is unreachable: {why}", pid.host),
-                );
-                Requeue::Await
-            }
-            HostLookup::Answered { vms } => {
-                let Some(vm) = vms.iter().find(|v| v.uid == pid.uid) else {
-                    self.status.vm_state = Some(ApiVmState::Unknown);
-                    self.not_ready(
-                        reasons::MICROVM_NOT_FOUND,
-                        format!(
-                            "microVM {} no longer exists on host {}; it is not re-created: delete the Machine to replace it",
-                            pid.uid, pid.host
-                        ),
-                    );
-                    return Requeue::Await;
-                };
-                self.delete_duplicates(&pid.host, vms, Some(&pid.uid));
-                self.follow_state(infra, &pid.host, vm)
-            }
-        }
-    }
-
-    // --- no providerID: place, create exactly once, adopt ---
-
-    fn create_or_adopt(&mut self, infra: &MicrovmCluster, cluster_name: &str) -> Requeue {
-        let Some(machine_uid) = origin_uid(self.machine) else {
-            // The API server always sets a uid; without one no microVM could be recognised as ours.
-            self.not_ready(
-                reasons::INVALID_SPEC,
-                "metadata.uid is empty: a microVM is created only for an object the API server stored",
-            );
-            return Requeue::Await;
-        };
-        let recorded = annotated_host(self.machine);
-
-        // A microVM already on the recorded host is adopted, whatever else is missing: the bootstrap
-        // data matters only for creating one.
-        if let Some(host) = &recorded {
-            self.status.host = Some(host.to_string());
-            if self.missing_credentials(host) {
-                return Requeue::After(CREDENTIALS_RECHECK);
-            }
-            match &self.obs.recorded_host {
-                HostLookup::NotAsked => {
-                    self.not_ready(
-                        reasons::MICROVM_PENDING,
-                        format!("waiting to list the microVMs of host {host}"),
-                    );
-                    return Requeue::After(NOT_OBSERVED_RECHECK);
-                }
-                HostLookup::Unreachable(why) => {
-                    self.not_ready(
-                        reasons::HOST_UNREACHABLE,
-                        format!(
-                            "host {host} is unreachable: {why}; the microVM is created when it answers"
-                        ),
-                    );
-                    return Requeue::Await;
-                }
-                HostLookup::Answered { vms } => {
-                    // Adopt the oldest microVM of ours that is not being deleted: one in DELETING
-                    // would pin the providerID to a microVM about to vanish.
-                    let mut ours = self.ours(vms);
-                    ours.sort_by(|a, b| a.uid.cmp(&b.uid));
-                    if let Some(oldest) = ours.iter().find(|v| v.state != VmState::Deleting) {
-                        self.effects.push(Effect::SetProviderId(
-                            ProviderId::new(host.clone(), oldest.uid.clone()).to_string(),
-                        ));
-                        self.delete_duplicates(host, vms, Some(&oldest.uid));
-                        return self.follow_state(infra, host, oldest);
-                    }
-                    if !ours.is_empty() {
-                        let uids: Vec<&str> = ours.iter().map(|v| v.uid.as_str()).collect();
-                        self.status.vm_state = Some(ApiVmState::Deleting);
-                        self.not_ready(
-                            reasons::MICROVM_DELETING,
-                            format!(
-                                "waiting for host {host} to finish deleting microVM {} before creating a new one",
-                                uids.join(", ")
-                            ),
-                        );
-                        return Requeue::After(PENDING_RECHECK);
-                    }
-                    if let Some(message) = self.unknown_microvms(host, vms) {
-                        self.not_ready(reasons::UNKNOWN_MICROVM_ON_HOST, message);
-                        // Foreign microVMs wake nobody when they go: look again now and then.
-                        return Requeue::After(PENDING_RECHECK);
-                    }
-                }
-            }
-        }
-
-        // Validation guards creating only: a microVM that already exists was adopted above, whatever
-        // the spec says now (an edit after create is reported on MicrovmUpToDate).
-        if let Err(errors) = validation::validate_machine(self.machine) {
-            self.not_ready(reasons::INVALID_SPEC, errors.to_string());
-            return Requeue::Await;
-        }
-        // The host refused this spec: sending it again cannot succeed. The condition (and its event,
-        // published once) stays until the spec's generation changes.
-        if spec_rejected_at_this_generation(self.machine) {
-            return Requeue::Await;
-        }
-
-        let Some(secret) = bootstrap_secret_name(
-            self.machine,
-            self.obs.owner.as_ref(),
-            self.obs.machine_pool.as_ref(),
-        ) else {
-            let whose = if instance_pool(self.machine).is_some() {
-                "the MachinePool has no bootstrap data secret yet (spec.template.spec.bootstrap.dataSecretName)"
-            } else {
-                "the Machine has no bootstrap data secret yet"
-            };
-            return self.wait_for_capi(reasons::WAITING_FOR_BOOTSTRAP_DATA, whose);
-        };
-        let user_data = match &self.obs.bootstrap {
-            BootstrapData::NotAsked => {
-                self.not_ready(
-                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
-                    format!("bootstrap Secret {secret:?} not read yet"),
-                );
-                return Requeue::After(NOT_OBSERVED_RECHECK);
-            }
-            BootstrapData::SecretNotFound => {
-                return self.wait_for_capi(
-                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
-                    format!("bootstrap Secret {secret:?} not found"),
-                );
-            }
-            BootstrapData::Found { value: None, .. } => {
-                self.not_ready(
-                    reasons::WAITING_FOR_BOOTSTRAP_DATA,
-                    format!("bootstrap Secret {secret:?} has no key \"value\""),
-                );
-                return Requeue::Await;
-            }
-            BootstrapData::Found {
-                format: Some(f), ..
-            } if f != "cloud-config" => {
-                self.not_ready(
-                    reasons::INVALID_BOOTSTRAP_FORMAT,
-                    format!(
-                        "bootstrap Secret {secret:?} has format {f:?}; flintlock delivers only cloud-config (set the bootstrap provider's format to cloud-config)"
-                    ),
-                );
-                return Requeue::Await;
-            }
-            BootstrapData::Found { value: Some(v), .. } => v,
-        };
-
-        if let Some(host) = recorded {
-            // The fresh answer above showed no microVM of ours there; but another process's create
-            // may still be on its way.
-            if let Some(left) = self.claimed_elsewhere() {
-                // Short and transient: not worth a status write (that would also make the other
-                // process's providerID write conflict).
-                self.quiet = true;
-                return Requeue::After(left);
-            }
-            return self.create(&host, machine_uid, user_data, cluster_name, infra);
-        }
-        // Nothing was recorded, so nothing was created: choose a host and create right away (the
-        // create records the host first).
-        let Some(pool) = &infra.spec.placement.static_pool else {
-            self.not_ready(
-                reasons::NO_ELIGIBLE_HOST,
-                "the MicrovmCluster has no placement.staticPool",
-            );
-            return Requeue::Await;
-        };
-        let key = format!(
-            "{}/{}",
-            self.machine.namespace().unwrap_or_default(),
-            self.machine.name_any()
-        );
-        let request = Request {
-            machine_key: &key,
-            failure_domain: self.failure_domain(),
-            control_plane: self
-                .obs
-                .owner
-                .as_ref()
-                .is_some_and(Machine::is_control_plane),
-        };
-        match placement::choose(pool, &self.obs.hosts, &request) {
-            Err(no_host) if no_host.only_credentials => {
-                self.not_ready(reasons::MISSING_CREDENTIALS, no_host.message);
-                // No watch fires when a Secret appears: look again soon.
-                Requeue::After(CREDENTIALS_RECHECK)
-            }
-            Err(no_host) => {
-                self.not_ready(reasons::NO_ELIGIBLE_HOST, no_host.message);
-                Requeue::Await
-            }
-            Ok(chosen) => self.create(&chosen.host, machine_uid, user_data, cluster_name, infra),
-        }
-    }
-
-    /// Creates a microVM on `host`. The plan first (re)records the host and origin uid, and counts
-    /// one more placement attempt, in one write conditional on the resourceVersion this decision
-    /// read, also when host and uid are recorded already: every create is then preceded by a write
-    /// that always changes the object and fails on a stale read (one that misses a providerID, or
-    /// another writer's attempt), so no decision made from a stale read reaches a host and two
-    /// writers deciding from the same version cannot both create.
-    fn create(
-        &mut self,
-        host: &HostEndpoint,
-        machine_uid: &str,
-        user_data: &crate::observe::Sensitive,
-        cluster_name: &str,
-        infra: &MicrovmCluster,
-    ) -> Requeue {
-        if self.missing_credentials(host) {
-            return Requeue::After(CREDENTIALS_RECHECK);
-        }
-        // Never the value read, so the write always makes a new resourceVersion (wrapping is
-        // academic, but must not land on the same value either).
-        let attempt = placement_attempts(self.machine).wrapping_add(1).max(1);
-        self.effects.push(Effect::RecordHost {
-            host: host.clone(),
-            origin_uid: machine_uid.to_string(),
-            attempt,
-            claim: claim_value(&self.obs.operator, self.now),
-        });
-        let keys = if self.machine.spec.ssh_public_keys.is_empty() {
-            &infra.spec.ssh_public_keys
-        } else {
-            &self.machine.spec.ssh_public_keys
-        };
-        let hostname = self.machine.name_any();
-        let vm_host = host.to_string();
-        let metadata = match cloudinit::metadata(&CloudInit {
-            hostname: &hostname,
-            machine_uid,
-            cluster_name,
-            vm_host: &vm_host,
-            ssh_public_keys: keys,
-            user_data: user_data.expose(),
-        }) {
-            Ok(m) => m,
-            Err(e) => {
-                self.not_ready(
-                    reasons::INVALID_SPEC,
-                    format!("cannot render cloud-init meta-data: {e}"),
-                );
-                return Requeue::Await;
-            }
-        };
-        let spec = microvm::build_spec(self.machine, cluster_name, metadata);
-        self.ensure_finalizer();
-        self.effects.push(Effect::CreateMicrovm {
-            host: host.clone(),
-            spec: Box::new(spec),
-        });
-        // Events are published after the host calls succeed, so this one records a done create.
-        // A pool's instances are announced by the pool's `InstancesCreated` event and show their
-        // host in status: an Event each would be one more write per instance, and a flood of
-        // Events when an autoscaler grows a pool.
-        if instance_pool(self.machine).is_none() {
-            self.event(
-                EventKind::Normal,
-                events::MICROVM_CREATED,
-                "Create",
-                format!("created a microVM on host {host}"),
-            );
-        }
-        // The status is written once the created microVM is adopted, right after, together with
-        // the providerID's new generation: one status write instead of two.
-        self.quiet = true;
-        Requeue::Immediately
-    }
-
-    /// Follows the state of the machine's microVM into the status.
-    fn follow_state(
-        &mut self,
-        infra: &MicrovmCluster,
-        host: &HostEndpoint,
-        vm: &ObservedVm,
-    ) -> Requeue {
-        // A machine with a microVM keeps the finalizer (restored if someone removed it).
-        self.ensure_finalizer();
-        self.compare_running_spec(host, vm);
-        self.status.host = Some(host.to_string());
-        if self.status.failure_domain.is_none() {
-            self.status.failure_domain = failure_domain_of(infra, host);
-        }
-        self.status.addresses = addresses(self.machine);
-        match vm.state {
-            VmState::Pending => {
-                if let Some(left) = self.unreported_youth_left() {
-                    // A microVM that starts within the settle grace goes straight to Ready: the
-                    // pending state of a brand-new machine is reported only if it lasts.
-                    self.quiet = true;
-                    return Requeue::After(left);
-                }
-                self.status.vm_state = Some(ApiVmState::Pending);
-                self.not_ready(reasons::MICROVM_PENDING, starting_message(host, vm.retry));
-                Requeue::After(PENDING_RECHECK)
-            }
-            VmState::Created => {
-                self.status.vm_state = Some(ApiVmState::Running);
-                self.status.initialization = Some(Initialization {
-                    provisioned: Some(true),
-                });
-                self.condition(types::READY, Status::True, reasons::READY, "");
-                Requeue::Await
-            }
-            VmState::Failed => {
-                self.status.vm_state = Some(ApiVmState::Failed);
-                self.not_ready(
-                    reasons::MICROVM_PROVISION_FAILED,
-                    format!(
-                        "flintlock gave up on microVM {} on host {host} after {} retries; delete the Machine to replace it",
-                        vm.uid, vm.retry
-                    ),
-                );
-                Requeue::Await
-            }
-            VmState::Deleting => {
-                self.status.vm_state = Some(ApiVmState::Deleting);
-                self.not_ready(
-                    reasons::MICROVM_DELETING,
-                    format!("microVM {} is being deleted on host {host}", vm.uid),
-                );
-                Requeue::After(PENDING_RECHECK)
-            }
-            VmState::Unknown(n) => {
-                self.status.vm_state = Some(ApiVmState::Unknown);
-                self.not_ready(
-                    reasons::MICROVM_UNKNOWN_STATE,
-                    format!(
-                        "host {host} reports microVM {} in unknown state {n}",
-                        vm.uid
-                    ),
-                );
-                Requeue::After(PENDING_RECHECK)
-            }
-        }
-    }
-
     // --- helpers ---
 
     fn ensure_finalizer(&mut self) {
@@ -655,8 +322,8 @@ impl<'a> Decision<'a> {
             .finalizers()
             .iter()
             .any(|f| f == MACHINE_FINALIZER);
-        if !has && !self.effects.contains(&Effect::AddFinalizer) {
-            self.effects.insert(0, Effect::AddFinalizer);
+        if !has {
+            self.plan.add_finalizer = true;
         }
     }
 
@@ -679,104 +346,6 @@ impl<'a> Decision<'a> {
         }
     }
 
-    /// The microVMs that carry this machine's origin uid (ours), on the answering host.
-    fn ours<'v>(&self, vms: &'v [ObservedVm]) -> Vec<&'v ObservedVm> {
-        vms.iter().filter(|v| self.is_ours(v)).collect()
-    }
-
-    fn is_ours(&self, vm: &ObservedVm) -> bool {
-        let uid = origin_uid(self.machine);
-        uid.is_some()
-            && vm.machine_uid.as_deref() == uid
-            && vm.name == self.machine.name_any()
-            && Some(vm.namespace.as_str()) == self.machine.namespace().as_deref()
-    }
-
-    /// How long to wait, if another operator process claimed the placement less than
-    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it. The
-    /// claim's age is how long this process has seen it (a process sees a claim only after it was
-    /// written, so waiting the TTL from then covers the writer's create), never the difference of
-    /// two processes' clocks: replicas whose clocks differ by more than the TTL would both create.
-    fn claimed_elsewhere(&self) -> Option<Duration> {
-        let (_, by) = placement_claim(self.machine)?;
-        if by == self.obs.operator {
-            // Our own claim: reconciles of one object do not overlap, so our create is over.
-            return None;
-        }
-        let age = self.obs.claim_seen_for.unwrap_or(Duration::ZERO);
-        CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())
-    }
-
-    /// Why creating on `host` must wait, if `vms` (its fresh answer) holds microVMs with this
-    /// machine's namespace/name that are not ours and not being deleted: their meta-data carries no
-    /// readable origin uid, or another one. Creating next to them could make a second microVM of
-    /// this machine (ours, unreadable) or two microVMs of one name; neither is undone by itself.
-    fn unknown_microvms(&self, host: &HostEndpoint, vms: &[ObservedVm]) -> Option<String> {
-        let name = self.machine.name_any();
-        let namespace = self.machine.namespace().unwrap_or_default();
-        let mut unknown: Vec<&ObservedVm> = vms
-            .iter()
-            .filter(|v| {
-                v.name == name
-                    && v.namespace == namespace
-                    && v.state != VmState::Deleting
-                    && !self.is_ours(v)
-            })
-            .collect();
-        if unknown.is_empty() {
-            return None;
-        }
-        unknown.sort_by(|a, b| a.uid.cmp(&b.uid));
-        let ours = origin_uid(self.machine).unwrap_or_default();
-        let each: Vec<String> = unknown
-            .iter()
-            .map(|v| match &v.machine_uid {
-                Some(uid) => format!(
-                    "microVM {} carries MicrovmMachine uid {uid} in its meta-data, not this machine's {ours}",
-                    v.uid
-                ),
-                None => format!(
-                    "microVM {} has no readable MicrovmMachine uid in its meta-data",
-                    v.uid
-                ),
-            })
-            .collect();
-        Some(format!(
-            "host {host} has a microVM named {namespace}/{name} that is not this machine's ({}); no microVM is created while it exists. Check whether it belongs to another management cluster or to an earlier MicrovmMachine of this name, then delete it from the host, or delete this Machine",
-            each.join("; ")
-        ))
-    }
-
-    /// Deletes microVMs that carry this machine's origin uid but are not the one it keeps.
-    fn delete_duplicates(&mut self, host: &HostEndpoint, vms: &[ObservedVm], keep: Option<&str>) {
-        let mut extras: Vec<&ObservedVm> = self
-            .ours(vms)
-            .into_iter()
-            .filter(|v| Some(v.uid.as_str()) != keep && v.state != VmState::Deleting)
-            .collect();
-        extras.sort_by(|a, b| a.uid.cmp(&b.uid));
-        for vm in extras {
-            self.effects.push(Effect::DeleteMicrovm {
-                host: host.clone(),
-                uid: vm.uid.clone(),
-            });
-            self.event(
-                EventKind::Warning,
-                events::DUPLICATE_MICROVM,
-                "Delete",
-                format!(
-                    "deleting microVM {} on host {host}: a second microVM for this machine ({} is kept)",
-                    vm.uid,
-                    keep.unwrap_or("none")
-                ),
-            );
-        }
-    }
-
-    fn paused(&self) -> Option<String> {
-        gates::paused(self.machine.annotations(), self.obs.cluster.as_ref())
-    }
-
     fn condition(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
         conditions::set(
             &mut self.status.conditions,
@@ -793,58 +362,54 @@ impl<'a> Decision<'a> {
         self.condition(types::READY, Status::False, reason, message);
     }
 
-    /// Waits for CAPI (owner, Cluster, infrastructure, bootstrap data). A brand-new object that was
-    /// never reported on is left unwritten for [`CAPI_SETTLE_GRACE`]: CAPI assembles it in a burst of
-    /// writes, and reporting each passing wait would cost a status write (and a conflict) apiece.
-    /// A wait that outlasts the grace is reported with its reason.
-    fn wait_for_capi(&mut self, reason: &str, message: impl Into<String>) -> Requeue {
-        match self.unreported_youth_left() {
-            Some(left) => {
-                self.quiet = true;
-                Requeue::After(left)
-            }
-            None => {
-                self.not_ready(reason, message);
-                Requeue::Await
-            }
-        }
+    /// Waits for CAPI (owner, Cluster, infrastructure, bootstrap data), within the machine's settle
+    /// grace unwritten ([`CAPI_SETTLE_GRACE`]).
+    fn wait_for_capi(&mut self, waiting: Waiting) -> Requeue {
+        let left = self.unreported_youth_left();
+        preamble::wait(self, waiting, left)
     }
 
     /// For a brand-new object whose status was never written: how much of [`CAPI_SETTLE_GRACE`] is
     /// left. Transient states of such an object (waits on CAPI, a microVM still starting) are not
     /// written while it lasts; anything that needs attention is.
     fn unreported_youth_left(&self) -> Option<Duration> {
-        if self.machine.status.is_some() {
-            return None;
-        }
-        let created = self.machine.metadata.creation_timestamp.as_ref()?;
-        let age = Duration::try_from(self.now.duration_since(created.0)).ok()?;
-        CAPI_SETTLE_GRACE.checked_sub(age).filter(|d| !d.is_zero())
+        preamble::settle_left(
+            &self.machine.metadata,
+            self.machine.status.is_some(),
+            CAPI_SETTLE_GRACE,
+            self.now,
+        )
     }
 
     fn event(&mut self, kind: EventKind, reason: &'static str, action: &'static str, note: String) {
-        self.effects.push(Effect::Event(Event {
+        self.plan.events.push(Event {
             kind,
             reason,
             action,
             note,
-        }));
+        });
     }
 
-    fn finish(mut self, requeue: Requeue) -> Plan<MicrovmMachineStatus> {
+    fn finish(mut self) -> MachinePlan {
         if self.quiet {
-            return Plan {
-                effects: self.effects,
-                status: None,
-                requeue,
-            };
+            return self.plan;
         }
-        self.transition_events();
-        Plan {
-            effects: self.effects,
-            status: Some(self.status),
-            requeue,
+        if !self.failure_reported {
+            self.transition_events();
         }
+        if self.plan.provider_id.is_some() {
+            // The providerID write is conditional on the version read and changes the spec, so the
+            // API server moves the generation by exactly one: conditions decided now describe that
+            // generation (only our own write moved it).
+            let next = self.generation.map(|g| g + 1);
+            for c in &mut self.status.conditions {
+                if c.observed_generation == self.generation {
+                    c.observed_generation = next;
+                }
+            }
+        }
+        self.plan.status = Some(self.status);
+        self.plan
     }
 
     /// Events for `Ready` transitions users should see in `kubectl describe`.

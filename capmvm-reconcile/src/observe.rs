@@ -11,6 +11,9 @@ use std::time::Duration;
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::{MicrovmCluster, MicrovmMachine};
 
+use crate::host_call::HostCallFailure;
+use crate::plan::HostCall;
+
 /// Bytes that must never reach a log line, a `Debug` print or an error message (bootstrap data).
 #[derive(Clone, PartialEq, Eq, Default)]
 pub struct Sensitive(Vec<u8>);
@@ -66,6 +69,20 @@ pub struct ObservedMachine {
     /// clocks of the processes (one written by a replica whose clock runs ahead is not young, nor one
     /// read by a replica whose clock runs ahead old). `None`: not seen before (age zero).
     pub claim_seen_for: Option<Duration>,
+    /// A host call of the last plan that failed, when this observation follows it: the engine reports
+    /// it and says whether it is retried ([`crate::machine::record_host_call_failure`]).
+    pub failed_host_call: Option<FailedHostCall>,
+}
+
+/// A host call that failed while a plan was carried out.
+#[derive(Clone, Debug, PartialEq)]
+pub struct FailedHostCall {
+    /// The call.
+    pub call: HostCall,
+    /// How it failed.
+    pub failure: HostCallFailure,
+    /// What the host or the client said; safe to show.
+    pub message: String,
 }
 
 /// The bootstrap data Secret named by `Machine.spec.bootstrap.dataSecretName`.

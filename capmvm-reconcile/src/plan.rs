@@ -2,102 +2,131 @@
 
 use std::time::Duration;
 
-use capmvm_api::HostEndpoint;
+use capmvm_api::{HostEndpoint, MicrovmClusterStatus, MicrovmMachineStatus};
 
 use crate::microvm::MicrovmSpec;
 
-/// A decision: effects to carry out, the status to write, and when to look again.
-///
-/// The operator carries a plan out in this order, stopping at the first failure:
-/// 1. [`Effect::AddFinalizer`] and [`Effect::RecordHost`], in one metadata write conditional on the
-///    resourceVersion the observation was read at, so a decision made from a stale read cannot reach
-///    a host;
-/// 2. [`Effect::SetProviderId`] (a spec write);
-/// 3. the `status`, if it differs from the object's (its conditions' observedGeneration follows the
-///    generation a spec write just gave);
-/// 4. host calls: [`Effect::CreateMicrovm`], [`Effect::DeleteMicrovm`];
-/// 5. [`Effect::Event`]s;
-/// 6. [`Effect::RemoveFinalizer`] (never in the same plan as a host call).
-///
-/// A MicrovmCluster's plan: [`Effect::AddFinalizer`] and [`Effect::ProtectSecret`]s, the status,
-/// events, then [`Effect::ReleaseSecret`]s and [`Effect::RemoveFinalizer`] last.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Plan<S> {
-    /// Effects, in the order above.
-    pub effects: Vec<Effect>,
-    /// The desired status; `None` leaves the status alone (for example, an externally managed object).
-    pub status: Option<S>,
+/// What to do for one MicrovmMachine. The operator carries the fields out in declaration order,
+/// stopping at the first failure, so the executor reads top to bottom like the plan:
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MachinePlan {
+    /// 1. Add the finalizer, in one metadata write with [`Self::record_host`], conditional on the
+    ///    resourceVersion the observation was read at: a decision made from a stale read cannot
+    ///    reach a host.
+    pub add_finalizer: bool,
+    /// 1. (the same write) Record the chosen host before the microVM is created there.
+    pub record_host: Option<HostRecord>,
+    /// 2. Set `spec.providerID` (a spec write, conditional on the version read: the generation
+    ///    moves by one, which the conditions of [`Self::status`] already name).
+    pub provider_id: Option<String>,
+    /// 3. Write the status, if it differs from the object's.
+    pub status: Option<MicrovmMachineStatus>,
+    /// 4. Call the host, in this order. A failed call ends the plan; the failure is part of the next
+    ///    observation ([`crate::observe::ObservedMachine::failed_host_call`]).
+    pub host_calls: Vec<HostCall>,
+    /// 5. Record these events on the object (after the host calls, so they record done work).
+    pub events: Vec<Event>,
+    /// 6. Remove the finalizer: the microVM is gone (or was never created, or is abandoned). Never
+    ///    in the same plan as a host call.
+    pub remove_finalizer: bool,
     /// When to decide again.
     pub requeue: Requeue,
 }
 
-impl<S> Plan<S> {
-    /// The host calls of this plan.
-    pub fn host_calls(&self) -> impl Iterator<Item = &Effect> {
-        self.effects.iter().filter(|e| {
-            matches!(
-                e,
-                Effect::CreateMicrovm { .. } | Effect::DeleteMicrovm { .. }
-            )
+impl MachinePlan {
+    /// Whether the plan changes nothing but, perhaps, the status.
+    pub fn has_no_effects(&self) -> bool {
+        !self.add_finalizer
+            && self.record_host.is_none()
+            && self.provider_id.is_none()
+            && self.host_calls.is_empty()
+            && self.events.is_empty()
+            && !self.remove_finalizer
+    }
+
+    /// The microVMs this plan creates: where, and what.
+    pub fn creates(&self) -> impl Iterator<Item = (&HostEndpoint, &MicrovmSpec)> {
+        self.host_calls.iter().filter_map(|c| match c {
+            HostCall::Create { host, spec } => Some((host, spec.as_ref())),
+            HostCall::Delete { .. } => None,
         })
     }
 
-    /// The events of this plan.
-    pub fn events(&self) -> impl Iterator<Item = &Event> {
-        self.effects.iter().filter_map(|e| match e {
-            Effect::Event(ev) => Some(ev),
-            _ => None,
+    /// The microVMs this plan deletes: where, and flintlock's uid.
+    pub fn deletes(&self) -> impl Iterator<Item = (&HostEndpoint, &str)> {
+        self.host_calls.iter().filter_map(|c| match c {
+            HostCall::Delete { host, uid } => Some((host, uid.as_str())),
+            HostCall::Create { .. } => None,
         })
     }
 }
 
-/// One thing to do.
+/// The host recorded before a create, with the machine's origin uid, in annotations: a recreated
+/// object (`clusterctl move`) still finds its microVM.
+///
+/// The write also sets the placement-attempt annotation to `attempt`, one more than the value the
+/// decision read, so it always changes the object: with the resourceVersion test it is a
+/// compare-and-swap that two writers deciding from the same version cannot both pass.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostRecord {
+    /// The chosen host.
+    pub host: HostEndpoint,
+    /// The uid the microVM will carry in meta-data.
+    pub origin_uid: String,
+    /// The placement attempt this create is (1 for the first).
+    pub attempt: u64,
+    /// Who makes this attempt and when: the placement-claim annotation's value.
+    pub claim: String,
+}
+
+/// One call to a flintlock host.
 #[derive(Clone, Debug, PartialEq)]
-pub enum Effect {
-    /// Add the object's finalizer.
-    AddFinalizer,
-    /// Remove the object's finalizer: a MicrovmMachine's microVM is gone (or was never created, or
-    /// abandoned); a MicrovmCluster's machines are gone.
-    RemoveFinalizer,
-    /// Record the chosen host and the machine's origin uid in their annotations (before the microVM
-    /// is created there), so a recreated object (`clusterctl move`) still finds its microVM.
-    ///
-    /// The write also sets the placement-attempt annotation to `attempt`, one more than the value
-    /// the decision read, so it always changes the object: with the resourceVersion test it is a
-    /// compare-and-swap that two writers deciding from the same version cannot both pass.
-    RecordHost {
-        /// The chosen host.
-        host: HostEndpoint,
-        /// The uid the microVM will carry in meta-data.
-        origin_uid: String,
-        /// The placement attempt this create is (1 for the first).
-        attempt: u64,
-        /// Who makes this attempt and when: the placement-claim annotation's value.
-        claim: String,
-    },
-    /// Set `spec.providerID`.
-    SetProviderId(String),
-    /// Create a microVM on a host. The host is recorded first ([`Effect::RecordHost`]).
-    CreateMicrovm {
+pub enum HostCall {
+    /// Create a microVM. The host is recorded first ([`MachinePlan::record_host`]).
+    Create {
         /// Where.
         host: HostEndpoint,
         /// What.
         spec: Box<MicrovmSpec>,
     },
-    /// Delete a microVM from a host.
-    DeleteMicrovm {
+    /// Delete a microVM.
+    Delete {
         /// Where.
         host: HostEndpoint,
         /// Flintlock's uid.
         uid: String,
     },
-    /// Record an event on the object.
-    Event(Event),
-    /// Add the credentials finalizer to a Secret the MicrovmCluster names, so it outlives the cluster's
-    /// machines (a namespace deletion removes everything at once).
-    ProtectSecret(String),
-    /// Remove the credentials finalizer from a Secret: no MicrovmCluster needs it any more.
-    ReleaseSecret(String),
+}
+
+/// What to do for one MicrovmCluster, in the order the operator carries it out:
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterPlan {
+    /// 1. Add the cluster's finalizer.
+    pub add_finalizer: bool,
+    /// 2. Add the credentials finalizer to these Secrets the cluster names, so they outlive the
+    ///    cluster's machines (a namespace deletion removes everything at once).
+    pub protect_secrets: Vec<String>,
+    /// 3. Write the status; `None` leaves it alone (an externally managed object).
+    pub status: Option<MicrovmClusterStatus>,
+    /// 4. Record these events on the object.
+    pub events: Vec<Event>,
+    /// 5. Remove the credentials finalizer from these Secrets: no MicrovmCluster needs them.
+    pub release_secrets: Vec<String>,
+    /// 6. Remove the cluster's finalizer: its machines are gone.
+    pub remove_finalizer: bool,
+    /// When to decide again.
+    pub requeue: Requeue,
+}
+
+impl ClusterPlan {
+    /// Whether the plan changes nothing but, perhaps, the status.
+    pub fn has_no_effects(&self) -> bool {
+        !self.add_finalizer
+            && self.protect_secrets.is_empty()
+            && self.events.is_empty()
+            && self.release_secrets.is_empty()
+            && !self.remove_finalizer
+    }
 }
 
 /// When to decide again.
@@ -111,6 +140,8 @@ pub enum Requeue {
     Immediately,
     /// After a delay, as a safety net where no watch would wake us.
     After(Duration),
+    /// After the object's exponential backoff: a host call failed in a way worth retrying.
+    Backoff,
 }
 
 /// An event on the reconciled object (events.k8s.io/v1).

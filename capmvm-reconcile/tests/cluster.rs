@@ -9,17 +9,17 @@ use std::collections::BTreeMap;
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::{MANAGED_BY_ANNOTATION, PAUSED_ANNOTATION};
 use capmvm_api::{
-    MicrovmClusterStatus, MicrovmMachineTemplate, MicrovmMachineTemplateResource,
-    MicrovmMachineTemplateSpec, TemplateMeta,
+    MicrovmMachineTemplate, MicrovmMachineTemplateResource, MicrovmMachineTemplateSpec,
+    TemplateMeta,
 };
 use capmvm_reconcile::*;
 use support::*;
 
-fn condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
+fn condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
     cluster_condition(plan, t)
 }
 
-fn provisioned(plan: &Plan<MicrovmClusterStatus>) -> bool {
+fn provisioned(plan: &ClusterPlan) -> bool {
     plan.status
         .as_ref()
         .and_then(|s| s.initialization.as_ref())
@@ -59,7 +59,7 @@ fn externally_managed_clusters_are_left_alone() {
         Some(BTreeMap::from([(MANAGED_BY_ANNOTATION.into(), "x".into())]));
     let plan = decide_cluster(&obs, now());
     assert_eq!(plan.status, None);
-    assert!(plan.effects.is_empty());
+    assert!(plan.has_no_effects());
 }
 
 #[test]
@@ -180,14 +180,14 @@ fn basic_auth_without_tls_warns_once() {
         condition(&plan, "HostTransportSecure").1,
         "BasicAuthWithoutTLS"
     );
-    let ev = plan.events().next().unwrap();
+    let ev = plan.events.first().unwrap();
     assert_eq!(
         (ev.kind, ev.reason),
         (EventKind::Warning, "InsecureTransport")
     );
     obs.microvm_cluster.status = plan.status;
     assert_eq!(
-        decide_cluster(&obs, later()).events().count(),
+        decide_cluster(&obs, later()).events.len(),
         0,
         "only on the transition"
     );

@@ -6,7 +6,6 @@
 
 mod support;
 
-use capmvm_api::MicrovmClusterStatus;
 use capmvm_api::conditions::reasons;
 use capmvm_api::keys::CLUSTER_FINALIZER;
 use capmvm_reconcile::*;
@@ -20,12 +19,13 @@ fn observed_cluster() -> ObservedCluster {
     obs
 }
 
-fn condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
+fn condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
     cluster_condition(plan, t)
 }
 
-fn warnings(plan: &Plan<MicrovmClusterStatus>) -> Vec<&'static str> {
-    plan.events()
+fn warnings(plan: &ClusterPlan) -> Vec<&'static str> {
+    plan.events
+        .iter()
         .filter(|e| e.kind == EventKind::Warning)
         .map(|e| e.reason)
         .collect()
@@ -50,15 +50,13 @@ fn the_finalizer_and_the_secrets_finalizers_are_added_first() {
     obs.microvm_cluster.metadata.finalizers = None;
     obs.credential_secrets = vec![secret("tokens", false, 0), secret("tls", true, 0)];
     let plan = decide_cluster(&obs, now());
+    assert!(plan.add_finalizer);
     assert_eq!(
-        plan.effects
-            .iter()
-            .filter(|e| !matches!(e, Effect::Event(_)))
-            .cloned()
-            .collect::<Vec<_>>(),
-        [Effect::AddFinalizer, Effect::ProtectSecret("tokens".into())],
+        plan.protect_secrets,
+        ["tokens"],
         "the already protected Secret is left alone"
     );
+    assert!(plan.release_secrets.is_empty() && !plan.remove_finalizer);
     // A Secret that does not exist cannot be protected (the cluster reports it missing instead).
     obs.credential_secrets = vec![CredentialSecret {
         exists: false,
@@ -66,8 +64,8 @@ fn the_finalizer_and_the_secrets_finalizers_are_added_first() {
     }];
     assert!(
         !decide_cluster(&obs, now())
-            .effects
-            .contains(&Effect::ProtectSecret("tokens".into()))
+            .protect_secrets
+            .contains(&("tokens".into()))
     );
 }
 
@@ -88,27 +86,27 @@ fn a_deleted_cluster_waits_for_its_machines_then_releases_everything() {
         "{message}"
     );
     assert!(
-        !plan
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::RemoveFinalizer | Effect::ReleaseSecret(_))),
+        !plan.remove_finalizer && plan.release_secrets.is_empty(),
         "nothing is released while a machine may still need the hosts: {:?}",
-        plan.effects
+        plan
     );
     assert!(matches!(plan.requeue, Requeue::After(_)));
 
     obs.machines.clear();
     let plan = decide_cluster(&obs, now());
     assert_eq!(
-        plan.effects
-            .iter()
-            .filter(|e| !matches!(e, Effect::Event(_)))
-            .cloned()
-            .collect::<Vec<_>>(),
-        [
-            Effect::ReleaseSecret("tokens".into()),
-            Effect::RemoveFinalizer
-        ],
+        (
+            plan.release_secrets.as_slice(),
+            plan.remove_finalizer,
+            plan.add_finalizer,
+            plan.protect_secrets.as_slice()
+        ),
+        (
+            ["tokens".to_string()].as_slice(),
+            true,
+            false,
+            [].as_slice()
+        ),
         "a Secret another MicrovmCluster still names stays protected"
     );
 }
@@ -118,12 +116,12 @@ fn a_deleted_cluster_without_its_finalizer_or_paused_does_nothing() {
     let mut obs = observed_cluster();
     deleting(&mut obs);
     obs.microvm_cluster.metadata.finalizers = None;
-    assert!(decide_cluster(&obs, now()).effects.is_empty());
+    assert!(decide_cluster(&obs, now()).has_no_effects());
 
     let mut obs = observed_cluster();
     deleting(&mut obs);
     obs.owner.as_mut().unwrap().spec.paused = Some(true);
-    assert!(decide_cluster(&obs, now()).effects.is_empty());
+    assert!(decide_cluster(&obs, now()).has_no_effects());
 }
 
 #[test]
@@ -132,8 +130,8 @@ fn unclaimed_protected_secrets_are_released() {
     obs.unclaimed_secrets = vec!["old-tokens".into()];
     assert!(
         decide_cluster(&obs, now())
-            .effects
-            .contains(&Effect::ReleaseSecret("old-tokens".into()))
+            .release_secrets
+            .contains(&("old-tokens".into()))
     );
 }
 
@@ -169,7 +167,8 @@ fn missing_credentials_make_the_cluster_not_ready_with_a_warning() {
     let plan = decide_cluster(&obs, later());
     assert_eq!(condition(&plan, "Ready").0, "True");
     assert_eq!(
-        plan.events()
+        plan.events
+            .iter()
             .map(|e| (e.kind, e.reason))
             .collect::<Vec<_>>(),
         [(EventKind::Normal, "ClusterReady")]
@@ -312,13 +311,7 @@ fn microvms_of_machines_that_no_longer_exist_are_reported_never_deleted() {
         assert!(!message.contains(other), "{other} is no orphan: {message}");
     }
     assert_eq!(warnings(&plan), ["OrphanedMicrovm"]);
-    assert!(
-        !plan
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::RemoveFinalizer)),
-        "an orphan is reported only"
-    );
+    assert!(!plan.remove_finalizer, "an orphan is reported only");
     assert_eq!(
         cluster::orphans(&obs)
             .iter()

@@ -25,11 +25,8 @@ fn with_attempts(obs: &mut ObservedMachine, attempts: &str) {
         );
 }
 
-fn recorded_attempt(plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> Option<u64> {
-    plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost { attempt, .. } => Some(*attempt),
-        _ => None,
-    })
+fn recorded_attempt(plan: &MachinePlan) -> Option<u64> {
+    plan.record_host.as_ref().map(|r| r.attempt)
 }
 
 #[test]
@@ -69,14 +66,7 @@ fn claimed(obs: &mut ObservedMachine, by: &str, seconds_ago: i64) {
 #[test]
 fn the_record_names_who_claims_the_placement_and_when() {
     let plan = decide(&observed(), now());
-    let claim = plan
-        .effects
-        .iter()
-        .find_map(|e| match e {
-            Effect::RecordHost { claim, .. } => Some(claim.clone()),
-            _ => None,
-        })
-        .unwrap();
+    let claim = plan.record_host.as_ref().map(|r| r.claim.clone()).unwrap();
     assert_eq!(claim, format!("{} {OPERATOR}", now()));
 }
 
@@ -90,12 +80,8 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
     claimed(&mut obs, "capmvm-1_99_5", 3);
     obs.claim_seen_for = Some(Duration::from_secs(3));
     let plan = decide(&obs, now());
-    assert!(creates(&plan).is_empty(), "{:?}", plan.effects);
-    assert!(
-        plan.effects.is_empty(),
-        "not even the record: {:?}",
-        plan.effects
-    );
+    assert!(creates(&plan).is_empty(), "{:?}", plan);
+    assert!(plan.has_no_effects(), "not even the record: {:?}", plan);
     assert_eq!(plan.status, None, "a short wait writes nothing");
     assert_eq!(
         plan.requeue,
@@ -120,10 +106,10 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
         vms: vec![vm("01A", VmState::Pending, true)],
     };
     let plan = decide(&obs, now());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
 }
 
 /// Two replicas without leader election whose clocks differ by an hour: the claim one wrote a
@@ -143,7 +129,7 @@ fn a_claim_is_waited_out_whatever_the_replicas_clocks_say() {
         assert!(
             creates(&plan).is_empty(),
             "clock {skew:+} s from the writer's: {:?}",
-            plan.effects
+            plan
         );
         assert_eq!(
             plan.requeue,
@@ -184,15 +170,10 @@ fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
         };
         let plan = decide(&obs, now());
         assert!(
-            plan.host_calls().next().is_none(),
+            plan.host_calls.is_empty(),
             "no create, and someone else's microVM is not deleted: {listed:?}"
         );
-        assert!(
-            !plan
-                .effects
-                .iter()
-                .any(|e| matches!(e, Effect::RecordHost { .. }))
-        );
+        assert!(plan.record_host.is_none());
         let (status, reason, message) = ready(&plan);
         assert_eq!(
             (status.as_str(), reason.as_str()),
@@ -207,13 +188,14 @@ fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
         assert!(matches!(plan.requeue, Requeue::After(_)));
         // A Warning event the first time; the same condition again publishes none.
         let warned: Vec<_> = plan
-            .events()
+            .events
+            .iter()
             .filter(|e| e.kind == EventKind::Warning && e.reason == "UnknownMicrovmOnHost")
             .collect();
-        assert_eq!(warned.len(), 1, "{:?}", plan.effects);
+        assert_eq!(warned.len(), 1, "{:?}", plan);
         obs.machine.status = plan.status.clone();
         let again = decide(&obs, now());
-        assert!(again.effects.is_empty(), "{:?}", again.effects);
+        assert!(again.has_no_effects(), "{:?}", again);
         assert_eq!(again.status, obs.machine.status);
     }
 }
@@ -235,19 +217,19 @@ fn an_unknown_microvm_being_deleted_or_next_to_ours_does_not_block() {
         ],
     };
     let plan = decide(&obs, now());
-    assert!(plan.host_calls().next().is_none());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01B",
-        HOSTS[0]
-    ))));
+    assert!(plan.host_calls.is_empty());
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01B", HOSTS[0])))
+    );
 }
 
 fn refused_create(obs: &ObservedMachine) -> (capmvm_api::MicrovmMachineStatus, bool, Event) {
     let mut status = obs.machine.status.clone().unwrap_or_default();
     let create = decide(obs, now())
-        .effects
+        .host_calls
         .into_iter()
-        .find(|e| matches!(e, Effect::CreateMicrovm { .. }))
+        .find(|c| matches!(c, HostCall::Create { .. }))
         .expect("a create");
     let verdict = record_host_call_failure(
         &obs.machine,
@@ -293,7 +275,7 @@ fn a_create_the_host_refused_is_final_until_the_spec_changes() {
     // The same generation: nothing is sent again, no event, the condition stays.
     obs.machine.status = Some(status);
     let plan = decide(&obs, now());
-    assert!(plan.effects.is_empty(), "{:?}", plan.effects);
+    assert!(plan.has_no_effects(), "{:?}", plan);
     assert_eq!(ready(&plan).1, reasons::MICROVM_SPEC_REJECTED);
     assert_eq!(plan.requeue, Requeue::Await);
     // Once that status is written, deciding again writes nothing.
@@ -312,9 +294,9 @@ fn other_failures_and_refused_deletes_are_retried() {
     with_recorded_host(&mut obs, HOSTS[0]);
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let create = decide(&obs, now())
-        .effects
+        .host_calls
         .into_iter()
-        .find(|e| matches!(e, Effect::CreateMicrovm { .. }))
+        .find(|c| matches!(c, HostCall::Create { .. }))
         .unwrap();
     for (effect, failure, reason) in [
         (
@@ -328,7 +310,7 @@ fn other_failures_and_refused_deletes_are_retried() {
             reasons::MICROVM_CREATE_FAILED,
         ),
         (
-            Effect::DeleteMicrovm {
+            HostCall::Delete {
                 host: HOSTS[0].parse().unwrap(),
                 uid: "01A".into(),
             },
@@ -351,5 +333,49 @@ fn other_failures_and_refused_deletes_are_retried() {
         let mut retried = obs.clone();
         retried.machine.status = Some(status);
         assert_eq!(creates(&decide(&retried, now())).len(), 1);
+    }
+}
+
+/// A host call that failed is part of the next observation: the engine reports it and says whether
+/// the operator retries with backoff (a host that did not answer) or waits for the spec to change
+/// (a create the host refused), without sending anything again in between.
+#[test]
+fn a_failed_host_call_in_the_observation_is_reported_and_not_repeated() {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[0]);
+    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let create = decide(&obs, now())
+        .host_calls
+        .into_iter()
+        .next()
+        .expect("a create");
+    for (failure, requeue, reason) in [
+        (
+            HostCallFailure::Unreachable,
+            Requeue::Backoff,
+            reasons::HOST_UNREACHABLE,
+        ),
+        (
+            HostCallFailure::Refused,
+            Requeue::Await,
+            reasons::MICROVM_SPEC_REJECTED,
+        ),
+    ] {
+        let mut failed = obs.clone();
+        failed.failed_host_call = Some(capmvm_reconcile::FailedHostCall {
+            call: create.clone(),
+            failure,
+            message: "boom".into(),
+        });
+        let plan = decide(&failed, now());
+        assert_eq!(plan.requeue, requeue, "{failure:?}");
+        assert!(plan.host_calls.is_empty() && plan.record_host.is_none());
+        assert_eq!(ready(&plan).1, reason);
+        let warned: Vec<&str> = plan.events.iter().map(|e| e.reason).collect();
+        assert_eq!(
+            warned.len(),
+            1,
+            "one Warning, no transition event: {warned:?}"
+        );
     }
 }

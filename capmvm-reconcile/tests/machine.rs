@@ -122,7 +122,7 @@ fn each_waiting_gate_has_its_own_reason_and_no_host_effect() {
             gate.message
         );
         assert_eq!(
-            plan.host_calls().count(),
+            plan.host_calls.len(),
             0,
             "{}: no host call while a gate is closed",
             gate.name
@@ -141,7 +141,7 @@ fn a_brand_new_machine_waits_on_capi_quietly_then_reports() {
     // Just created, never reported on: nothing is written while CAPI assembles it.
     let plan = decide(&obs, now());
     assert_eq!(plan.status, None);
-    assert!(plan.effects.is_empty());
+    assert!(plan.has_no_effects());
     assert_eq!(plan.requeue, Requeue::After(CAPI_SETTLE_GRACE));
     // Still waiting after the grace: the wait is reported with its reason.
     let later = k8s_openapi::jiff::Timestamp::from_second(now().as_second() + 11).unwrap();
@@ -175,12 +175,10 @@ fn finalizer_is_added_only_once_an_owner_exists() {
     let mut obs = observed();
     obs.machine.metadata.finalizers = None;
     obs.owner = None;
-    assert!(!decide(&obs, now()).effects.contains(&Effect::AddFinalizer));
+    assert!(!decide(&obs, now()).add_finalizer);
     obs.owner = Some(owner());
-    assert_eq!(
-        decide(&obs, now()).effects.first(),
-        Some(&Effect::AddFinalizer)
-    );
+    // The finalizer rides in the plan's first write.
+    assert!(decide(&obs, now()).add_finalizer);
 }
 
 #[test]
@@ -200,6 +198,7 @@ fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
         "True",
         "clusterctl move must not flip machines to not ready"
     );
+    assert!(plan.has_no_effects());
     let paused = plan
         .status
         .unwrap()
@@ -211,7 +210,6 @@ fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
         (paused.status.as_str(), paused.reason.as_str()),
         ("True", "Paused")
     );
-    assert!(plan.effects.is_empty());
 }
 
 #[test]
@@ -223,16 +221,17 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
     assert_eq!(created.len(), 1);
     let host: capmvm_api::HostEndpoint = created[0].0.parse().unwrap();
     assert!(
-        plan.effects.contains(&Effect::AddFinalizer),
+        plan.add_finalizer,
         "the finalizer comes with the first microVM"
     );
     assert!(
-        plan.effects.contains(&Effect::RecordHost {
-            host: host.clone(),
-            origin_uid: MACHINE_UID.into(),
-            attempt: 1,
-            claim: format!("{} {OPERATOR}", now()),
-        }),
+        plan.record_host
+            == Some(HostRecord {
+                host: host.clone(),
+                origin_uid: MACHINE_UID.into(),
+                attempt: 1,
+                claim: format!("{} {OPERATOR}", now()),
+            }),
         "the host is recorded with the create"
     );
     assert_eq!(
@@ -255,11 +254,16 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
     };
     let adopt = decide(&next, later());
     assert_eq!(
-        adopt.effects,
-        [Effect::SetProviderId(format!(
-            "microvm://{}/01A",
-            created[0].0
-        ))]
+        adopt.provider_id,
+        Some(format!("microvm://{}/01A", created[0].0))
+    );
+    assert!(
+        !adopt.add_finalizer
+            && adopt.record_host.is_none()
+            && adopt.host_calls.is_empty()
+            && adopt.events.is_empty()
+            && !adopt.remove_finalizer,
+        "only the providerID: {adopt:?}"
     );
     let status = adopt.status.as_ref().unwrap();
     assert_eq!(status.host.as_deref(), Some(created[0].0.as_str()));
@@ -318,24 +322,18 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
     with_recorded_host(&mut obs, HOSTS[2]);
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
-    let record = plan
-        .effects
-        .iter()
-        .position(|e| {
-            *e == Effect::RecordHost {
-                host: HOSTS[2].parse().unwrap(),
-                origin_uid: MACHINE_UID.into(),
-                attempt: 1,
-                claim: format!("{} {OPERATOR}", now()),
-            }
-        })
-        .expect("the host is re-recorded");
-    let create = plan
-        .effects
-        .iter()
-        .position(|e| matches!(e, Effect::CreateMicrovm { .. }))
-        .expect("a create");
-    assert!(record < create);
+    assert_eq!(
+        plan.record_host,
+        Some(HostRecord {
+            host: HOSTS[2].parse().unwrap(),
+            origin_uid: MACHINE_UID.into(),
+            attempt: 1,
+            claim: format!("{} {OPERATOR}", now()),
+        }),
+        "the host is re-recorded"
+    );
+    // The record is the plan's first step, the create its fourth: the order is in the type.
+    assert_eq!(creates(&plan).len(), 1, "a create");
 }
 
 #[test]
@@ -350,12 +348,10 @@ fn adoption_skips_a_microvm_being_deleted() {
     };
     let plan = decide(&obs, now());
     assert!(
-        plan.effects.contains(&Effect::SetProviderId(format!(
-            "microvm://{}/01B",
-            HOSTS[1]
-        ))),
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01B", HOSTS[1]))),
         "{:?}",
-        plan.effects
+        plan
     );
     assert!(creates(&plan).is_empty() && deletes(&plan).is_empty());
 
@@ -364,13 +360,8 @@ fn adoption_skips_a_microvm_being_deleted() {
         vms: vec![vm("01A", VmState::Deleting, true)],
     };
     let plan = decide(&obs, now());
-    assert!(plan.host_calls().next().is_none());
-    assert!(
-        !plan
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::SetProviderId(_)))
-    );
+    assert!(plan.host_calls.is_empty());
+    assert!(plan.provider_id.is_none());
     let (_, reason, message) = ready(&plan);
     assert_eq!(reason, reasons::MICROVM_DELETING);
     assert!(message.contains("01A"), "{message}");
@@ -386,10 +377,10 @@ fn an_invalid_spec_does_not_stop_adopting_an_existing_microvm() {
         vms: vec![vm("01A", VmState::Created, true)],
     };
     let plan = decide(&obs, now());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
     // With nothing to adopt, the invalid spec blocks the create.
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
@@ -409,7 +400,7 @@ fn an_object_without_uid_creates_nothing() {
     let mut obs = observed();
     obs.machine.metadata.uid = None;
     let plan = decide(&obs, now());
-    assert!(plan.host_calls().next().is_none());
+    assert!(plan.host_calls.is_empty());
     let (_, reason, message) = ready(&plan);
     assert_eq!(reason, reasons::INVALID_SPEC);
     assert!(message.contains("metadata.uid"), "{message}");
@@ -430,10 +421,8 @@ fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
         .unwrap();
     let plan = decide(&obs, soon);
     assert!(
-        plan.effects.contains(&Effect::SetProviderId(format!(
-            "microvm://{}/01A",
-            HOSTS[1]
-        ))),
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1]))),
         "the providerID is written at once"
     );
     assert_eq!(plan.status, None, "a start within the grace is not written");
@@ -472,7 +461,7 @@ fn a_provider_id_without_host_annotation_is_observed() {
     };
     let plan = decide(&obs, now());
     assert_eq!(ready(&plan).1, reasons::READY);
-    assert!(plan.host_calls().next().is_none());
+    assert!(plan.host_calls.is_empty());
     // Deleting it deletes that microVM (it carries no uid of ours) and no other.
     deleting(&mut obs);
     obs.recorded_host = HostLookup::Answered {
@@ -534,10 +523,10 @@ fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
     };
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
     assert_eq!(
         deletes(&plan),
         [(HOSTS[1].to_string(), "01B".to_string())],
@@ -558,10 +547,10 @@ fn a_moved_machine_adopts_the_microvm_carrying_its_origin_uid() {
     };
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty(), "no second microVM");
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
     assert_eq!(ready(&plan).0, "True");
 }
 
@@ -581,16 +570,13 @@ fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
         "a crash after this create still ends in adoption"
     );
     assert_eq!(
-        plan.effects
-            .iter()
-            .filter(|e| matches!(e, Effect::RecordHost { .. }))
-            .collect::<Vec<_>>(),
-        [&Effect::RecordHost {
+        plan.record_host,
+        Some(HostRecord {
             host: HOSTS[1].parse().unwrap(),
             origin_uid: MACHINE_UID.into(),
             attempt: 1,
             claim: format!("{} {OPERATOR}", now()),
-        }],
+        }),
         "the recorded host and origin uid are kept (re-asserted, not changed)"
     );
 }
@@ -611,10 +597,10 @@ fn without_an_origin_uid_annotation_the_object_uid_identifies_the_microvm() {
     };
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
 }
 
 #[test]
@@ -627,10 +613,10 @@ fn adoption_needs_no_bootstrap_data() {
         vms: vec![vm("01A", VmState::Pending, true)],
     };
     let plan = decide(&obs, now());
-    assert!(plan.effects.contains(&Effect::SetProviderId(format!(
-        "microvm://{}/01A",
-        HOSTS[1]
-    ))));
+    assert!(
+        plan.provider_id
+            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    );
     // Creating, however, waits for it.
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
@@ -655,10 +641,10 @@ fn a_recorded_machine_waits_for_an_unreachable_or_unasked_host() {
     obs.recorded_host = HostLookup::Unreachable("connection refused".into());
     let plan = decide(&obs, now());
     assert_eq!(ready(&plan).1, reasons::HOST_UNREACHABLE);
-    assert!(plan.host_calls().next().is_none());
+    assert!(plan.host_calls.is_empty());
     obs.recorded_host = HostLookup::NotAsked;
     let plan = decide(&obs, now());
-    assert!(plan.host_calls().next().is_none());
+    assert!(plan.host_calls.is_empty());
     assert!(matches!(plan.requeue, Requeue::After(_)));
 }
 
@@ -712,10 +698,7 @@ fn missing_credentials_hold_every_path_that_calls_the_host() {
         let (_, reason, message) = ready(&plan);
         assert_eq!(reason, reasons::MISSING_CREDENTIALS, "delete={delete}");
         assert!(message.contains(problem), "{message}");
-        assert!(
-            !plan.effects.contains(&Effect::RemoveFinalizer),
-            "the finalizer stays"
-        );
+        assert!(!plan.remove_finalizer, "the finalizer stays");
     }
 }
 
@@ -783,7 +766,7 @@ fn states_map_to_status() {
             _ => {}
         }
         assert!(
-            plan.host_calls().next().is_none(),
+            plan.host_calls.is_empty(),
             "{state:?}: observing makes no host call"
         );
     }
@@ -841,7 +824,7 @@ fn provisioned_is_never_unset() {
     assert_eq!(status.initialization.unwrap().provisioned, Some(true));
 }
 
-fn up_to_date(plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> Option<(String, String, String)> {
+fn up_to_date(plan: &MachinePlan) -> Option<(String, String, String)> {
     plan.status
         .as_ref()?
         .conditions
@@ -881,13 +864,13 @@ fn a_spec_edited_after_create_is_reported_and_not_applied() {
     }
     assert!(!message.contains("kernel"), "only what changed: {message}");
     assert_eq!(ready(&plan).0, "True", "the machine still works");
-    assert!(plan.host_calls().next().is_none(), "nothing is re-created");
+    assert!(plan.host_calls.is_empty(), "nothing is re-created");
     assert_eq!(event_reasons(&plan), ["SpecChangeNotApplied"]);
 
     // Reported once: deciding again on the written status gives no new event.
     obs.machine.status = plan.status.clone();
     let again = decide(&obs, now());
-    assert!(again.effects.is_empty(), "{:?}", again.effects);
+    assert!(again.has_no_effects(), "{:?}", again);
     assert_eq!(again.status, obs.machine.status);
 
     // Reverting the edit makes it up to date again.
@@ -933,7 +916,7 @@ fn deletion_deletes_the_vm_then_waits_then_releases() {
     };
     let plan = decide(&obs, now());
     assert_eq!(deletes(&plan), [(HOSTS[0].to_string(), "01A".to_string())]);
-    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+    assert!(!plan.remove_finalizer);
     assert_eq!(ready(&plan).1, reasons::DELETING);
 
     obs.recorded_host = HostLookup::Answered {
@@ -942,20 +925,14 @@ fn deletion_deletes_the_vm_then_waits_then_releases() {
     let plan = decide(&obs, now());
     assert!(deletes(&plan).is_empty(), "no second delete while DELETING");
     assert!(
-        !plan.effects.contains(&Effect::RemoveFinalizer),
+        !plan.remove_finalizer,
         "the finalizer stays until the VM is gone"
     );
 
     obs.recorded_host = HostLookup::Answered { vms: vec![] };
     let plan = decide(&obs, now());
-    assert_eq!(
-        plan.effects
-            .iter()
-            .filter(|e| **e == Effect::RemoveFinalizer)
-            .count(),
-        1
-    );
-    assert!(plan.host_calls().next().is_none());
+    assert!(plan.remove_finalizer);
+    assert!(plan.host_calls.is_empty());
     assert_eq!(event_reasons(&plan), ["MicrovmDeleted"]);
 }
 
@@ -966,7 +943,15 @@ fn deletion_of_a_never_created_machine_releases_at_once() {
     obs.owner = None;
     obs.cluster = None;
     let plan = decide(&obs, now());
-    assert_eq!(plan.effects, [Effect::RemoveFinalizer]);
+    assert_eq!(
+        plan,
+        MachinePlan {
+            remove_finalizer: true,
+            status: plan.status.clone(),
+            requeue: plan.requeue,
+            ..MachinePlan::default()
+        }
+    );
 }
 
 #[test]
@@ -1000,7 +985,7 @@ fn deletion_of_a_moved_machine_without_provider_id_deletes_what_carries_its_orig
     let plan = decide(&obs, now());
     assert_eq!(deletes(&plan), [(HOSTS[1].to_string(), "01A".to_string())]);
     assert!(
-        !plan.effects.contains(&Effect::RemoveFinalizer),
+        !plan.remove_finalizer,
         "the finalizer stays until the microVM is gone"
     );
 }
@@ -1018,8 +1003,8 @@ fn deletion_keeps_the_finalizer_while_the_host_is_unreachable() {
         message.contains(HOSTS[0]) && message.contains(ABANDON_MICROVM_ANNOTATION),
         "{message}"
     );
-    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
-    assert!(plan.host_calls().next().is_none());
+    assert!(!plan.remove_finalizer);
+    assert!(plan.host_calls.is_empty());
 }
 
 #[test]
@@ -1032,7 +1017,7 @@ fn a_failed_delete_call_gives_the_same_advice_as_an_unreachable_host() {
     let verdict = capmvm_reconcile::machine::record_host_call_failure(
         &obs.machine,
         &mut status,
-        &Effect::DeleteMicrovm {
+        &HostCall::Delete {
             host: HOSTS[0].parse().unwrap(),
             uid: "01A".into(),
         },
@@ -1063,8 +1048,8 @@ fn the_abandon_annotation_releases_with_a_warning() {
     obs.machine.metadata.annotations =
         Some([(ABANDON_MICROVM_ANNOTATION.to_string(), "true".to_string())].into());
     let plan = decide(&obs, now());
-    assert!(plan.effects.contains(&Effect::RemoveFinalizer));
-    let ev = plan.events().next().unwrap();
+    assert!(plan.remove_finalizer);
+    let ev = plan.events.first().unwrap();
     assert_eq!(
         (ev.kind, ev.reason),
         (EventKind::Warning, "MicrovmAbandoned")
@@ -1077,7 +1062,7 @@ fn deletion_without_our_finalizer_does_nothing() {
     let mut obs = observed();
     deleting(&mut obs);
     obs.machine.metadata.finalizers = Some(vec!["other".into()]);
-    assert!(decide(&obs, now()).effects.is_empty());
+    assert!(decide(&obs, now()).has_no_effects());
 }
 
 #[test]
@@ -1090,7 +1075,7 @@ fn paused_deletion_waits() {
     };
     obs.machine.metadata.annotations =
         Some([(PAUSED_ANNOTATION.to_string(), String::new())].into());
-    assert!(decide(&obs, now()).effects.is_empty());
+    assert!(decide(&obs, now()).has_no_effects());
 }
 
 #[test]
@@ -1122,17 +1107,11 @@ fn helpers_tell_the_operator_what_to_gather() {
     let mut obs = observed();
     assert_eq!(recorded_host(&obs.machine), None);
     assert!(wants_fresh_lookup(&obs.machine));
-    assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), None),
-        Some("m1-bootstrap")
-    );
+    assert_eq!(wants_bootstrap_data(&obs), Some("m1-bootstrap"));
     with_provider_id(&mut obs, HOSTS[2], "01A");
     assert_eq!(recorded_host(&obs.machine).unwrap().to_string(), HOSTS[2]);
     assert!(!wants_fresh_lookup(&obs.machine));
-    assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), None),
-        None
-    );
+    assert_eq!(wants_bootstrap_data(&obs), None);
     assert!(
         obs.machine
             .finalizers()
@@ -1193,5 +1172,5 @@ fn a_machine_deleted_after_its_microvm_cluster_says_so() {
             && message.contains("abandon-microvm"),
         "{message}"
     );
-    assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+    assert!(!plan.remove_finalizer);
 }

@@ -86,12 +86,9 @@ fn an_instance_is_placed_only_once_cores_machine_owns_it() {
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty(), "{plan:#?}");
     assert!(
-        !plan
-            .effects
-            .iter()
-            .any(|e| matches!(e, Effect::RecordHost { .. } | Effect::AddFinalizer)),
+        plan.record_host.is_none() && !plan.add_finalizer,
         "no write before adoption: {:?}",
-        plan.effects
+        plan
     );
     assert_eq!(
         plan.status, None,
@@ -106,10 +103,7 @@ fn an_instance_is_placed_only_once_cores_machine_owns_it() {
     );
 
     let obs = adopted();
-    assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
-        Some(POOL_SECRET)
-    );
+    assert_eq!(wants_bootstrap_data(&obs), Some(POOL_SECRET));
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
 }
 
@@ -130,7 +124,7 @@ fn an_instance_with_its_machine_still_reads_the_machine_pools_secret() {
     let mut obs = instance();
     with_core_machine(&mut obs);
     assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
+        wants_bootstrap_data(&obs),
         Some(POOL_SECRET),
         "core's empty dataSecretName is never the source"
     );
@@ -157,10 +151,7 @@ fn an_instance_waits_for_the_machine_pools_bootstrap_secret() {
         let mut obs = instance();
         with_core_machine(&mut obs);
         obs.machine_pool = Some(machine_pool(secret));
-        assert_eq!(
-            wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
-            None
-        );
+        assert_eq!(wants_bootstrap_data(&obs), None);
         let plan = decide(&obs, now());
         assert!(creates(&plan).is_empty());
         let (_, reason, message) = ready(&plan);
@@ -191,10 +182,7 @@ fn an_instance_is_placed_in_the_failure_domain_the_pool_chose() {
 fn a_plain_machine_ignores_a_machine_pool() {
     let mut obs = observed();
     obs.machine_pool = Some(machine_pool(Some(POOL_SECRET)));
-    assert_eq!(
-        wants_bootstrap_data(&obs.machine, obs.owner.as_ref(), obs.machine_pool.as_ref()),
-        Some("m1-bootstrap")
-    );
+    assert_eq!(wants_bootstrap_data(&obs), Some("m1-bootstrap"));
     obs.owner = None;
     assert!(creates(&decide(&obs, now())).is_empty());
 }

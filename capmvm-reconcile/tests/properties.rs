@@ -89,7 +89,7 @@ impl World {
 fn execute(
     obs: &mut ObservedMachine,
     world: &mut World,
-    plan: &Plan<capmvm_api::MicrovmMachineStatus>,
+    plan: &MachinePlan,
     crash_after: usize,
 ) -> bool {
     let mut steps = 0;
@@ -98,21 +98,22 @@ fn execute(
         steps <= crash_after
     };
     // The finalizer and the recorded host go in one metadata write.
-    let adds_finalizer = plan.effects.contains(&Effect::AddFinalizer);
-    let recorded = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost {
-            host,
-            origin_uid,
-            attempt,
-            claim,
-        } => Some((
-            host.to_string(),
-            origin_uid.clone(),
-            *attempt,
-            claim.clone(),
-        )),
-        _ => None,
-    });
+    let adds_finalizer = plan.add_finalizer;
+    let recorded = plan.record_host.as_ref().map(
+        |HostRecord {
+             host,
+             origin_uid,
+             attempt,
+             claim,
+         }| {
+            (
+                host.to_string(),
+                origin_uid.clone(),
+                *attempt,
+                claim.clone(),
+            )
+        },
+    );
     if adds_finalizer || recorded.is_some() {
         if !step() {
             return true;
@@ -145,13 +146,11 @@ fn execute(
             );
         }
     }
-    for effect in &plan.effects {
-        if let Effect::SetProviderId(id) = effect {
-            if !step() {
-                return true;
-            }
-            obs.machine.spec.provider_id = Some(id.clone());
+    if let Some(id) = &plan.provider_id {
+        if !step() {
+            return true;
         }
+        obs.machine.spec.provider_id = Some(id.clone());
     }
     if plan.status.is_some() && plan.status != obs.machine.status {
         if !step() {
@@ -159,9 +158,9 @@ fn execute(
         }
         obs.machine.status = plan.status.clone();
     }
-    for effect in &plan.effects {
-        match effect {
-            Effect::CreateMicrovm { host, spec } => {
+    for call in &plan.host_calls {
+        match call {
+            HostCall::Create { host, spec } => {
                 if !step() {
                     return true;
                 }
@@ -187,7 +186,7 @@ fn execute(
                 };
                 world.vms.get_mut(&host.to_string()).unwrap().push(vm);
             }
-            Effect::DeleteMicrovm { host, uid } => {
+            HostCall::Delete { host, uid } => {
                 if !step() {
                     return true;
                 }
@@ -197,10 +196,9 @@ fn execute(
                     }
                 }
             }
-            _ => {}
         }
     }
-    if plan.effects.contains(&Effect::RemoveFinalizer) {
+    if plan.remove_finalizer {
         if !step() {
             return true;
         }
@@ -229,8 +227,8 @@ fn hosts_progress(world: &mut World) {
 }
 
 /// A plan that changes nothing: no effects and the status already written.
-fn is_quiet(obs: &ObservedMachine, plan: &Plan<capmvm_api::MicrovmMachineStatus>) -> bool {
-    plan.effects.is_empty() && (plan.status.is_none() || plan.status == obs.machine.status)
+fn is_quiet(obs: &ObservedMachine, plan: &MachinePlan) -> bool {
+    plan.has_no_effects() && (plan.status.is_none() || plan.status == obs.machine.status)
 }
 
 fn arb_lookup_vm() -> impl Strategy<Value = ObservedVm> {
@@ -336,12 +334,12 @@ proptest! {
         // Every create is preceded by the conditional write that records its host: a decision made
         // from a stale read fails that write and never reaches the host.
         for (host, _) in creates(&plan) {
-            let record = plan.effects.iter().position(|e| matches!(e, Effect::RecordHost { host: h, .. } if h.to_string() == host));
-            let create = plan.effects.iter().position(|e| matches!(e, Effect::CreateMicrovm { .. }));
-            prop_assert!(record.is_some() && record < create, "create without a recorded host first: {:?}", plan);
+            // The record is the plan's first step, every host call its fourth.
+            let recorded = plan.record_host.as_ref().is_some_and(|r| r.host.to_string() == host);
+            prop_assert!(recorded, "create without a recorded host first: {:?}", plan);
         }
-        if plan.host_calls().next().is_some() {
-            prop_assert!(!plan.effects.contains(&Effect::RemoveFinalizer));
+        if !plan.host_calls.is_empty() {
+            prop_assert!(!plan.remove_finalizer);
         }
     }
 

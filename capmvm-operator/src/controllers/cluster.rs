@@ -3,15 +3,13 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Instant;
 
-use capmvm_api::capi::CAPI_GROUP;
 use capmvm_api::keys::{CLUSTER_FINALIZER, CREDENTIALS_FINALIZER};
 use capmvm_api::{HostEndpoint, MicrovmCluster};
 use capmvm_flintlock::HostConfig;
 use capmvm_reconcile::machine::{origin_uid, recorded_host};
 use capmvm_reconcile::{
-    CredentialSecret, Effect, HostFacts, HostedVm, ObservedCluster, Reachability, decide_cluster,
+    CredentialSecret, HostFacts, HostedVm, ObservedCluster, Reachability, decide_cluster,
 };
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::jiff::Timestamp;
@@ -20,9 +18,8 @@ use kube::runtime::reflector::ObjectRef;
 use kube::{Api, ResourceExt};
 use tracing::{debug, info, instrument};
 
-use super::{Error, publish};
+use super::{Error, Outcome, Reconciled, publish, wrap};
 use crate::context::Ctx;
-use crate::metrics::ReconcileResult;
 use crate::patch;
 use crate::watch::{credential_secret_names, owner_cluster_name};
 
@@ -32,19 +29,18 @@ pub const CONTROLLER: &str = "microvmcluster";
 /// Reconciles one MicrovmCluster.
 #[instrument(skip_all, fields(cluster = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())))]
 pub async fn reconcile(obj: Arc<MicrovmCluster>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let result = reconcile_once(obj.as_ref(), &ctx).await;
-    match &result {
-        Ok(_) => {
-            ctx.backoff.reset(&super::key(obj.as_ref()));
-            ctx.metrics
-                .reconciled(CONTROLLER, ReconcileResult::Success, started.elapsed());
-        }
-        Err(_) => ctx
-            .metrics
-            .reconciled(CONTROLLER, ReconcileResult::Error, started.elapsed()),
-    }
-    result
+    wrap(
+        CONTROLLER,
+        obj,
+        ctx,
+        |_, _| false,
+        |mc, ctx| async move {
+            let versions = vec![mc.resource_version().unwrap_or_default()];
+            let result = reconcile_once(&mc, &ctx).await;
+            Reconciled { result, versions }
+        },
+    )
+    .await
 }
 
 /// The key a MicrovmCluster declares its host observers under.
@@ -52,11 +48,14 @@ pub fn observer_owner(mc: &MicrovmCluster) -> String {
     format!("{}/{}", mc.namespace().unwrap_or_default(), mc.name_any())
 }
 
-async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Action, Error> {
+async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Outcome, Error> {
     let obs = gather(ctx, mc).await?;
     let plan = decide_cluster(&obs, Timestamp::now());
     debug!(
-        effects = plan.effects.len(),
+        add_finalizer = plan.add_finalizer,
+        protect = plan.protect_secrets.len(),
+        release = plan.release_secrets.len(),
+        remove_finalizer = plan.remove_finalizer,
         machines = obs.machines.len(),
         microvms = obs.microvms.len(),
         requeue = ?plan.requeue,
@@ -71,44 +70,36 @@ async fn reconcile_once(mc: &MicrovmCluster, ctx: &Ctx) -> Result<Action, Error>
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &ns);
     let mut current = mc.clone();
 
-    // 1. The finalizer, then the credential Secrets' finalizers.
-    if plan.effects.contains(&Effect::AddFinalizer) {
+    // 1. The finalizer; 2. the credential Secrets' finalizers.
+    if plan.add_finalizer {
         current = patch::add_metadata(&api, &current, Some(CLUSTER_FINALIZER), &[]).await?;
     }
-    for effect in &plan.effects {
-        if let Effect::ProtectSecret(name) = effect {
-            secret_finalizer(ctx, &secrets, &ns, name, true).await?;
-        }
+    for name in &plan.protect_secrets {
+        secret_finalizer(ctx, &secrets, &ns, name, true).await?;
     }
-    // 2. The status.
+    // 3. The status.
     if let Some(status) = &plan.status
         && let Some(updated) =
             patch::status(&api, &current, current.status.as_ref(), status).await?
     {
         current = updated;
     }
-    // 3. Events.
-    for event in plan.events() {
+    // 4. Events.
+    for event in &plan.events {
         publish(ctx, &current, event).await;
     }
-    // 4. Releases, the object's own finalizer last.
-    for effect in &plan.effects {
-        if let Effect::ReleaseSecret(name) = effect {
-            secret_finalizer(ctx, &secrets, &ns, name, false).await?;
-        }
+    // 5. Releases; 6. the object's own finalizer last.
+    for name in &plan.release_secrets {
+        secret_finalizer(ctx, &secrets, &ns, name, false).await?;
     }
-    if plan.effects.contains(&Effect::RemoveFinalizer) {
+    if plan.remove_finalizer {
         patch::remove_finalizer(&api, &current, CLUSTER_FINALIZER).await?;
         info!("every MicrovmMachine is gone; finalizer released");
         ctx.hosts.forget_owner(&observer_owner(mc));
         ctx.metrics.cluster_forgotten(&observer_owner(mc));
-        return Ok(Action::await_change());
+        return Ok(Outcome::Gone);
     }
-    Ok(match plan.requeue {
-        capmvm_reconcile::Requeue::After(d) => Action::requeue(d.min(ctx.sync_period)),
-        capmvm_reconcile::Requeue::Immediately => Action::requeue(std::time::Duration::ZERO),
-        capmvm_reconcile::Requeue::Await => Action::requeue(ctx.sync_period),
-    })
+    Ok(Outcome::Requeue(plan.requeue))
 }
 
 /// Adds or removes the credentials finalizer on Secret `name`, as the watched metadata shows it.
@@ -129,16 +120,7 @@ async fn secret_finalizer(
 /// Everything the engine decides a MicrovmCluster from.
 async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error> {
     let ns = mc.namespace().unwrap_or_default();
-    let owner = mc
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "Cluster" && crate::watch::api_group(&o.api_version) == CAPI_GROUP)
-        .and_then(|o| {
-            ctx.stores
-                .clusters
-                .get(&ObjectRef::new(&o.name).within(&ns))
-        })
-        .map(|c| c.as_ref().clone());
+    let owner = ctx.stores.owner_cluster(mc);
     let cluster_name = owner_cluster_name(mc);
     let in_namespace: Vec<_> = ctx
         .stores

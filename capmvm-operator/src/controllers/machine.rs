@@ -1,103 +1,87 @@
 //! The MicrovmMachine controller: gather an observation, let the engine decide, carry out the plan.
+//! It decides nothing: what to gather (`wants_*`), whether a decision runs under the placement turn
+//! (`may_create`) and everything that follows a failed host call are the engine's.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster};
 use capmvm_api::keys::{
-    CLUSTER_NAME_LABEL, HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION,
-    PLACEMENT_ATTEMPT_ANNOTATION, PLACEMENT_CLAIM_ANNOTATION,
+    HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
+    PLACEMENT_CLAIM_ANNOTATION,
 };
-use capmvm_api::{
-    GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachineStatus,
-    VmState as ApiVmState,
-};
+use capmvm_api::{HostEndpoint, MicrovmMachine, VmState as ApiVmState};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    HostCallFailure, placement_claim, provider_id, record_host_call_failure, recorded_host,
-    wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
+    HostCallFailure, cluster_name, instance_pool, may_create, placement_claim, provider_id,
+    recorded_host, wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
-    BootstrapData, Effect, HostFacts, HostLookup, ObservedMachine, ObservedVm, Plan, Requeue,
-    VmState, decide,
+    BootstrapData, FailedHostCall, HostCall, HostFacts, HostLookup, MachinePlan, ObservedMachine,
+    ObservedVm, Requeue, VmState, decide,
 };
-use k8s_openapi::jiff::Timestamp;
 use kube::runtime::controller::Action;
-use kube::runtime::reflector::ObjectRef;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, instrument, warn};
 
-use super::{Error, publish};
+use super::{Error, Outcome, Reconciled, note_version, publish, wrap};
 use crate::context::Ctx;
 use crate::convert::to_flintlock;
 use crate::fault::Point;
 use crate::hosts::{Claim, observed_vm};
-use crate::metrics::ReconcileResult;
 use crate::{credentials, patch};
 
 /// Controller name in metrics and events.
 pub const CONTROLLER: &str = "microvmmachine";
 
-/// How soon to look again when the cache still holds a version our own writes replaced.
-const STALE_CACHE_RETRY: Duration = Duration::from_millis(200);
-
 /// Most decide-and-carry-out rounds in one reconcile (place+create, adopt, and one spare).
 const MAX_ROUNDS: usize = 4;
+
+/// How soon to look again when a reconcile's rounds ran out with the engine still asking for more.
+const ROUNDS_EXHAUSTED_RETRY: Duration = Duration::from_secs(1);
 
 /// Reconciles one MicrovmMachine.
 #[instrument(skip_all, fields(machine = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())))]
 pub async fn reconcile(obj: Arc<MicrovmMachine>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let key = super::key(obj.as_ref());
-    if ctx
-        .writes
-        .is_stale(&key, &obj.resource_version().unwrap_or_default())
-    {
-        // The cache still holds a version our own writes replaced: deciding on it would only earn a
-        // 409. The wake that brought us here may carry news the object does not (a host became
-        // reachable), so look again as soon as the cache has caught up rather than drop it.
-        return Ok(Action::requeue(STALE_CACHE_RETRY));
-    }
-    let result = reconcile_rounds(obj.as_ref().clone(), &ctx).await;
-    let outcome = match &result {
-        Ok((_, outcome)) => {
-            ctx.backoff.reset(&key);
-            *outcome
-        }
-        Err(_) => ReconcileResult::Error,
-    };
-    ctx.metrics
-        .reconciled(CONTROLLER, outcome, started.elapsed());
-    result.map(|(action, _)| action)
+    wrap(
+        CONTROLLER,
+        obj,
+        ctx,
+        |_, _| false,
+        |machine, ctx| async move {
+            let mut versions = vec![machine.resource_version().unwrap_or_default()];
+            let result = rounds(machine, &ctx, &mut versions).await;
+            Reconciled { result, versions }
+        },
+    )
+    .await
 }
 
-/// Decides and carries out until the engine waits for the world; remembers which versions its
-/// writes superseded.
-async fn reconcile_rounds(
-    machine: MicrovmMachine,
-    ctx: &Ctx,
-) -> Result<(Action, ReconcileResult), Error> {
-    let key = super::key(&machine);
-    let mut versions = vec![machine.resource_version().unwrap_or_default()];
-    let result = rounds(machine, ctx, &mut versions).await;
-    ctx.writes.record(&key, &versions);
-    result
-}
-
-/// Returns the action and how controller-runtime would label the result: a timed look again is
-/// `requeue_after`, waiting for changes (with the resync as safety net) is `success`.
+/// Decides and carries out until the engine waits for the world: what one plan did (a create, a
+/// failed host call, a lost write) is part of the next observation.
 async fn rounds(
     mut machine: MicrovmMachine,
     ctx: &Ctx,
     versions: &mut Vec<String>,
-) -> Result<(Action, ReconcileResult), Error> {
-    let timed = |d: Duration| Ok((Action::requeue(d), ReconcileResult::RequeueAfter));
+) -> Result<Outcome, Error> {
     let mut known_after_create: Option<Vec<ObservedVm>> = None;
+    let mut failed: Option<(ObservedMachine, FailedHostCall)> = None;
     for round in 0..MAX_ROUNDS {
-        let mut obs = gather(ctx, &machine, known_after_create.take()).await?;
-        let plan = decide_and_reserve(ctx, &mut obs);
-        debug!(round, effects = plan.effects.len(), requeue = ?plan.requeue, "decided");
+        let (mut obs, plan) = match failed.take() {
+            // What the engine decides after a failed host call needs no new look at the host.
+            Some((mut obs, failure)) => {
+                obs.machine = machine.clone();
+                obs.failed_host_call = Some(failure);
+                let plan = decide(&obs, ctx.fault.now());
+                (obs, plan)
+            }
+            None => {
+                let mut obs = gather(ctx, &machine, known_after_create.take()).await?;
+                let plan = decide_and_reserve(ctx, &mut obs);
+                (obs, plan)
+            }
+        };
+        debug!(round, plan = ?PlanSummary(&plan), "decided");
         let carried = match execute(ctx, &mut machine, &obs, &plan, versions).await {
             Err(e) if e.is_conflict() && round + 1 < MAX_ROUNDS => {
                 // Another writer changed the object since it was read (core adopting it, another
@@ -112,49 +96,68 @@ async fn rounds(
                     Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
                 match api.get_opt(&machine.name_any()).await? {
                     Some(fresh) => machine = fresh,
-                    None => return Ok((Action::await_change(), ReconcileResult::Success)),
+                    None => return Ok(Outcome::Gone),
                 }
                 continue;
             }
             carried => carried?,
         };
-        let created = match carried {
-            Carried::Out { created } => created,
-            // Gone: the finalizer was the last thing holding it.
-            Carried::Gone => return Ok((Action::await_change(), ReconcileResult::Success)),
-            // Final until the spec changes, which wakes the machine: no backoff.
-            Carried::SpecRejected => {
-                return Ok((Action::requeue(ctx.sync_period), ReconcileResult::Success));
+        match carried {
+            Carried::Out { created } if !created.is_empty() => {
+                // The host just answered the create; with the fresh list before it, that is a
+                // fresh answer.
+                let mut vms = match std::mem::take(&mut obs.recorded_host) {
+                    HostLookup::Answered { vms } => vms,
+                    _ => Vec::new(),
+                };
+                vms.extend(created);
+                known_after_create = Some(vms);
             }
-        };
-        if !created.is_empty() {
-            // The host just answered the create; with the fresh list before it, that is a fresh answer.
-            let mut vms = match obs.recorded_host {
-                HostLookup::Answered { vms } => vms,
-                _ => Vec::new(),
-            };
-            vms.extend(created);
-            known_after_create = Some(vms);
+            Carried::Out { .. } => {}
+            Carried::Gone => return Ok(Outcome::Gone),
+            Carried::HostCallFailed(failure) => {
+                failed = Some((obs, failure));
+                continue;
+            }
         }
         match plan.requeue {
             Requeue::Immediately if round + 1 < MAX_ROUNDS => continue,
-            Requeue::Immediately => return timed(Duration::from_secs(1)),
-            Requeue::Await => {
-                return Ok((Action::requeue(ctx.sync_period), ReconcileResult::Success));
+            Requeue::Immediately => {
+                return Ok(Outcome::Requeue(Requeue::After(ROUNDS_EXHAUSTED_RETRY)));
             }
-            Requeue::After(d) => return timed(d.min(ctx.sync_period)),
+            requeue => return Ok(Outcome::Requeue(requeue)),
         }
     }
-    timed(Duration::from_secs(1))
+    Ok(Outcome::Requeue(Requeue::After(ROUNDS_EXHAUSTED_RETRY)))
 }
 
-/// Decides; a decision that may place the machine runs under the hosts' placement turn, with the
-/// hosts' allocation read there, and the host it records is reserved before the turn passes,
-/// so concurrent placements see each other and a burst spreads like a trickle.
-fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachineStatus> {
-    let placing =
-        obs.machine.spec.provider_id.is_none() && obs.machine.metadata.deletion_timestamp.is_none();
-    if !placing {
+/// A plan in a log line: its steps, never its specs (cloud-init holds secrets).
+struct PlanSummary<'a>(&'a MachinePlan);
+
+impl std::fmt::Debug for PlanSummary<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let p = self.0;
+        f.debug_struct("MachinePlan")
+            .field("add_finalizer", &p.add_finalizer)
+            .field(
+                "record_host",
+                &p.record_host.as_ref().map(|r| r.host.to_string()),
+            )
+            .field("provider_id", &p.provider_id)
+            .field("status", &p.status.is_some())
+            .field("host_calls", &p.host_calls.len())
+            .field("events", &p.events.len())
+            .field("remove_finalizer", &p.remove_finalizer)
+            .field("requeue", &p.requeue)
+            .finish()
+    }
+}
+
+/// Decides; a decision that may create a microVM ([`may_create`]) runs under the hosts' placement
+/// turn, with the hosts' allocation read there, and the host it records is reserved before the turn
+/// passes, so concurrent placements see each other and a burst spreads like a trickle.
+fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> MachinePlan {
+    if !may_create(&obs.machine) {
         return decide(obs, ctx.fault.now());
     }
     ctx.hosts.place(|| {
@@ -162,81 +165,48 @@ fn decide_and_reserve(ctx: &Ctx, obs: &mut ObservedMachine) -> Plan<MicrovmMachi
         // under the turn, so it counts every placement made before.
         ctx.hosts.fill_allocation(&mut obs.hosts);
         let plan = decide(obs, ctx.fault.now());
-        let claim = plan.effects.iter().find_map(|e| match e {
-            Effect::RecordHost {
-                host, origin_uid, ..
-            } => Some(Claim {
-                endpoint: host.to_string(),
-                machine_uid: origin_uid.clone(),
-                vcpu: obs.machine.spec.vcpu,
-                memory_mb: obs.machine.spec.memory_mb,
-            }),
-            _ => None,
+        let claim = plan.record_host.as_ref().map(|r| Claim {
+            endpoint: r.host.to_string(),
+            machine_uid: r.origin_uid.clone(),
+            vcpu: obs.machine.spec.vcpu,
+            memory_mb: obs.machine.spec.memory_mb,
         });
         (plan, claim)
     })
 }
 
-/// Gathers everything the engine needs, from caches where possible.
+/// Gathers everything the engine needs, from caches where possible; the engine says what
+/// (`wants_pool_facts`, `wants_fresh_lookup`, `wants_bootstrap_data`).
 async fn gather(
     ctx: &Ctx,
     machine: &MicrovmMachine,
     known_after_create: Option<Vec<ObservedVm>>,
 ) -> Result<ObservedMachine, Error> {
     let ns = machine.namespace().unwrap_or_default();
-    let owner = machine
-        .owner_references()
-        .iter()
-        .find(|o| o.kind == "Machine" && crate::watch::api_group(&o.api_version) == CAPI_GROUP)
-        .and_then(|o| {
-            ctx.stores
-                .capi_machines
-                .get(&ObjectRef::new(&o.name).within(&ns))
-        })
-        .map(|m| m.as_ref().clone());
-    let cluster_name = machine
-        .labels()
-        .get(CLUSTER_NAME_LABEL)
-        .cloned()
-        .or_else(|| owner.as_ref().map(|o| o.spec.cluster_name.clone()))
-        .unwrap_or_default();
-    let cluster = ctx
-        .stores
-        .clusters
-        .get(&ObjectRef::new(&cluster_name).within(&ns))
-        .map(|c| c.as_ref().clone());
-    let infra = infra_cluster(ctx, &ns, &cluster_name, cluster.as_ref());
+    let owner = ctx.stores.owner_machine(machine);
     // A pool's instance: its MachinePool owns it until core creates its Machine, and holds its
     // bootstrap data.
-    let machine_pool = capmvm_reconcile::machine::instance_pool(machine)
-        .and_then(|pool| super::pool::machine_pool_of_instance(ctx, &ns, pool));
-
-    // The bootstrap Secret is read only when a microVM may be created now.
-    let gates_open = cluster
-        .as_ref()
-        .is_some_and(|c| c.infrastructure_provisioned() && !c.is_paused())
-        && infra.is_some();
-    // Right after a create the next round adopts; it needs no bootstrap data.
-    let bootstrap = match wants_bootstrap_data(machine, owner.as_ref(), machine_pool.as_ref()) {
-        Some(secret) if gates_open && known_after_create.is_none() => {
-            credentials::bootstrap_data(&ctx.client, &ns, secret).await?
-        }
-        _ => BootstrapData::NotAsked,
-    };
-
+    let machine_pool =
+        instance_pool(machine).and_then(|pool| ctx.stores.machine_pool_of_instance(&ns, pool));
+    let cluster_name = cluster_name(machine, owner.as_ref(), machine_pool.as_ref());
+    let cluster = ctx.stores.cluster(&ns, &cluster_name);
+    let infra = ctx
+        .stores
+        .infra_cluster(&ns, &cluster_name, cluster.as_ref());
     let mut obs = ObservedMachine {
         machine: machine.clone(),
         owner,
         machine_pool,
         cluster,
         infra_cluster: infra,
-        bootstrap,
+        bootstrap: BootstrapData::NotAsked,
         hosts: BTreeMap::new(),
         recorded_host: HostLookup::NotAsked,
         operator: operator_identity().to_string(),
         claim_seen_for: ctx
             .claims
             .seen_for(&super::key(machine), foreign_claim(machine)),
+        failed_host_call: None,
     };
     let Some(mc) = obs.infra_cluster.clone() else {
         return Ok(obs);
@@ -271,6 +241,10 @@ async fn gather(
             None => lookup(ctx, machine, &config).await,
         },
     };
+    // The bootstrap Secret is read only when the engine may create a microVM now.
+    if let Some(secret) = wants_bootstrap_data(&obs) {
+        obs.bootstrap = credentials::bootstrap_data(&ctx.client, &ns, secret).await?;
+    }
     Ok(obs)
 }
 
@@ -306,70 +280,11 @@ fn foreign_claim(machine: &MicrovmMachine) -> Option<&str> {
         .flatten()
 }
 
-/// When this process first saw each machine's current placement claim from another process, by
-/// its own monotonic clock: how old a claim is to this process, whatever the clocks of the
-/// processes say (see `capmvm_reconcile::ObservedMachine::claim_seen_for`).
-#[derive(Default)]
-pub struct ClaimSightings(Mutex<HashMap<String, (String, Instant)>>);
-
-/// How long a sighting is kept: far beyond the claim TTL, so a machine still waiting is not made
-/// to wait again, and bounded, so machines placed or gone since are forgotten.
-const CLAIM_SIGHTING_KEPT: Duration = Duration::from_secs(600);
-
-impl ClaimSightings {
-    /// How long this process has seen `claim` on machine `key` (zero the first time); forgets the
-    /// machine's earlier claim, and the machine when it has none.
-    pub fn seen_for(&self, key: &str, claim: Option<&str>) -> Option<Duration> {
-        let mut seen = self.0.lock().ok()?;
-        let Some(claim) = claim else {
-            seen.remove(key);
-            return None;
-        };
-        match seen.get(key) {
-            Some((c, at)) if c == claim => Some(at.elapsed()),
-            _ => {
-                seen.insert(key.to_string(), (claim.to_string(), Instant::now()));
-                Some(Duration::ZERO)
-            }
-        }
-    }
-
-    /// Forgets sightings older than [`CLAIM_SIGHTING_KEPT`].
-    pub fn prune(&self) {
-        if let Ok(mut seen) = self.0.lock() {
-            seen.retain(|_, (_, at)| at.elapsed() < CLAIM_SIGHTING_KEPT);
-        }
-    }
-}
-
 /// This process's identity in placement claims: fixed for its lifetime, different after a restart
 /// (a restarted process cannot know whether its predecessor's create reached the host).
 fn operator_identity() -> &'static str {
     static IDENTITY: std::sync::OnceLock<String> = std::sync::OnceLock::new();
     IDENTITY.get_or_init(crate::leader::identity)
-}
-
-/// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is gone, as
-/// during teardown) the one owned by or labelled for that cluster name.
-pub(crate) fn infra_cluster(
-    ctx: &Ctx,
-    ns: &str,
-    cluster_name: &str,
-    cluster: Option<&Cluster>,
-) -> Option<Arc<MicrovmCluster>> {
-    if let Some(r) = cluster.and_then(|c| c.spec.infrastructure_ref.as_ref())
-        && r.api_group == GROUP
-        && r.kind == "MicrovmCluster"
-    {
-        return ctx
-            .stores
-            .microvm_clusters
-            .get(&ObjectRef::new(&r.name).within(ns));
-    }
-    ctx.stores.microvm_clusters.state().into_iter().find(|mc| {
-        mc.namespace().as_deref() == Some(ns)
-            && crate::watch::owner_cluster_name(mc).as_deref() == Some(cluster_name)
-    })
 }
 
 /// Asks the recorded host about this machine's microVMs: freshly while it has no providerID (that
@@ -441,58 +356,39 @@ enum Carried {
     Out { created: Vec<ObservedVm> },
     /// The object is gone (the finalizer was released on a deleted object).
     Gone,
-    /// The host refused to create this spec; the rest of the plan was dropped.
-    SpecRejected,
+    /// A host call failed; the rest of the plan was dropped.
+    HostCallFailed(FailedHostCall),
 }
 
-/// Carries out a plan in the engine's order.
+/// Carries out a plan, its fields top to bottom.
 async fn execute(
     ctx: &Ctx,
     machine: &mut MicrovmMachine,
     obs: &ObservedMachine,
-    plan: &Plan<MicrovmMachineStatus>,
+    plan: &MachinePlan,
     versions: &mut Vec<String>,
 ) -> Result<Carried, Error> {
-    let mut note = |m: &MicrovmMachine| {
-        let version = m.resource_version().unwrap_or_default();
-        if versions.last() != Some(&version) {
-            versions.push(version);
-        }
-    };
     let api: Api<MicrovmMachine> =
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
-    // 1. The finalizer and the chosen host, in one conditional metadata write.
-    // The host and uid, with the next placement attempt: always a change, so with the
-    // resourceVersion test a compare-and-swap.
-    let recorded = plan.effects.iter().find_map(|e| match e {
-        Effect::RecordHost {
-            host,
-            origin_uid,
-            attempt,
-            claim,
-        } => Some((
-            host.to_string(),
-            origin_uid.as_str(),
-            attempt.to_string(),
-            claim.as_str(),
-        )),
-        _ => None,
-    });
-    let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
-    if add_finalizer || recorded.is_some() {
-        let annotations = match &recorded {
-            Some((host, origin_uid, attempt, claim)) => vec![
+    // 1. The finalizer and the chosen host, in one conditional metadata write. The host and uid go
+    // with the next placement attempt: always a change, so with the resourceVersion test a
+    // compare-and-swap.
+    if plan.add_finalizer || plan.record_host.is_some() {
+        let attempt = plan.record_host.as_ref().map(|r| r.attempt.to_string());
+        let host = plan.record_host.as_ref().map(|r| r.host.to_string());
+        let annotations = match (&plan.record_host, &attempt, &host) {
+            (Some(r), Some(attempt), Some(host)) => vec![
                 (HOST_ANNOTATION, host.as_str()),
-                (ORIGIN_UID_ANNOTATION, *origin_uid),
+                (ORIGIN_UID_ANNOTATION, r.origin_uid.as_str()),
                 (PLACEMENT_ATTEMPT_ANNOTATION, attempt.as_str()),
-                (PLACEMENT_CLAIM_ANNOTATION, *claim),
+                (PLACEMENT_CLAIM_ANNOTATION, r.claim.as_str()),
             ],
-            None => Vec::new(),
+            _ => Vec::new(),
         };
         let written = patch::add_metadata(
             &api,
             machine,
-            add_finalizer.then_some(MACHINE_FINALIZER),
+            plan.add_finalizer.then_some(MACHINE_FINALIZER),
             &annotations,
         )
         .await;
@@ -500,49 +396,36 @@ async fn execute(
             Ok(m) => m,
             Err(e) => {
                 // Not placed after all: the host's reservation from the decision goes.
-                if let Some((host, origin_uid, _, _)) = &recorded {
-                    ctx.hosts.release_reservation(host, origin_uid);
+                if let Some(r) = &plan.record_host {
+                    ctx.hosts
+                        .release_reservation(&r.host.to_string(), &r.origin_uid);
                 }
                 return Err(e.into());
             }
         };
-        note(machine);
-        if recorded.is_some() {
+        note_version(versions, machine);
+        if plan.record_host.is_some() {
             ctx.fault.reached(Point::AfterHostRecorded);
         }
     }
     // 2. The providerID.
-    let generation_before = machine.metadata.generation;
-    for effect in &plan.effects {
-        if let Effect::SetProviderId(id) = effect {
-            *machine = patch::provider_id(&api, machine, id).await?;
-            note(machine);
-            info!(provider_id = %id, "providerID set");
-        }
+    if let Some(id) = &plan.provider_id {
+        *machine = patch::provider_id(&api, machine, id).await?;
+        note_version(versions, machine);
+        info!(provider_id = %id, "providerID set");
     }
-    // 3. The status; conditions decided at the old generation describe the new one (only our own
-    // providerID write moved it).
-    if let Some(status) = &plan.status {
-        let mut status = status.clone();
-        if machine.metadata.generation != generation_before {
-            for c in &mut status.conditions {
-                if c.observed_generation == generation_before {
-                    c.observed_generation = machine.metadata.generation;
-                }
-            }
-        }
-        if let Some(updated) =
-            patch::status(&api, machine, machine.status.as_ref(), &status).await?
-        {
-            *machine = updated;
-            note(machine);
-        }
+    // 3. The status (its conditions already name the generation a providerID write gives).
+    if let Some(status) = &plan.status
+        && let Some(updated) = patch::status(&api, machine, machine.status.as_ref(), status).await?
+    {
+        *machine = updated;
+        note_version(versions, machine);
     }
-
+    // 4. Host calls.
     let mut created = Vec::new();
-    for effect in plan.host_calls() {
-        let (host, result) = match effect {
-            Effect::CreateMicrovm { host, spec } => {
+    for call in &plan.host_calls {
+        let (host, result) = match call {
+            HostCall::Create { host, spec } => {
                 let result = match host_client(ctx, obs, host).await {
                     Ok(client) => client.create(to_flintlock(spec)).await.map(|vm| {
                         info!(host = %host, uid = vm.uid(), "microVM created");
@@ -554,12 +437,20 @@ async fn execute(
                     }),
                     Err(e) => Err(e),
                 };
-                if result.is_ok() {
-                    ctx.fault.reached(Point::AfterCreate);
+                match &result {
+                    Ok(()) => ctx.fault.reached(Point::AfterCreate),
+                    Err(_) => {
+                        // Nothing was created: the capacity is free until a decision reserves it
+                        // again (every create is decided under the placement turn).
+                        if let Some(r) = &plan.record_host {
+                            ctx.hosts
+                                .release_reservation(&host.to_string(), &r.origin_uid);
+                        }
+                    }
                 }
                 (host, result)
             }
-            Effect::DeleteMicrovm { host, uid } => {
+            HostCall::Delete { host, uid } => {
                 let result = match host_client(ctx, obs, host).await {
                     Ok(client) => match client.delete(uid).await {
                         Ok(()) => Ok(()),
@@ -574,26 +465,29 @@ async fn execute(
                 }
                 (host, result)
             }
-            _ => continue,
         };
-        if let Err(e) = result {
-            // Returns only when the failure is final (the host refused the spec).
-            host_call_failed(ctx, &api, machine, effect, host, &e).await?;
-            if let Effect::CreateMicrovm { .. } = effect
-                && let Some((_, origin_uid, _, _)) = &recorded
-            {
-                // Nothing will be created there until the spec changes: free the capacity.
-                ctx.hosts.release_reservation(&host.to_string(), origin_uid);
-            }
-            return Ok(Carried::SpecRejected);
+        if let Err(error) = result {
+            warn!(host = %host, error = %error, "host call failed");
+            let failure = match error.kind() {
+                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => {
+                    HostCallFailure::Unreachable
+                }
+                ErrorKind::InvalidArgument => HostCallFailure::Refused,
+                _ => HostCallFailure::Failed,
+            };
+            return Ok(Carried::HostCallFailed(FailedHostCall {
+                call: call.clone(),
+                failure,
+                message: format!("host {host}: {error}"),
+            }));
         }
     }
-
-    for event in plan.events() {
+    // 5. Events.
+    for event in &plan.events {
         publish(ctx, machine, event).await;
     }
-
-    if plan.effects.contains(&Effect::RemoveFinalizer) {
+    // 6. The finalizer, last.
+    if plan.remove_finalizer {
         let deleting = machine.meta().deletion_timestamp.is_some();
         if let Some(updated) = patch::remove_finalizer(&api, machine, MACHINE_FINALIZER).await? {
             *machine = updated;
@@ -631,43 +525,4 @@ async fn host_client(
         None => HostConfig::new(host.to_string()),
     };
     ctx.hosts.client(&config)
-}
-
-/// Shows a failed host call on `Ready` and as a Warning event, as the engine decides. `Err` (the
-/// error goes to the backoff) unless the engine made the failure final: a create the host refused,
-/// which is `Ok` and is not retried until the spec changes.
-async fn host_call_failed(
-    ctx: &Ctx,
-    api: &Api<MicrovmMachine>,
-    machine: &mut MicrovmMachine,
-    effect: &Effect,
-    host: &HostEndpoint,
-    error: &capmvm_flintlock::Error,
-) -> Result<(), Error> {
-    warn!(host = %host, error = %error, "host call failed");
-    let failure = match error.kind() {
-        ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => HostCallFailure::Unreachable,
-        ErrorKind::InvalidArgument => HostCallFailure::Refused,
-        _ => HostCallFailure::Failed,
-    };
-    let message = format!("host {host}: {error}");
-    let mut status = machine.status.clone().unwrap_or_default();
-    let verdict = record_host_call_failure(
-        machine,
-        &mut status,
-        effect,
-        failure,
-        &message,
-        Timestamp::now(),
-    );
-    match patch::status(api, machine, machine.status.as_ref(), &status).await {
-        Ok(Some(updated)) => *machine = updated,
-        Ok(None) => {}
-        Err(e) => debug!(error = %e, "could not record the failed host call in status"),
-    }
-    publish(ctx, machine, &verdict.event).await;
-    if verdict.retry_with_backoff {
-        return Err(Error::HostCall(message));
-    }
-    Ok(())
 }

@@ -1,17 +1,22 @@
-//! The controllers and what they share: the error type, error policy and event publishing.
+//! The controllers and what they share: the error type, the wrapper every reconcile runs in
+//! ([`wrap`]), the error policy and event publishing.
 
 pub mod cluster;
 pub mod machine;
 pub mod pool;
 pub mod template;
 
+use std::future::Future;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use capmvm_reconcile::Requeue;
 use kube::runtime::controller::Action;
 use kube::{Resource, ResourceExt};
 use tracing::{debug, warn};
 
 use crate::context::Ctx;
+use crate::metrics::ReconcileResult;
 
 /// Why a reconcile failed; it is retried with per-object backoff.
 #[derive(Debug, thiserror::Error)]
@@ -42,7 +47,83 @@ impl Error {
 
 /// How soon an object whose write lost to another writer is reconciled again: the cache shows the
 /// newer version within moments; an expected conflict earns no backoff.
-const CONFLICT_RETRY: std::time::Duration = std::time::Duration::from_millis(200);
+const CONFLICT_RETRY: Duration = Duration::from_millis(200);
+
+/// How soon to look again when the caches still hold a version our own writes replaced.
+const STALE_CACHE_RETRY: Duration = Duration::from_millis(200);
+
+/// How a reconcile ended, for the wrapper to map to an action.
+#[derive(Debug)]
+pub enum Outcome {
+    /// The engine's last plan says when to decide again.
+    Requeue(Requeue),
+    /// The object is gone (its finalizer was the last thing holding it).
+    Gone,
+}
+
+/// What one reconcile hands back to the wrapper: how it ended, and the versions the object went
+/// through (the one read first, then each our writes produced).
+pub struct Reconciled {
+    /// How it ended.
+    pub result: Result<Outcome, Error>,
+    /// The versions, for [`crate::memory::OwnWrites`].
+    pub versions: Vec<String>,
+}
+
+/// The one wrapper around every controller's reconcile: skips a version our own writes already
+/// replaced (or one `behind` says the caches have not caught up with), records the versions our
+/// writes produced, maps the engine's requeue to an action (a host call worth retrying to the
+/// object's backoff), resets the backoff on success, and records the reconcile's metrics.
+pub async fn wrap<K, Fut>(
+    controller: &'static str,
+    obj: Arc<K>,
+    ctx: Arc<Ctx>,
+    behind: impl FnOnce(&K, &Ctx) -> bool,
+    body: impl FnOnce(K, Arc<Ctx>) -> Fut,
+) -> Result<Action, Error>
+where
+    K: Resource<DynamicType = ()> + Clone,
+    Fut: Future<Output = Reconciled>,
+{
+    let started = Instant::now();
+    let key = key(obj.as_ref());
+    let version = obj.resource_version().unwrap_or_default();
+    if ctx.writes.is_stale(&key, &version) || behind(obj.as_ref(), &ctx) {
+        // Deciding on a version our own writes replaced would only earn a 409. The wake that brought
+        // us here may carry news the object does not (a host became reachable), so look again as
+        // soon as the cache has caught up rather than drop it.
+        debug!(object = %key, "the caches are behind our last writes; retrying shortly");
+        return Ok(Action::requeue(STALE_CACHE_RETRY));
+    }
+    let reconciled = body(obj.as_ref().clone(), ctx.clone()).await;
+    ctx.writes.record(&key, &reconciled.versions);
+    let (action, label) = match reconciled.result {
+        Ok(Outcome::Gone) => (Ok(Action::await_change()), ReconcileResult::Success),
+        Ok(Outcome::Requeue(Requeue::Await)) => (
+            Ok(Action::requeue(ctx.sync_period)),
+            ReconcileResult::Success,
+        ),
+        Ok(Outcome::Requeue(Requeue::Immediately)) => (
+            Ok(Action::requeue(Duration::ZERO)),
+            ReconcileResult::RequeueAfter,
+        ),
+        Ok(Outcome::Requeue(Requeue::After(d))) => (
+            Ok(Action::requeue(d.min(ctx.sync_period))),
+            ReconcileResult::RequeueAfter,
+        ),
+        Ok(Outcome::Requeue(Requeue::Backoff)) => {
+            let delay = ctx.backoff.next(&key);
+            warn!(object = %key, retry_in = ?delay, "a host call failed; retrying with backoff");
+            (Ok(Action::requeue(delay)), ReconcileResult::Error)
+        }
+        Err(e) => (Err(e), ReconcileResult::Error),
+    };
+    if label != ReconcileResult::Error {
+        ctx.backoff.reset(&key);
+    }
+    ctx.metrics.reconciled(controller, label, started.elapsed());
+    action
+}
 
 /// Retries a failed object after its exponential backoff (never a hot loop).
 pub fn error_policy<K: Resource<DynamicType = ()>>(
@@ -59,15 +140,7 @@ pub fn error_policy<K: Resource<DynamicType = ()>>(
     Action::requeue(delay)
 }
 
-/// `Kind/namespace/name` of an object: a MicrovmCluster and a MicrovmMachineTemplate may share a name.
-pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!(
-        "{}/{}/{}",
-        K::kind(&()),
-        obj.meta().namespace.as_deref().unwrap_or_default(),
-        obj.meta().name.as_deref().unwrap_or_default()
-    )
-}
+pub use crate::memory::key;
 
 /// Publishes an engine event on `obj`. A failure to record an event is logged, never fatal.
 pub async fn publish<K>(ctx: &Ctx, obj: &K, event: &capmvm_reconcile::Event)
@@ -85,5 +158,13 @@ where
     };
     if let Err(e) = ctx.recorder.publish(&ev, &obj.object_ref(&())).await {
         debug!(object = %obj.name_any(), error = %e, "could not publish event");
+    }
+}
+
+/// Notes `obj`'s version in `versions` if our write changed it.
+pub fn note_version<K: Resource>(versions: &mut Vec<String>, obj: &K) {
+    let version = obj.meta().resource_version.clone().unwrap_or_default();
+    if versions.last() != Some(&version) {
+        versions.push(version);
     }
 }

@@ -35,10 +35,11 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
-use crate::context::OwnWrites;
+use crate::memory::OwnWrites;
 
 mod answers;
 mod fingerprint;
+mod lookup;
 mod trim;
 use crate::hosts::Wake;
 pub use answers::reporting_answers;
@@ -259,7 +260,7 @@ pub fn start(
                 }
                 let changed = seen.changed(m, fingerprint(m, &m.spec));
                 let own = own_writes.is_own(
-                    &crate::controllers::key(m),
+                    &crate::memory::key(m),
                     &m.resource_version().unwrap_or_default(),
                 );
                 if changed && !own {

@@ -11,10 +11,10 @@ use super::{
 };
 use crate::host_call::deletion_blocked;
 use crate::observe::{HostLookup, ObservedVm, VmState};
-use crate::plan::{Effect, EventKind, Requeue, reasons as events};
+use crate::plan::{EventKind, HostCall, Requeue, reasons as events};
 
 impl Decision<'_> {
-    pub(super) fn delete(&mut self) -> Requeue {
+    pub(super) fn reconcile_delete(&mut self) -> Requeue {
         if !self
             .machine
             .finalizers()
@@ -25,7 +25,7 @@ impl Decision<'_> {
         }
         let Some(host) = recorded_host(self.machine) else {
             // Never placed, so never created.
-            self.effects.push(Effect::RemoveFinalizer);
+            self.plan.remove_finalizer = true;
             return Requeue::Await;
         };
         let pid_uid = provider_id(self.machine)
@@ -41,7 +41,7 @@ impl Decision<'_> {
             .map(String::as_str)
             == Some("true")
         {
-            self.effects.push(Effect::RemoveFinalizer);
+            self.plan.remove_finalizer = true;
             self.event(
                 EventKind::Warning,
                 events::MICROVM_ABANDONED,
@@ -89,7 +89,7 @@ impl Decision<'_> {
                 targets.sort_by(|a, b| a.uid.cmp(&b.uid));
                 targets.dedup_by(|a, b| a.uid == b.uid);
                 if targets.is_empty() {
-                    self.effects.push(Effect::RemoveFinalizer);
+                    self.plan.remove_finalizer = true;
                     self.event(
                         EventKind::Normal,
                         events::MICROVM_DELETED,
@@ -102,7 +102,7 @@ impl Decision<'_> {
                 let uids: Vec<&str> = targets.iter().map(|v| v.uid.as_str()).collect();
                 for vm in &targets {
                     if vm.state != VmState::Deleting {
-                        self.effects.push(Effect::DeleteMicrovm {
+                        self.plan.host_calls.push(HostCall::Delete {
                             host: host.clone(),
                             uid: vm.uid.clone(),
                         });

@@ -3,7 +3,8 @@
 //! The pool is the scale set: its instances are MicrovmMachines (MachinePool Machines), whose
 //! microVMs the machine engine creates and deletes. This engine decides, in order:
 //!
-//! 1. the gates shared with machines ([`crate::gates`]); a deleted pool deletes every Machine;
+//! 1. the preamble and gates shared with machines and clusters ([`crate::preamble`]); a deleted pool
+//!    deletes every Machine ([`reconcile_delete`]);
 //! 2. **repair**: the Machine of every failed, vanished or health-check-remediated instance goes;
 //! 3. **scale down**: up-to-date instances beyond the desired count go, in victim order
 //!    ([`select`]); an instance whose Machine core has not created yet is waited for, never deleted
@@ -25,24 +26,26 @@ mod status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use capmvm_api::conditions::reasons;
+use capmvm_api::capi::MachinePool;
+use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL,
     TEMPLATE_HASH_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use capmvm_api::pool::must_format_label_value;
-use capmvm_api::{MicrovmCluster, validation};
+use capmvm_api::{MicrovmCluster, MicrovmMachinePool, validation};
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 pub use naming::{new_instance_names, template_hash};
 pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPool};
 pub use plan::{DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, events};
 
-use crate::gates::{self, Gate, Gates};
+use crate::conditions::{Conditions, Status};
 use crate::plan::{Event, EventKind, Requeue};
+use crate::preamble::{self, Gates, Path, preamble};
 use select::{Candidate, sort_victims};
-use status::{Progress, Report};
+use status::{Progress, Verdict};
 
 /// At most one status write per pool within this interval while its counts move: a roll of 200
 /// instances changed a count about 500 times in a minute. What is held back is written when the
@@ -75,7 +78,7 @@ fn coalesce_status(obs: &ObservedPool, plan: &mut PoolPlan, now: Timestamp) {
     };
     plan.status = None;
     plan.requeue = match plan.requeue {
-        Requeue::Immediately => Requeue::Immediately,
+        keep @ (Requeue::Immediately | Requeue::Backoff) => keep,
         Requeue::After(d) => Requeue::After(d.min(left)),
         Requeue::Await => Requeue::After(left),
     };
@@ -83,50 +86,73 @@ fn coalesce_status(obs: &ObservedPool, plan: &mut PoolPlan, now: Timestamp) {
 
 fn decide(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
     let pool = &obs.pool;
-    let mut report = Report::new(pool, now);
     let mut plan = PoolPlan {
         provider_id_list: derived_provider_id_list(obs),
+        mark_instances: delete_marks(obs),
         ..PoolPlan::default()
     };
-    plan.mark_instances = delete_marks(obs);
-    let paused = gates::paused(pool.annotations(), obs.cluster.as_ref());
-    report.paused(paused.as_deref());
-    let has_finalizer = pool.finalizers().iter().any(|f| f == POOL_FINALIZER);
-
-    if pool.metadata.deletion_timestamp.is_some() {
-        if paused.is_none() {
-            delete_everything(obs, &mut plan, &mut report, has_finalizer);
-        }
-        plan.status = Some(report.finish(obs, None));
-        return plan;
+    let stored = pool.status.as_ref().map(|s| s.conditions.clone());
+    let mut conditions = Conditions::new(stored.unwrap_or_default(), pool.metadata.generation, now);
+    let verdict = match preamble(&pool.metadata, obs.cluster.as_ref(), &mut conditions) {
+        Path::Paused => Verdict::Stopped,
+        Path::Delete => reconcile_delete(obs, &mut plan, &mut conditions),
+        Path::Normal => reconcile_normal(obs, &mut plan, &mut conditions),
+    };
+    if let Verdict::Decided { .. } = &verdict {
+        events_for(&mut plan);
     }
+    let mut status = status::report(obs, conditions, &verdict);
+    if plan.provider_id_list.is_some() {
+        // The providerIDList write is conditional on the version read and changes the spec, so the
+        // API server moves the generation by exactly one: conditions decided now describe that
+        // generation (only our own write moved it).
+        let read = pool.metadata.generation;
+        for c in &mut status.conditions {
+            if c.observed_generation == read {
+                c.observed_generation = read.map(|g| g + 1);
+            }
+        }
+    }
+    plan.status = Some(status);
+    plan
+}
 
-    let cluster_name = cluster_name(obs);
-    let gate = Gates {
+/// The normal path: the gates, a valid spec, then scale, roll, repair and create.
+fn reconcile_normal(
+    obs: &ObservedPool,
+    plan: &mut PoolPlan,
+    conditions: &mut Conditions,
+) -> Verdict {
+    let pool = &obs.pool;
+    let cluster_name = pool_cluster_name(obs);
+    let gates = Gates {
         has_owner: obs.machine_pool.is_some(),
         owner_wait: "waiting for a Cluster API MachinePool to own this MicrovmMachinePool",
         cluster_name: &cluster_name,
         cluster: obs.cluster.as_ref(),
-        infra_cluster: obs.infra_cluster.as_deref(),
-        paused: paused.as_deref(),
-    }
-    .check();
-    let (Gate::Open { infra_cluster, .. }, Some(machine_pool)) = (gate.clone(), &obs.machine_pool)
-    else {
-        match gate {
-            Gate::Paused(why) => report.waiting_unless_ready(reasons::PAUSED, why),
-            Gate::Waiting { reason, message } => report.waiting(reason, message),
-            Gate::Open { .. } => {}
+    };
+    let (infra_cluster, machine_pool) = match (
+        gates.with_infrastructure(obs.infra_cluster.as_deref()),
+        &obs.machine_pool,
+    ) {
+        (Ok((_, infra)), Some(machine_pool)) => (infra, machine_pool),
+        (Err(waiting), _) => {
+            preamble::wait(conditions, waiting, None);
+            return Verdict::Stopped;
         }
-        plan.status = Some(report.finish(obs, None));
-        return plan;
+        // The owner gate above waits for the MachinePool.
+        (Ok(_), None) => return Verdict::Stopped,
     };
     if let Err(errors) = validation::validate_pool_spec(&pool.spec) {
-        report.waiting(reasons::INVALID_SPEC, errors.to_string());
-        plan.status = Some(report.finish(obs, None));
-        return plan;
+        conditions.set(
+            types::READY,
+            Status::False,
+            reasons::INVALID_SPEC,
+            errors.to_string(),
+        );
+        return Verdict::Stopped;
     }
-    plan.add_finalizer = !has_finalizer;
+    plan.add_finalizer = !has_finalizer(pool);
 
     let desired = machine_pool.desired_replicas();
     let strategy = &pool.spec.strategy;
@@ -137,14 +163,7 @@ fn decide(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
         max_surge = 1;
     }
     let current = template_hash(&pool.spec.template);
-    let progress = scale_and_roll(
-        obs,
-        &current,
-        desired,
-        max_surge,
-        max_unavailable,
-        &mut plan,
-    );
+    let progress = scale_and_roll(obs, &current, desired, max_surge, max_unavailable, plan);
 
     let domains = failure_domains(machine_pool.spec.failure_domains.clone(), infra_cluster);
     let mut taken: BTreeSet<String> = obs.instances.iter().map(|i| i.name.clone()).collect();
@@ -172,9 +191,15 @@ fn decide(obs: &ObservedPool, now: Timestamp) -> PoolPlan {
             domain,
         ));
     }
-    events_for(&mut plan);
-    plan.status = Some(report.finish(obs, Some((desired, &current, &progress))));
-    plan
+    Verdict::Decided {
+        desired,
+        current,
+        progress,
+    }
+}
+
+fn has_finalizer(pool: &MicrovmMachinePool) -> bool {
+    pool.finalizers().iter().any(|f| f == POOL_FINALIZER)
 }
 
 /// Scale, roll and repair: fills the plan's Machine deletions and says how many to create.
@@ -283,12 +308,13 @@ fn broken(instance: &ObservedInstance) -> Option<DeletionReason> {
     }
 }
 
-fn delete_everything(
+/// The delete path: every Machine goes (core drains each), then every instance whose Machine never
+/// appeared; the finalizer goes once none exists.
+fn reconcile_delete(
     obs: &ObservedPool,
     plan: &mut PoolPlan,
-    report: &mut Report,
-    has_finalizer: bool,
-) {
+    conditions: &mut Conditions,
+) -> Verdict {
     for instance in &obs.instances {
         match &instance.machine {
             Some(m) if !m.deleting => plan.delete_machines.push(MachineDeletion {
@@ -300,9 +326,11 @@ fn delete_everything(
         }
     }
     if obs.instances.is_empty() {
-        plan.remove_finalizer = has_finalizer;
+        plan.remove_finalizer = has_finalizer(&obs.pool);
     } else {
-        report.waiting(
+        conditions.set(
+            types::READY,
+            Status::False,
             reasons::DELETING,
             format!(
                 "waiting for {} instance(s) to be deleted",
@@ -310,6 +338,7 @@ fn delete_everything(
             ),
         );
     }
+    Verdict::Stopped
 }
 
 /// The instances whose delete-machine annotation differs from their Machine's (cluster-autoscaler
@@ -341,16 +370,17 @@ fn derived_provider_id_list(obs: &ObservedPool) -> Option<Vec<String>> {
     (list != obs.pool.spec.provider_id_list).then_some(list)
 }
 
-fn cluster_name(obs: &ObservedPool) -> String {
-    obs.pool
-        .labels()
+fn pool_cluster_name(obs: &ObservedPool) -> String {
+    cluster_name(&obs.pool, obs.machine_pool.as_ref())
+}
+
+/// The pool's Cluster: its cluster-name label, else its MachinePool's. The operator looks the
+/// Cluster up by this name.
+pub fn cluster_name(pool: &MicrovmMachinePool, machine_pool: Option<&MachinePool>) -> String {
+    pool.labels()
         .get(CLUSTER_NAME_LABEL)
         .cloned()
-        .or_else(|| {
-            obs.machine_pool
-                .as_ref()
-                .map(|m| m.spec.cluster_name.clone())
-        })
+        .or_else(|| machine_pool.map(|m| m.spec.cluster_name.clone()))
         .unwrap_or_default()
 }
 
@@ -389,7 +419,7 @@ fn least_used(counts: &mut BTreeMap<String, usize>) -> Option<String> {
 
 fn new_instance(
     obs: &ObservedPool,
-    machine_pool: &capmvm_api::capi::MachinePool,
+    machine_pool: &MachinePool,
     cluster_name: &str,
     current: &str,
     name: String,
@@ -400,7 +430,12 @@ fn new_instance(
     if let Some(domain) = domain {
         annotations.insert(POOL_FAILURE_DOMAIN_ANNOTATION.to_string(), domain);
     }
+    // Core makes the instance's Machine its controller; the pool's reference only lets the pool's
+    // deletion collect instances whose Machine never appeared.
+    let mut owner = obs.pool.controller_owner_ref(&()).unwrap_or_default();
+    owner.controller = Some(false);
     NewInstance {
+        owner,
         name,
         labels: BTreeMap::from([
             (

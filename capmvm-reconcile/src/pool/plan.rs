@@ -3,6 +3,7 @@
 use std::collections::BTreeMap;
 
 use capmvm_api::{MicrovmMachinePoolStatus, MicrovmMachineSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 
 use crate::plan::{Event, Requeue};
 
@@ -38,6 +39,8 @@ pub struct PoolPlan {
 /// An instance to create.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewInstance {
+    /// Its ownerReference to the pool: not the controller (core makes the instance's Machine that).
+    pub owner: OwnerReference,
     /// Its name (core creates its Machine with the same name).
     pub name: String,
     /// `cluster.x-k8s.io/pool-name` and `cluster.x-k8s.io/cluster-name`.

@@ -3,11 +3,10 @@
 
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::pool::INSTANCE_KIND;
-use capmvm_api::{Initialization, MicrovmMachinePool, MicrovmMachinePoolStatus};
-use k8s_openapi::jiff::Timestamp;
+use capmvm_api::{Initialization, MicrovmMachinePoolStatus};
 
 use super::observe::{InstanceHealth, ObservedPool};
-use crate::conditions::{self, Status};
+use crate::conditions::{Conditions, Status};
 use crate::template::{ARCH_LABEL, offer};
 
 /// What one decision did and why it waits, for the conditions.
@@ -25,76 +24,59 @@ pub(super) struct Progress {
     pub(super) max_unavailable: i32,
 }
 
-pub(super) struct Report {
+/// Where a decision ended, for the status: stopped by the preamble, a gate or the delete path (their
+/// conditions are set), or decided with the progress the conditions describe.
+#[derive(Clone, Debug)]
+pub(super) enum Verdict {
+    /// Paused, waiting on a gate, an invalid spec, or deleting.
+    Stopped,
+    /// Scaled, rolled and repaired towards `desired` instances of template `current`.
+    Decided {
+        desired: i32,
+        current: String,
+        progress: Progress,
+    },
+}
+
+/// The pool's status after a decision: capacity from its template, counts from the observation, the
+/// conditions the preamble and gates set, and those of the decision's progress. The one call of a
+/// decision into this module.
+pub(super) fn report(
+    obs: &ObservedPool,
+    conditions: Conditions,
+    verdict: &Verdict,
+) -> MicrovmMachinePoolStatus {
+    let pool = &obs.pool;
+    let mut status = pool.status.clone().unwrap_or_default();
+    let offered = offer(
+        &pool.spec.template,
+        pool.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(ARCH_LABEL))
+            .map(String::as_str),
+    );
+    status.capacity = offered.capacity;
+    status.node_info = offered.node_info;
+    status.infrastructure_machine_kind = Some(INSTANCE_KIND.to_string());
+    let mut report = Report { status, conditions };
+    report.counts(obs, verdict);
+    report.status.conditions = report.conditions.list;
+    report.status
+}
+
+struct Report {
     status: MicrovmMachinePoolStatus,
-    generation: Option<i64>,
-    now: Timestamp,
-    waiting: bool,
+    conditions: Conditions,
 }
 
 impl Report {
-    pub(super) fn new(pool: &MicrovmMachinePool, now: Timestamp) -> Self {
-        let mut status = pool.status.clone().unwrap_or_default();
-        let offered = offer(
-            &pool.spec.template,
-            pool.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(ARCH_LABEL))
-                .map(String::as_str),
-        );
-        status.capacity = offered.capacity;
-        status.node_info = offered.node_info;
-        status.infrastructure_machine_kind = Some(INSTANCE_KIND.to_string());
-        Self {
-            status,
-            generation: pool.metadata.generation,
-            now,
-            waiting: false,
-        }
-    }
-
     fn set(&mut self, type_: &str, status: Status, reason: &str, message: impl Into<String>) {
-        conditions::set(
-            &mut self.status.conditions,
-            type_,
-            status,
-            reason,
-            message,
-            self.generation,
-            self.now,
-        );
+        self.conditions.set(type_, status, reason, message);
     }
 
-    pub(super) fn paused(&mut self, why: Option<&str>) {
-        match why {
-            Some(why) => self.set(types::PAUSED, Status::True, reasons::PAUSED, why),
-            None => self.set(types::PAUSED, Status::False, reasons::NOT_PAUSED, ""),
-        }
-    }
-
-    /// `Ready=False` with a gate's reason.
-    pub(super) fn waiting(&mut self, reason: &str, message: impl Into<String>) {
-        self.waiting = true;
-        self.set(types::READY, Status::False, reason, message);
-    }
-
-    /// As [`Self::waiting`], but a ready pool stays Ready (clusterctl move pauses every cluster).
-    pub(super) fn waiting_unless_ready(&mut self, reason: &str, message: impl Into<String>) {
-        if conditions::is_true(&self.status.conditions, types::READY) {
-            self.waiting = true;
-        } else {
-            self.waiting(reason, message);
-        }
-    }
-
-    /// The status: counts from the observation, conditions from the decision's progress (absent when
-    /// a gate stopped it).
-    pub(super) fn finish(
-        mut self,
-        obs: &ObservedPool,
-        decided: Option<(i32, &str, &Progress)>,
-    ) -> MicrovmMachinePoolStatus {
+    /// Counts from the observation, conditions from the decision's progress (none when stopped).
+    fn counts(&mut self, obs: &ObservedPool, verdict: &Verdict) {
         let live: Vec<_> = obs.instances.iter().filter(|i| !i.leaving()).collect();
         let count = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
         self.status.replicas = count(obs.instances.len());
@@ -103,12 +85,18 @@ impl Report {
                 .filter(|i| i.health == InstanceHealth::Ready)
                 .count(),
         );
-        let Some((desired, current, progress)) = decided else {
-            return self.status;
+        let Verdict::Decided {
+            desired,
+            current,
+            progress,
+        } = verdict
+        else {
+            return;
         };
+        let desired = *desired;
         self.status.up_to_date_replicas = count(
             live.iter()
-                .filter(|i| i.template_hash.as_deref() == Some(current))
+                .filter(|i| i.template_hash.as_deref() == Some(current.as_str()))
                 .count(),
         );
         let ready = self.status.ready_replicas;
@@ -119,20 +107,17 @@ impl Report {
                 provisioned: Some(true),
             });
         }
-        if !self.waiting {
-            if ready >= desired {
-                self.set(types::READY, Status::True, reasons::READY, "");
-            } else {
-                self.set(
-                    types::READY,
-                    Status::False,
-                    reasons::INSTANCES_NOT_READY,
-                    format!("{ready} of {desired} instances ready"),
-                );
-            }
+        if ready >= desired {
+            self.set(types::READY, Status::True, reasons::READY, "");
+        } else {
+            self.set(
+                types::READY,
+                Status::False,
+                reasons::INSTANCES_NOT_READY,
+                format!("{ready} of {desired} instances ready"),
+            );
         }
         self.conditions(desired, progress);
-        self.status
     }
 
     fn conditions(&mut self, desired: i32, p: &Progress) {

@@ -210,6 +210,7 @@ pub fn observed() -> ObservedMachine {
         recorded_host: HostLookup::NotAsked,
         operator: OPERATOR.into(),
         claim_seen_for: None,
+        failed_host_call: None,
     }
 }
 
@@ -271,7 +272,7 @@ pub fn deleting(obs: &mut ObservedMachine) {
     obs.machine.metadata.deletion_timestamp = Some(Time(now()));
 }
 
-pub fn ready(plan: &Plan<MicrovmMachineStatus>) -> (String, String, String) {
+pub fn ready(plan: &MachinePlan) -> (String, String, String) {
     let c = plan
         .status
         .as_ref()
@@ -284,30 +285,20 @@ pub fn ready(plan: &Plan<MicrovmMachineStatus>) -> (String, String, String) {
     (c.status, c.reason, c.message)
 }
 
-pub fn creates(
-    plan: &Plan<MicrovmMachineStatus>,
-) -> Vec<(String, Box<capmvm_reconcile::microvm::MicrovmSpec>)> {
-    plan.effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::CreateMicrovm { host, spec } => Some((host.to_string(), spec.clone())),
-            _ => None,
-        })
+pub fn creates(plan: &MachinePlan) -> Vec<(String, Box<capmvm_reconcile::microvm::MicrovmSpec>)> {
+    plan.creates()
+        .map(|(host, spec)| (host.to_string(), Box::new(spec.clone())))
         .collect()
 }
 
-pub fn deletes(plan: &Plan<MicrovmMachineStatus>) -> Vec<(String, String)> {
-    plan.effects
-        .iter()
-        .filter_map(|e| match e {
-            Effect::DeleteMicrovm { host, uid } => Some((host.to_string(), uid.clone())),
-            _ => None,
-        })
+pub fn deletes(plan: &MachinePlan) -> Vec<(String, String)> {
+    plan.deletes()
+        .map(|(host, uid)| (host.to_string(), uid.to_string()))
         .collect()
 }
 
-pub fn event_reasons(plan: &Plan<MicrovmMachineStatus>) -> Vec<&'static str> {
-    plan.events().map(|e| e.reason).collect()
+pub fn event_reasons(plan: &MachinePlan) -> Vec<&'static str> {
+    plan.events.iter().map(|e| e.reason).collect()
 }
 
 /// What the operator gathers for the `microvm_cluster()` fixture: owned, every host reachable, no
@@ -327,7 +318,7 @@ pub fn observed_cluster() -> ObservedCluster {
 }
 
 /// Condition `t` of a MicrovmCluster plan's status: (status, reason, message).
-pub fn cluster_condition(plan: &Plan<MicrovmClusterStatus>, t: &str) -> (String, String, String) {
+pub fn cluster_condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
     let c = plan
         .status
         .as_ref()

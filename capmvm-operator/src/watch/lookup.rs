@@ -1,0 +1,78 @@
+//! Owners and clusters, looked up in the watch caches: the one place every controller and mapper
+//! finds a MicrovmMachine's Machine, a pool's MachinePool, a Cluster and its MicrovmCluster.
+
+use std::sync::Arc;
+
+use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
+use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
+use kube::ResourceExt;
+use kube::runtime::reflector::ObjectRef;
+
+use super::{Stores, api_group, owner_cluster_name};
+
+impl Stores {
+    /// The CAPI Machine owning `machine` (ownerReference kind Machine, group cluster.x-k8s.io).
+    pub fn owner_machine(&self, machine: &MicrovmMachine) -> Option<Machine> {
+        let ns = machine.namespace().unwrap_or_default();
+        machine
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Machine" && api_group(&o.api_version) == CAPI_GROUP)
+            .and_then(|o| self.capi_machines.get(&ObjectRef::new(&o.name).within(&ns)))
+            .map(|m| m.as_ref().clone())
+    }
+
+    /// The CAPI MachinePool owning `pool` (ownerReference kind MachinePool, group cluster.x-k8s.io).
+    pub fn machine_pool_of(&self, pool: &MicrovmMachinePool) -> Option<MachinePool> {
+        let ns = pool.namespace().unwrap_or_default();
+        pool.owner_references()
+            .iter()
+            .find(|o| o.kind == "MachinePool" && api_group(&o.api_version) == CAPI_GROUP)
+            .and_then(|o| self.machine_pools.get(&ObjectRef::new(&o.name).within(&ns)))
+            .map(|m| m.as_ref().clone())
+    }
+
+    /// The MachinePool of the pool `pool_name` in `ns`, for one of its instances.
+    pub fn machine_pool_of_instance(&self, ns: &str, pool_name: &str) -> Option<MachinePool> {
+        let pool = self.pools.get(&ObjectRef::new(pool_name).within(ns))?;
+        self.machine_pool_of(&pool)
+    }
+
+    /// The Cluster `ns/name`.
+    pub fn cluster(&self, ns: &str, name: &str) -> Option<Cluster> {
+        self.clusters
+            .get(&ObjectRef::new(name).within(ns))
+            .map(|c| c.as_ref().clone())
+    }
+
+    /// The Cluster owning MicrovmCluster `mc` (ownerReference kind Cluster).
+    pub fn owner_cluster(&self, mc: &MicrovmCluster) -> Option<Cluster> {
+        let ns = mc.namespace().unwrap_or_default();
+        mc.owner_references()
+            .iter()
+            .find(|o| o.kind == "Cluster" && api_group(&o.api_version) == CAPI_GROUP)
+            .and_then(|o| self.cluster(&ns, &o.name))
+    }
+
+    /// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is
+    /// gone, as during teardown) the one owned by or labelled for that cluster name.
+    pub fn infra_cluster(
+        &self,
+        ns: &str,
+        cluster_name: &str,
+        cluster: Option<&Cluster>,
+    ) -> Option<Arc<MicrovmCluster>> {
+        if let Some(r) = cluster.and_then(|c| c.spec.infrastructure_ref.as_ref())
+            && r.api_group == GROUP
+            && r.kind == "MicrovmCluster"
+        {
+            return self
+                .microvm_clusters
+                .get(&ObjectRef::new(&r.name).within(ns));
+        }
+        self.microvm_clusters.state().into_iter().find(|mc| {
+            mc.namespace().as_deref() == Some(ns)
+                && owner_cluster_name(mc).as_deref() == Some(cluster_name)
+        })
+    }
+}
