@@ -216,9 +216,18 @@ impl ClusterDecision<'_> {
     }
 
     /// Credentials finalizers on Secrets no MicrovmCluster of the namespace names any more (the spec
-    /// was changed to name another Secret).
+    /// was changed to name another Secret). Only an operator that sees every MicrovmCluster of the
+    /// namespace can tell: behind a watch filter, another operator's clusters may name them.
     fn release_unclaimed_secrets(&mut self) {
-        for name in &self.obs.unclaimed_secrets {
+        let obs = self.obs;
+        if !obs.sees_every_cluster {
+            return;
+        }
+        let unclaimed = obs.protected_secrets.iter().filter(|name| {
+            !obs.named_by_others.contains(name.as_str())
+                && !obs.credential_secrets.iter().any(|own| own.name == **name)
+        });
+        for name in unclaimed {
             self.plan.release_secrets.push(name.clone());
         }
     }

@@ -222,9 +222,13 @@ pub struct ObservedCluster {
     pub shared_hosts: BTreeMap<String, BTreeSet<String>>,
     /// The Secrets its spec names for host credentials.
     pub credential_secrets: Vec<CredentialSecret>,
-    /// Secrets of the namespace that carry the credentials finalizer although no MicrovmCluster names
-    /// them any more (a spec now names another Secret).
-    pub unclaimed_secrets: Vec<String>,
+    /// The Secrets of the namespace that carry the credentials finalizer (names).
+    pub protected_secrets: Vec<String>,
+    /// The Secrets the namespace's other MicrovmClusters name for credentials (names).
+    pub named_by_others: BTreeSet<String>,
+    /// Whether the operator sees every MicrovmCluster of the namespace. Behind a watch filter it
+    /// does not: a Secret only another operator's clusters name looks unclaimed from here.
+    pub sees_every_cluster: bool,
 }
 
 /// A microVM and the host it lives on.

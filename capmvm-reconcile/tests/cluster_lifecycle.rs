@@ -127,12 +127,31 @@ fn a_deleted_cluster_without_its_finalizer_or_paused_does_nothing() {
 #[test]
 fn unclaimed_protected_secrets_are_released() {
     let mut obs = observed_cluster();
-    obs.unclaimed_secrets = vec!["old-tokens".into()];
+    obs.protected_secrets = vec!["old-tokens".into()];
     assert!(
         decide_cluster(&obs, now())
             .release_secrets
             .contains(&("old-tokens".into()))
     );
+}
+
+/// A protected Secret is released only when no MicrovmCluster the operator sees names it, and only
+/// when it sees them all (behind a watch filter another operator's clusters may name it).
+#[test]
+fn protected_secrets_someone_may_name_stay_protected() {
+    let mut obs = observed_cluster();
+    obs.credential_secrets = vec![CredentialSecret {
+        name: "own-tokens".into(),
+        exists: true,
+        protected: true,
+        other_users: 0,
+    }];
+    obs.named_by_others = ["their-tokens".to_string()].into();
+    obs.protected_secrets = vec!["own-tokens".into(), "their-tokens".into(), "old".into()];
+    assert_eq!(decide_cluster(&obs, now()).release_secrets, ["old"]);
+
+    obs.sees_every_cluster = false;
+    assert!(decide_cluster(&obs, now()).release_secrets.is_empty());
 }
 
 #[test]

@@ -227,25 +227,20 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
             }
         })
         .collect();
-    // With a watch filter, MicrovmClusters of other operators are not seen: leave their Secrets be.
-    let unclaimed_secrets = if ctx.scope.watch_filter.is_empty() {
-        let named: BTreeSet<&str> = others
-            .iter()
-            .flat_map(|o| credential_secret_names(o))
-            .chain(credential_secret_names(mc))
-            .collect();
-        ctx.stores
-            .secrets
-            .state()
-            .iter()
-            .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
-            .filter(|s| s.finalizers().iter().any(|f| f == CREDENTIALS_FINALIZER))
-            .map(|s| s.name_any())
-            .filter(|name| !named.contains(name.as_str()))
-            .collect()
-    } else {
-        Vec::new()
-    };
+    let protected_secrets = ctx
+        .stores
+        .secrets
+        .state()
+        .iter()
+        .filter(|s| s.namespace().as_deref() == Some(ns.as_str()))
+        .filter(|s| s.finalizers().iter().any(|f| f == CREDENTIALS_FINALIZER))
+        .map(|s| s.name_any())
+        .collect();
+    let named_by_others = others
+        .iter()
+        .flat_map(|o| credential_secret_names(o))
+        .map(str::to_string)
+        .collect();
 
     Ok(ObservedCluster {
         microvm_cluster: mc.clone(),
@@ -260,6 +255,8 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
         microvms,
         shared_hosts,
         credential_secrets,
-        unclaimed_secrets,
+        protected_secrets,
+        named_by_others,
+        sees_every_cluster: ctx.scope.watch_filter.is_empty(),
     })
 }

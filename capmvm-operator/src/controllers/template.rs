@@ -1,17 +1,15 @@
 //! The MicrovmMachineTemplate controller: capacity and node info for cluster-autoscaler's scale from zero.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use capmvm_api::MicrovmMachineTemplate;
-use capmvm_reconcile::decide_template;
+use capmvm_reconcile::{Requeue, decide_template};
 use kube::runtime::controller::Action;
 use kube::{Api, ResourceExt};
 use tracing::instrument;
 
-use super::Error;
+use super::{Error, Outcome, Reconciled, note_version, wrap};
 use crate::context::Ctx;
-use crate::metrics::ReconcileResult;
 use crate::patch;
 
 /// Controller name in metrics.
@@ -20,19 +18,34 @@ pub const CONTROLLER: &str = "microvmmachinetemplate";
 /// Reconciles one MicrovmMachineTemplate.
 #[instrument(skip_all, fields(template = %format!("{}/{}", obj.namespace().unwrap_or_default(), obj.name_any())))]
 pub async fn reconcile(obj: Arc<MicrovmMachineTemplate>, ctx: Arc<Ctx>) -> Result<Action, Error> {
-    let started = Instant::now();
-    let desired = decide_template(&obj);
-    let api: Api<MicrovmMachineTemplate> =
-        Api::namespaced(ctx.client.clone(), &obj.namespace().unwrap_or_default());
-    let result = patch::status(&api, obj.as_ref(), obj.status.as_ref(), &desired).await;
-    let outcome = if result.is_ok() {
-        ReconcileResult::Success
-    } else {
-        ReconcileResult::Error
-    };
-    ctx.metrics
-        .reconciled(CONTROLLER, outcome, started.elapsed());
-    result?;
-    ctx.backoff.reset(&super::key(obj.as_ref()));
-    Ok(Action::requeue(ctx.sync_period))
+    wrap(
+        CONTROLLER,
+        obj,
+        ctx,
+        |_, _| false,
+        |template, ctx| async move {
+            let mut versions = vec![template.resource_version().unwrap_or_default()];
+            let result = reconcile_once(&template, &ctx, &mut versions).await;
+            Reconciled { result, versions }
+        },
+    )
+    .await
+}
+
+/// The engine's status, written when it differs; the template is looked at again each sync period.
+async fn reconcile_once(
+    template: &MicrovmMachineTemplate,
+    ctx: &Ctx,
+    versions: &mut Vec<String>,
+) -> Result<Outcome, Error> {
+    let desired = decide_template(template);
+    let api: Api<MicrovmMachineTemplate> = Api::namespaced(
+        ctx.client.clone(),
+        &template.namespace().unwrap_or_default(),
+    );
+    if let Some(updated) = patch::status(&api, template, template.status.as_ref(), &desired).await?
+    {
+        note_version(versions, &updated);
+    }
+    Ok(Outcome::Requeue(Requeue::Await))
 }

@@ -313,7 +313,9 @@ pub fn observed_cluster() -> ObservedCluster {
         shared_hosts: Default::default(),
         microvms: Vec::new(),
         credential_secrets: Vec::new(),
-        unclaimed_secrets: Vec::new(),
+        protected_secrets: Vec::new(),
+        named_by_others: Default::default(),
+        sees_every_cluster: true,
     }
 }
 
