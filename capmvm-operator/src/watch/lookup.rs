@@ -1,14 +1,17 @@
 //! Owners and clusters, looked up in the watch caches: the one place every controller and mapper
-//! finds a MicrovmMachine's Machine, a pool's MachinePool, a Cluster and its MicrovmCluster.
+//! finds a MicrovmMachine's Machine, a pool's MachinePool, a Cluster and its MicrovmCluster, and
+//! every mapper the members of a Cluster, a pool or a Secret's users.
 
 use std::sync::Arc;
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
+use capmvm_api::keys::CLUSTER_NAME_LABEL;
 use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
+use capmvm_reconcile::machine::instance_pool;
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
-use super::{Stores, api_group, owner_cluster_name};
+use super::{Stores, api_group, credential_secret_names, owner_cluster_name};
 
 impl Stores {
     /// The CAPI Machine owning `machine` (ownerReference kind Machine, group cluster.x-k8s.io).
@@ -74,5 +77,63 @@ impl Stores {
             mc.namespace().as_deref() == Some(ns)
                 && owner_cluster_name(mc).as_deref() == Some(cluster_name)
         })
+    }
+
+    /// The MicrovmMachinePools of Cluster `namespace/cluster`.
+    pub fn pools_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachinePool>> {
+        self.pools
+            .state()
+            .iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace))
+            .filter(|p| p.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
+            .map(|p| ObjectRef::from_obj(p.as_ref()))
+            .collect()
+    }
+
+    /// The MicrovmMachinePools MachinePool `namespace/name` owns.
+    pub fn pools_owned_by(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmMachinePool>> {
+        self.pools
+            .state()
+            .into_iter()
+            .filter(|p| p.namespace().as_deref() == Some(namespace))
+            .filter(|p| {
+                p.owner_references().iter().any(|o| {
+                    o.kind == "MachinePool"
+                        && api_group(&o.api_version) == CAPI_GROUP
+                        && o.name == name
+                })
+            })
+            .collect()
+    }
+
+    /// The instances (MicrovmMachines) of MicrovmMachinePool `namespace/pool`, deleting ones included.
+    pub fn instances_of(&self, namespace: &str, pool: &str) -> Vec<Arc<MicrovmMachine>> {
+        self.machines
+            .state()
+            .into_iter()
+            .filter(|m| m.namespace().as_deref() == Some(namespace))
+            .filter(|m| instance_pool(m) == Some(pool))
+            .collect()
+    }
+
+    /// The MicrovmClusters of `namespace` that name Secret `name` for credentials.
+    pub fn clusters_naming_secret(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmCluster>> {
+        self.microvm_clusters
+            .state()
+            .into_iter()
+            .filter(|mc| mc.namespace().as_deref() == Some(namespace))
+            .filter(|mc| credential_secret_names(mc).contains(&name))
+            .collect()
+    }
+
+    /// The MicrovmMachines of Cluster `namespace/cluster`.
+    pub fn machines_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachine>> {
+        self.machines
+            .state()
+            .iter()
+            .filter(|m| m.namespace().as_deref() == Some(namespace))
+            .filter(|m| m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
+            .map(|m| ObjectRef::from_obj(m.as_ref()))
+            .collect()
     }
 }

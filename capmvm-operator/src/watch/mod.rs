@@ -1,5 +1,6 @@
-//! Watch caches and mappers: one watch per kind feeds a cache (read by reconciles instead of GETs) and
-//! wakes the objects a change concerns:
+//! Watch caches and mappers: one generic watch task per kind ([`spawn`]) feeds a cache (read by
+//! reconciles instead of GETs) and hands each change to that kind's mapper (`mappers.rs`), which
+//! wakes the objects the change concerns:
 //!
 //! - MicrovmMachine → itself;
 //! - Machine → its infrastructure MicrovmMachine;
@@ -7,7 +8,7 @@
 //! - MicrovmCluster → itself, and its MicrovmMachines when its spec changes;
 //! - a MicrovmMachine gone → the MicrovmClusters of its namespace (a deleted one waits for it);
 //! - Secret metadata → the MicrovmClusters naming it and their MicrovmMachines (credentials changed);
-//! - a host's microVMs or reachability ([`Wake`]) → the affected MicrovmMachines and MicrovmClusters;
+//! - a host's microVMs or reachability ([`HostWake`]) → the affected MicrovmMachines and MicrovmClusters;
 //! - pools: a MicrovmMachinePool → itself; its MachinePool → it and its instances (bootstrap data);
 //!   an instance (spec or status) and its Machine (delete mark, remediation, deletion) → the pool;
 //!   Cluster and MicrovmCluster transitions → the cluster's pools.
@@ -18,19 +19,15 @@
 use std::hash::Hash;
 use std::sync::Arc;
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
-use capmvm_api::keys::{
-    CAPI_SECRET_TYPE, CLUSTER_NAME_LABEL, DELETE_MACHINE_ANNOTATION, WATCH_FILTER_LABEL,
-};
-use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
-use capmvm_reconcile::machine::instance_pool;
+use capmvm_api::capi::{Cluster, Machine, MachinePool};
+use capmvm_api::keys::WATCH_FILTER_LABEL;
+use capmvm_api::{MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
+use kube::{Api, Resource};
 use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
@@ -40,10 +37,11 @@ use crate::memory::OwnWrites;
 mod answers;
 mod fingerprint;
 mod lookup;
+mod mappers;
 mod trim;
-use crate::hosts::Wake;
 pub use answers::reporting_answers;
-use fingerprint::{Fingerprints, fingerprint, hash_of};
+pub use mappers::HostWake;
+use mappers::{Mapper, Route};
 
 /// The watch caches reconciles read from.
 #[derive(Clone)]
@@ -74,64 +72,6 @@ impl Stores {
         self.pools.wait_until_ready().await?;
         self.machine_pools.wait_until_ready().await?;
         self.secrets.wait_until_ready().await
-    }
-
-    /// The MicrovmMachinePools of Cluster `namespace/cluster`.
-    pub fn pools_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachinePool>> {
-        self.pools
-            .state()
-            .iter()
-            .filter(|p| p.namespace().as_deref() == Some(namespace))
-            .filter(|p| p.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
-            .map(|p| ObjectRef::from_obj(p.as_ref()))
-            .collect()
-    }
-
-    /// The MicrovmMachinePools MachinePool `namespace/name` owns.
-    pub fn pools_owned_by(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmMachinePool>> {
-        self.pools
-            .state()
-            .into_iter()
-            .filter(|p| p.namespace().as_deref() == Some(namespace))
-            .filter(|p| {
-                p.owner_references().iter().any(|o| {
-                    o.kind == "MachinePool"
-                        && api_group(&o.api_version) == CAPI_GROUP
-                        && o.name == name
-                })
-            })
-            .collect()
-    }
-
-    /// The instances (MicrovmMachines) of MicrovmMachinePool `namespace/pool`, deleting ones included.
-    pub fn instances_of(&self, namespace: &str, pool: &str) -> Vec<Arc<MicrovmMachine>> {
-        self.machines
-            .state()
-            .into_iter()
-            .filter(|m| m.namespace().as_deref() == Some(namespace))
-            .filter(|m| instance_pool(m) == Some(pool))
-            .collect()
-    }
-
-    /// The MicrovmClusters of `namespace` that name Secret `name` for credentials.
-    pub fn clusters_naming_secret(&self, namespace: &str, name: &str) -> Vec<Arc<MicrovmCluster>> {
-        self.microvm_clusters
-            .state()
-            .into_iter()
-            .filter(|mc| mc.namespace().as_deref() == Some(namespace))
-            .filter(|mc| credential_secret_names(mc).contains(&name))
-            .collect()
-    }
-
-    /// The MicrovmMachines of Cluster `namespace/cluster`.
-    pub fn machines_of(&self, namespace: &str, cluster: &str) -> Vec<ObjectRef<MicrovmMachine>> {
-        self.machines
-            .state()
-            .iter()
-            .filter(|m| m.namespace().as_deref() == Some(namespace))
-            .filter(|m| m.labels().get(CLUSTER_NAME_LABEL).map(String::as_str) == Some(cluster))
-            .map(|m| ObjectRef::from_obj(m.as_ref()))
-            .collect()
     }
 }
 
@@ -227,283 +167,57 @@ pub fn start(
         pools,
         machine_pools,
     };
-    let mut tasks = Vec::new();
-
-    // MicrovmMachine → itself, except for versions our own writes produced (the reconcile that wrote
-    // them already acted; waking again would only re-stamp observedGeneration, a write per machine).
-    // One gone → the MicrovmClusters of its namespace (a deleted cluster waits for its machines).
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        let as_instance = Fingerprints::default();
-        tasks.push(spawn_trimmed_watch(
-            scope.api::<MicrovmMachine>(client),
-            scope.watcher_config(),
+    let route = Route {
+        to: triggers.clone(),
+        stores: stores.clone(),
+        own_writes,
+    };
+    let tasks = vec![
+        spawn(
+            client,
             scope,
+            &route,
             machines_w,
-            trim::microvm_machine,
-            move |m: &MicrovmMachine| {
-                // An instance's spec or status (its health) → its pool.
-                if let Some(pool) = instance_pool(m)
-                    && as_instance.changed(m, fingerprint(m, &(&m.spec, &m.status)))
-                {
-                    t.pool(ObjectRef::new(pool).within(&m.namespace().unwrap_or_default()));
-                }
-                if m.meta().deletion_timestamp.is_some() && m.finalizers().is_empty() {
-                    let ns = m.namespace().unwrap_or_default();
-                    for mc in s.microvm_clusters.state() {
-                        if mc.namespace().as_deref() == Some(ns.as_str()) {
-                            t.cluster(ObjectRef::from_obj(mc.as_ref()));
-                        }
-                    }
-                }
-                let changed = seen.changed(m, fingerprint(m, &m.spec));
-                let own = own_writes.is_own(
-                    &crate::memory::key(m),
-                    &m.resource_version().unwrap_or_default(),
-                );
-                if changed && !own {
-                    t.machine(ObjectRef::from_obj(m));
-                }
-            },
-        ));
-    }
-    // Machine → its MicrovmMachine; a pool instance's Machine → the pool (what it reads of it).
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        let for_pool = Fingerprints::default();
-        tasks.push(spawn_trimmed_watch(
-            scope.api::<Machine>(client),
-            scope.watcher_config(),
+            mappers::MicrovmMachines::default(),
+        ),
+        spawn(
+            client,
             scope,
+            &route,
             capi_machines_w,
-            trim::machine,
-            move |m: &Machine| {
-                let ns = m.namespace().unwrap_or_default();
-                let owning_pool = m
-                    .owner_references()
-                    .iter()
-                    .find(|o| o.kind == "MachinePool" && api_group(&o.api_version) == CAPI_GROUP);
-                if let Some(mp) = owning_pool {
-                    let read = hash_of(&(
-                        m.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
-                        m.owner_remediation_requested(),
-                    ));
-                    if for_pool.changed(m, read) {
-                        for p in s.pools_owned_by(&ns, &mp.name) {
-                            t.pool(ObjectRef::from_obj(p.as_ref()));
-                        }
-                    }
-                }
-                let infra = &m.spec.infrastructure_ref;
-                if infra.api_group == GROUP
-                    && infra.kind == "MicrovmMachine"
-                    && seen.changed(m, fingerprint(m, &m.spec))
-                {
-                    t.machine(
-                        ObjectRef::new(&infra.name).within(&m.namespace().unwrap_or_default()),
-                    );
-                }
-            },
-        ));
-    }
-    // Cluster → its MicrovmCluster; its MicrovmMachines on pause or provisioned transitions.
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        let transitions = Fingerprints::default();
-        tasks.push(spawn_watch(
-            scope.api::<Cluster>(client),
-            scope.watcher_config(),
+            mappers::Machines::default(),
+        ),
+        spawn(
+            client,
             scope,
+            &route,
             clusters_w,
-            move |c: &Cluster| {
-                let ns = c.namespace().unwrap_or_default();
-                if seen.changed(c, fingerprint(c, &c.spec))
-                    && let Some(infra) = &c.spec.infrastructure_ref
-                    && infra.api_group == GROUP
-                    && infra.kind == "MicrovmCluster"
-                {
-                    t.cluster(ObjectRef::new(&infra.name).within(&ns));
-                }
-                let gates = hash_of(&(
-                    c.is_paused(),
-                    c.infrastructure_provisioned(),
-                    c.meta().deletion_timestamp.is_some(),
-                ));
-                if transitions.changed(c, gates) {
-                    for m in s.machines_of(&ns, &c.name_any()) {
-                        t.machine(m);
-                    }
-                    for p in s.pools_of(&ns, &c.name_any()) {
-                        t.pool(p);
-                    }
-                }
-            },
-        ));
-    }
-    // MicrovmCluster → itself; its MicrovmMachines when its spec changes.
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        let specs = Fingerprints::default();
-        tasks.push(spawn_watch(
-            scope.api::<MicrovmCluster>(client),
-            scope.watcher_config(),
+            mappers::Clusters::default(),
+        ),
+        spawn(
+            client,
             scope,
+            &route,
             microvm_clusters_w,
-            move |mc: &MicrovmCluster| {
-                if seen.changed(mc, fingerprint(mc, &mc.spec)) {
-                    t.cluster(ObjectRef::from_obj(mc));
-                }
-                if specs.changed(mc, hash_of(&mc.meta().generation))
-                    && let Some(cluster) = owner_cluster_name(mc)
-                {
-                    let ns = mc.namespace().unwrap_or_default();
-                    for m in s.machines_of(&ns, &cluster) {
-                        t.machine(m);
-                    }
-                    for p in s.pools_of(&ns, &cluster) {
-                        t.pool(p);
-                    }
-                }
-            },
-        ));
-    }
-    // MicrovmMachinePool → itself (its spec: a template change rolls; metadata: deletion, pause).
-    {
-        let t = triggers.clone();
-        let seen = Fingerprints::default();
-        tasks.push(spawn_watch(
-            scope.api::<MicrovmMachinePool>(client),
-            scope.watcher_config(),
+            mappers::MicrovmClusters::default(),
+        ),
+        spawn(client, scope, &route, pools_w, mappers::Pools::default()),
+        spawn(
+            client,
             scope,
-            pools_w,
-            move |p: &MicrovmMachinePool| {
-                if seen.changed(p, fingerprint(p, &p.spec)) {
-                    t.pool(ObjectRef::from_obj(p));
-                }
-            },
-        ));
-    }
-    // MachinePool → the pools it owns (replicas, failure domains), and their instances still to be
-    // created (the bootstrap Secret they boot with).
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        tasks.push(spawn_watch(
-            scope.api::<MachinePool>(client),
-            scope.watcher_config(),
-            scope,
+            &route,
             machine_pools_w,
-            move |mp: &MachinePool| {
-                if !seen.changed(mp, fingerprint(mp, &mp.spec)) {
-                    return;
-                }
-                let ns = mp.namespace().unwrap_or_default();
-                for p in s.pools_owned_by(&ns, &mp.name_any()) {
-                    t.pool(ObjectRef::from_obj(p.as_ref()));
-                    for m in s.instances_of(&ns, &p.name_any()) {
-                        if m.spec.provider_id.is_none() {
-                            t.machine(ObjectRef::from_obj(m.as_ref()));
-                        }
-                    }
-                }
-            },
-        ));
-    }
-    // Secret metadata → the MicrovmClusters naming it, and their MicrovmMachines. Secrets are not
-    // labelled for the watch filter: all of them in scope, metadata only, but for Cluster API's own
-    // (one per machine, and never a credential; a credential Secret of that type is refused with
-    // a message saying so, see `credentials`).
-    {
-        let t = triggers.clone();
-        let s = stores.clone();
-        let seen = Fingerprints::default();
-        tasks.push(spawn_trimmed_watch(
-            scope.api::<PartialObjectMeta<Secret>>(client),
-            {
-                let mut config = scope.watcher_config();
-                // Not labelled for the watch filter (see above): every Secret in scope.
-                config.label_selector = None;
-                config.fields(&format!("type!={CAPI_SECRET_TYPE}"))
-            },
+            mappers::MachinePools::default(),
+        ),
+        spawn(
+            client,
             scope,
+            &route,
             secrets_w,
-            trim::secret,
-            move |secret: &PartialObjectMeta<Secret>| {
-                if !seen.changed(secret, hash_of(&secret.resource_version())) {
-                    return;
-                }
-                let ns = secret.namespace().unwrap_or_default();
-                for mc in s.clusters_naming_secret(&ns, &secret.name_any()) {
-                    t.cluster(ObjectRef::from_obj(mc.as_ref()));
-                    if let Some(cluster) = owner_cluster_name(&mc) {
-                        for m in s.machines_of(&ns, &cluster) {
-                            t.machine(m);
-                        }
-                    }
-                }
-            },
-        ));
-    }
+            mappers::Secrets::default(),
+        ),
+    ];
     (stores, tasks)
-}
-
-/// Routes host observations to the objects they concern.
-pub struct HostWake {
-    /// Where to send wake-ups.
-    pub triggers: Triggers,
-    /// The caches, to find who lives on a host.
-    pub stores: Stores,
-}
-
-impl Wake for HostWake {
-    fn microvm_changed(&self, namespace: &str, name: &str) {
-        let machine = ObjectRef::new(name).within(namespace);
-        if self.stores.machines.get(&machine).is_none() {
-            // No object for it: a microVM left behind, or its cleanup; the clusters report those.
-            for mc in self.stores.microvm_clusters.state() {
-                if mc.namespace().as_deref() == Some(namespace) {
-                    self.triggers.cluster(ObjectRef::from_obj(mc.as_ref()));
-                }
-            }
-            return;
-        }
-        self.triggers.machine(machine);
-    }
-
-    fn host_changed(&self, endpoint: &str) {
-        // Machines recorded on the host, and machines still waiting for a host.
-        for m in self.stores.machines.state() {
-            let recorded = capmvm_reconcile::machine::recorded_host(&m).map(|h| h.to_string());
-            if recorded.as_deref() == Some(endpoint) || recorded.is_none() {
-                self.triggers.machine(ObjectRef::from_obj(m.as_ref()));
-            }
-        }
-        for mc in self.stores.microvm_clusters.state() {
-            let uses = mc
-                .spec
-                .placement
-                .static_pool
-                .iter()
-                .flat_map(|p| &p.hosts)
-                .any(|h| {
-                    h.endpoint
-                        .parse::<HostEndpoint>()
-                        .is_ok_and(|e| e.to_string() == endpoint)
-                });
-            if uses {
-                self.triggers.cluster(ObjectRef::from_obj(mc.as_ref()));
-            }
-        }
-    }
 }
 
 /// The Secrets `mc` names for host credentials (basic-auth tokens, TLS material).
@@ -531,52 +245,33 @@ pub fn api_group(api_version: &str) -> &str {
     api_version.rsplit_once('/').map_or("", |(g, _)| g)
 }
 
-fn spawn_watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
+/// The one watch task: lists and watches `M::Kind` in scope, keeps the trimmed objects in the cache
+/// `writer` feeds, and hands each change to the mapper once the cache shows it.
+fn spawn<M: Mapper>(
+    client: &kube::Client,
     scope: &Scope,
-    writer: reflector::store::Writer<K>,
-    on_change: impl Fn(&K) + Send + 'static,
-) -> JoinHandle<()>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    spawn_trimmed_watch(api, config, scope, writer, |_| {}, on_change)
-}
-
-/// [`spawn_watch`], with `trim` applied to each object before the cache keeps it.
-fn spawn_trimmed_watch<K>(
-    api: Api<K>,
-    config: watcher::Config,
-    scope: &Scope,
-    writer: reflector::store::Writer<K>,
-    trim: impl Fn(&mut K) + Send + Sync + 'static,
-    on_change: impl Fn(&K) + Send + 'static,
-) -> JoinHandle<()>
-where
-    K: Resource + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-    K::DynamicType: Default + Eq + Hash + Clone + Send + Sync,
-{
-    let kind = K::kind(&Default::default()).to_string();
+    route: &Route,
+    writer: reflector::store::Writer<M::Kind>,
+    mapper: M,
+) -> JoinHandle<()> {
+    let kind = M::Kind::kind(&()).to_string();
     let readiness = scope.readiness.clone();
-    let route = format!(
-        "{}/{}",
-        K::group(&Default::default()),
-        K::plural(&Default::default())
-    );
-    readiness.cache_started(&kind, &route);
+    let route_path = format!("{}/{}", M::Kind::group(&()), M::Kind::plural(&()));
+    readiness.cache_started(&kind, &route_path);
     // managedFields are read by nothing here; dropping them before the cache keeps the caches
     // smaller (a MicrovmMachine carries an entry per writer) and every clone of a cached object cheaper.
     let cache = writer.as_reader();
-    let stream = watcher(api, config)
+    let stream = watcher(scope.api::<M::Kind>(client), M::config(scope))
         .default_backoff()
-        .modify(move |obj| {
+        .modify(|obj| {
             obj.meta_mut().managed_fields = None;
-            trim(obj);
+            M::trim(obj);
         })
         .reflect(writer);
-    tokio::spawn(follow(stream, cache, kind, readiness, on_change))
+    let route = route.clone();
+    tokio::spawn(follow(stream, cache, kind, readiness, move |obj| {
+        mapper.wake(obj, &route);
+    }))
 }
 
 /// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it.
@@ -658,8 +353,10 @@ mod tests {
     use std::sync::Mutex;
 
     use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::ResourceExt;
     use kube::api::ObjectMeta;
 
+    use super::fingerprint::{Fingerprints, fingerprint};
     use super::*;
 
     fn config_map(name: &str) -> ConfigMap {
