@@ -28,286 +28,253 @@ where
     Ok(serde_json::from_value(value).unwrap_or_default())
 }
 
-/// `Cluster.spec` (v1beta2), the fields the operator reads.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "cluster.x-k8s.io",
-    version = "v1beta2",
-    kind = "Cluster",
-    plural = "clusters",
-    namespaced,
-    status = "ClusterStatus",
-    derive = "PartialEq",
-    derive = "Default",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterSpec {
-    /// Pauses reconciliation of the Cluster and every object of it.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub paused: Option<bool>,
-    /// The control-plane endpoint, once known.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub control_plane_endpoint: Option<ApiEndpoint>,
-    /// The InfraCluster (our MicrovmCluster).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub infrastructure_ref: Option<ContractVersionedObjectReference>,
+/// A field type of these views: read with [`lenient`], and left out of what a view serializes while
+/// it is absent (an empty `Option` or list; a name or a nested view is always written).
+trait Lenient {
+    /// Whether the value is absent.
+    fn absent(&self) -> bool {
+        false
+    }
 }
 
-/// `Cluster.status` (v1beta2), the fields the operator reads.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterStatus {
-    /// Initialization milestones.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub initialization: Option<ClusterInitialization>,
+impl<T> Lenient for Option<T> {
+    fn absent(&self) -> bool {
+        self.is_none()
+    }
 }
 
-/// `Cluster.status.initialization`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ClusterInitialization {
-    /// The InfraCluster reported provisioned.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub infrastructure_provisioned: Option<bool>,
+impl<T> Lenient for Vec<T> {
+    fn absent(&self) -> bool {
+        self.is_empty()
+    }
 }
 
-/// A v1beta2 reference: `{apiGroup, kind, name}` in the referrer's namespace.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct ContractVersionedObjectReference {
-    /// API group of the referent.
-    #[serde(default, deserialize_with = "lenient")]
-    pub api_group: String,
-    /// Kind of the referent.
-    #[serde(default, deserialize_with = "lenient")]
-    pub kind: String,
-    /// Name of the referent.
-    #[serde(default, deserialize_with = "lenient")]
-    pub name: String,
+impl Lenient for String {}
+
+/// Declares a view whose every field is [`Lenient`]: the serde attribute is said once, here.
+macro_rules! lenient {
+    (
+        $(#[$attr:meta])*
+        pub struct $name:ident {
+            $($(#[$field_attr:meta])* pub $field:ident: $ty:ty,)*
+        }
+    ) => {
+        $(#[$attr])*
+        pub struct $name {
+            $(
+                $(#[$field_attr])*
+                #[serde(default, deserialize_with = "lenient", skip_serializing_if = "Lenient::absent")]
+                pub $field: $ty,
+            )*
+        }
+
+        impl Lenient for $name {}
+    };
 }
 
-/// `Machine.spec` (v1beta2): the fields the operator reads, and the two the simulator also reads.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "cluster.x-k8s.io",
-    version = "v1beta2",
-    kind = "Machine",
-    plural = "machines",
-    namespaced,
-    status = "MachineStatus",
-    derive = "PartialEq",
-    derive = "Default",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineSpec {
-    /// Name of the owning Cluster.
-    #[serde(default, deserialize_with = "lenient")]
-    pub cluster_name: String,
-    /// Bootstrap data.
-    #[serde(default, deserialize_with = "lenient")]
-    pub bootstrap: Bootstrap,
-    /// The InfraMachine (our MicrovmMachine).
-    #[serde(default, deserialize_with = "lenient")]
-    pub infrastructure_ref: ContractVersionedObjectReference,
-    /// The failure domain the machine must be placed in.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
+lenient! {
+    /// `Cluster.spec` (v1beta2), the fields the operator reads.
+    #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[kube(
+        group = "cluster.x-k8s.io",
+        version = "v1beta2",
+        kind = "Cluster",
+        plural = "clusters",
+        namespaced,
+        status = "ClusterStatus",
+        derive = "PartialEq",
+        derive = "Default",
+        schema = "disabled"
     )]
-    pub failure_domain: Option<String>,
-    /// Copied by CAPI from the InfraMachine.
-    #[serde(
-        rename = "providerID",
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub provider_id: Option<String>,
-    /// The Kubernetes version the machine runs (read by the simulator's bootstrap provider and
-    /// kubelets; the operator does not read it).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub version: Option<String>,
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterSpec {
+        /// Pauses reconciliation of the Cluster and every object of it.
+        pub paused: Option<bool>,
+        /// The control-plane endpoint, once known.
+        pub control_plane_endpoint: Option<ApiEndpoint>,
+        /// The InfraCluster (our MicrovmCluster).
+        pub infrastructure_ref: Option<ContractVersionedObjectReference>,
+    }
 }
 
-/// `Machine.spec.bootstrap`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct Bootstrap {
-    /// Name of the Secret (same namespace) holding the bootstrap data under key `value`.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub data_secret_name: Option<String>,
-    /// The bootstrap provider's config (a KubeadmConfig) whose Secret CAPI copies into
-    /// `dataSecretName` (read by the simulator's CAPI stand-in; the operator does not read it).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub config_ref: Option<ContractVersionedObjectReference>,
+lenient! {
+    /// `Cluster.status` (v1beta2), the fields the operator reads.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterStatus {
+        /// Initialization milestones.
+        pub initialization: Option<ClusterInitialization>,
+    }
 }
 
-/// `Machine.status` (v1beta2): the provisioning milestone (the simulator's CAPI stand-in counts
-/// provisioned Machines with it) and the conditions a pool reads (`OwnerRemediated`).
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineStatus {
-    /// Initialization milestones.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub initialization: Option<MachineInitialization>,
-    /// The Machine's (metav1) conditions: type, status and reason only.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub conditions: Vec<MachineCondition>,
+lenient! {
+    /// `Cluster.status.initialization`.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ClusterInitialization {
+        /// The InfraCluster reported provisioned.
+        pub infrastructure_provisioned: Option<bool>,
+    }
 }
 
-/// One of `Machine.status.conditions`, the parts a provider reads.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineCondition {
-    /// The condition type, for example `OwnerRemediated`.
-    #[serde(default, deserialize_with = "lenient")]
-    pub r#type: String,
-    /// `True`, `False` or `Unknown`.
-    #[serde(default, deserialize_with = "lenient")]
-    pub status: String,
-    /// Why, in CamelCase.
-    #[serde(default, deserialize_with = "lenient")]
-    pub reason: String,
+lenient! {
+    /// A v1beta2 reference: `{apiGroup, kind, name}` in the referrer's namespace.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct ContractVersionedObjectReference {
+        /// API group of the referent.
+        pub api_group: String,
+        /// Kind of the referent.
+        pub kind: String,
+        /// Name of the referent.
+        pub name: String,
+    }
+}
+
+lenient! {
+    /// `Machine.spec` (v1beta2): the fields the operator reads, and the two the simulator also reads.
+    #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[kube(
+        group = "cluster.x-k8s.io",
+        version = "v1beta2",
+        kind = "Machine",
+        plural = "machines",
+        namespaced,
+        status = "MachineStatus",
+        derive = "PartialEq",
+        derive = "Default",
+        schema = "disabled"
+    )]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachineSpec {
+        /// Name of the owning Cluster.
+        pub cluster_name: String,
+        /// Bootstrap data.
+        pub bootstrap: Bootstrap,
+        /// The InfraMachine (our MicrovmMachine).
+        pub infrastructure_ref: ContractVersionedObjectReference,
+        /// The failure domain the machine must be placed in.
+        pub failure_domain: Option<String>,
+        /// Copied by CAPI from the InfraMachine.
+        #[serde(rename = "providerID")]
+        pub provider_id: Option<String>,
+        /// The Kubernetes version the machine runs (read by the simulator's bootstrap provider and
+        /// kubelets; the operator does not read it).
+        pub version: Option<String>,
+    }
+}
+
+lenient! {
+    /// `Machine.spec.bootstrap`.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct Bootstrap {
+        /// Name of the Secret (same namespace) holding the bootstrap data under key `value`.
+        pub data_secret_name: Option<String>,
+        /// The bootstrap provider's config (a KubeadmConfig) whose Secret CAPI copies into
+        /// `dataSecretName` (read by the simulator's CAPI stand-in; the operator does not read it).
+        pub config_ref: Option<ContractVersionedObjectReference>,
+    }
+}
+
+lenient! {
+    /// `Machine.status` (v1beta2): the provisioning milestone (the simulator's CAPI stand-in counts
+    /// provisioned Machines with it) and the conditions a pool reads (`OwnerRemediated`).
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachineStatus {
+        /// Initialization milestones.
+        pub initialization: Option<MachineInitialization>,
+        /// The Machine's (metav1) conditions: type, status and reason only.
+        pub conditions: Vec<MachineCondition>,
+    }
+}
+
+lenient! {
+    /// One of `Machine.status.conditions`, the parts a provider reads.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachineCondition {
+        /// The condition type, for example `OwnerRemediated`.
+        pub r#type: String,
+        /// `True`, `False` or `Unknown`.
+        pub status: String,
+        /// Why, in CamelCase.
+        pub reason: String,
+    }
 }
 
 /// The Machine condition a MachineHealthCheck sets to `False` when the Machine's owner must replace it.
 pub const OWNER_REMEDIATED_CONDITION: &str = "OwnerRemediated";
 
-/// `Machine.status.initialization`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachineInitialization {
-    /// The InfraMachine reported provisioned.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub infrastructure_provisioned: Option<bool>,
+lenient! {
+    /// `Machine.status.initialization`.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachineInitialization {
+        /// The InfraMachine reported provisioned.
+        pub infrastructure_provisioned: Option<bool>,
+    }
 }
 
-/// `MachinePool.spec` (v1beta2), the fields a MicrovmMachinePool reads.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[kube(
-    group = "cluster.x-k8s.io",
-    version = "v1beta2",
-    kind = "MachinePool",
-    plural = "machinepools",
-    namespaced,
-    status = "MachinePoolStatus",
-    derive = "PartialEq",
-    derive = "Default",
-    schema = "disabled"
-)]
-#[serde(rename_all = "camelCase")]
-pub struct MachinePoolSpec {
-    /// Name of the owning Cluster.
-    #[serde(default, deserialize_with = "lenient")]
-    pub cluster_name: String,
-    /// Desired number of instances (CAPI defaults it to 1; the scale subresource writes it).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
+lenient! {
+    /// `MachinePool.spec` (v1beta2), the fields a MicrovmMachinePool reads.
+    #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[kube(
+        group = "cluster.x-k8s.io",
+        version = "v1beta2",
+        kind = "MachinePool",
+        plural = "machinepools",
+        namespaced,
+        status = "MachinePoolStatus",
+        derive = "PartialEq",
+        derive = "Default",
+        schema = "disabled"
     )]
-    pub replicas: Option<i32>,
-    /// Failure domains to spread instances over; empty means all of the cluster's.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Vec::is_empty"
-    )]
-    pub failure_domains: Vec<String>,
-    /// The Machine template: its bootstrap data is what new instances boot with.
-    #[serde(default, deserialize_with = "lenient")]
-    pub template: MachinePoolTemplate,
+    #[serde(rename_all = "camelCase")]
+    pub struct MachinePoolSpec {
+        /// Name of the owning Cluster.
+        pub cluster_name: String,
+        /// Desired number of instances (CAPI defaults it to 1; the scale subresource writes it).
+        pub replicas: Option<i32>,
+        /// Failure domains to spread instances over; empty means all of the cluster's.
+        pub failure_domains: Vec<String>,
+        /// The Machine template: its bootstrap data is what new instances boot with.
+        pub template: MachinePoolTemplate,
+    }
 }
 
-/// `MachinePool.spec.template`.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-pub struct MachinePoolTemplate {
-    /// `spec.template.spec`.
-    #[serde(default, deserialize_with = "lenient")]
-    pub spec: MachinePoolMachineSpec,
+lenient! {
+    /// `MachinePool.spec.template`.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    pub struct MachinePoolTemplate {
+        /// `spec.template.spec`.
+        pub spec: MachinePoolMachineSpec,
+    }
 }
 
-/// `MachinePool.spec.template.spec`, the part a pool reads.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachinePoolMachineSpec {
-    /// Bootstrap data shared by every instance (one Secret, rewritten when CABPK rotates its token).
-    #[serde(default, deserialize_with = "lenient")]
-    pub bootstrap: Bootstrap,
+lenient! {
+    /// `MachinePool.spec.template.spec`, the part a pool reads.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachinePoolMachineSpec {
+        /// Bootstrap data shared by every instance (one Secret, rewritten when CABPK rotates its token).
+        pub bootstrap: Bootstrap,
+    }
 }
 
-/// `MachinePool.status` (v1beta2), the fields a pool reads.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct MachinePoolStatus {
-    /// Instances core counted (copied from the MicrovmMachinePool).
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub replicas: Option<i32>,
-    /// Instances whose Node is ready.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub ready_replicas: Option<i32>,
-    /// Initialization milestones.
-    #[serde(
-        default,
-        deserialize_with = "lenient",
-        skip_serializing_if = "Option::is_none"
-    )]
-    pub initialization: Option<MachineInitialization>,
+lenient! {
+    /// `MachinePool.status` (v1beta2), the fields a pool reads.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachinePoolStatus {
+        /// Instances core counted (copied from the MicrovmMachinePool).
+        pub replicas: Option<i32>,
+        /// Instances whose Node is ready.
+        pub ready_replicas: Option<i32>,
+        /// Initialization milestones.
+        pub initialization: Option<MachineInitialization>,
+    }
 }
 
 impl MachinePool {
