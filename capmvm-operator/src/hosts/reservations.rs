@@ -109,9 +109,7 @@ mod tests {
         Arc::new(ListedVms::new(
             machine_uids
                 .iter()
-                .map(|u| {
-                    super::super::reservation_tests::vm(&format!("vm-{u}"), u, VmState::Created)
-                })
+                .map(|u| super::super::tests::vm(&format!("vm-{u}"), u, VmState::Created))
                 .collect(),
         ))
     }
