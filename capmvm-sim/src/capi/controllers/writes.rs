@@ -3,6 +3,7 @@
 
 use super::*;
 
+/// Every write's parameters: the stand-in's field manager.
 pub(crate) fn params() -> PatchParams {
     PatchParams {
         field_manager: Some(MANAGER.to_string()),
@@ -10,6 +11,7 @@ pub(crate) fn params() -> PatchParams {
     }
 }
 
+/// An ownerReference to `obj`; a controller one also blocks the owner's deletion.
 pub(crate) fn owner_ref<K: Resource<DynamicType = ()>>(
     obj: &K,
     controller: bool,
@@ -24,6 +26,7 @@ pub(crate) fn owner_ref<K: Resource<DynamicType = ()>>(
     }
 }
 
+/// Adds `finalizer` to the object unless it carries it already.
 pub(crate) async fn ensure_finalizer<K>(
     api: &Api<K>,
     obj: &K,
@@ -37,13 +40,10 @@ where
     }
     let mut finalizers = obj.finalizers().to_vec();
     finalizers.push(finalizer.to_string());
-    let body =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
-    api.patch(&obj.name_any(), &params(), &Patch::Merge(&body))
-        .await
-        .map(|_| ())
+    write_finalizers(api, obj, &finalizers).await
 }
 
+/// Removes `finalizer` from the object if it carries it; an object already gone is fine.
 pub(crate) async fn remove_finalizer<K>(
     api: &Api<K>,
     obj: &K,
@@ -52,26 +52,39 @@ pub(crate) async fn remove_finalizer<K>(
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
 {
-    let finalizers: Vec<&String> = obj
+    let finalizers: Vec<String> = obj
         .finalizers()
         .iter()
         .filter(|f| *f != finalizer)
+        .cloned()
         .collect();
     if finalizers.len() == obj.finalizers().len() {
         return Ok(());
     }
-    let body =
-        json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
-    match api
-        .patch(&obj.name_any(), &params(), &Patch::Merge(&body))
-        .await
-    {
-        Ok(_) => Ok(()),
+    match write_finalizers(api, obj, &finalizers).await {
         Err(kube::Error::Api(e)) if e.code == 404 => Ok(()),
-        Err(e) => Err(e),
+        written => written,
     }
 }
 
+/// Writes the object's finalizers, on the condition that it is still at the version read: a
+/// finalizer list is never merged, so a concurrent change must not be overwritten.
+async fn write_finalizers<K>(
+    api: &Api<K>,
+    obj: &K,
+    finalizers: &[String],
+) -> Result<(), kube::Error>
+where
+    K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let body =
+        json!({"metadata": {"finalizers": finalizers, "resourceVersion": obj.resource_version()}});
+    api.patch(&obj.name_any(), &params(), &Patch::Merge(&body))
+        .await
+        .map(|_| ())
+}
+
+/// Deletes `name` in the background; one already gone is fine.
 pub(crate) async fn delete_quietly<K>(api: &Api<K>, name: &str) -> Result<(), kube::Error>
 where
     K: Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
