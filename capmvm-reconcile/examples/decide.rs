@@ -57,9 +57,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let owner = owner_machine(&machine, &namespace, &name);
     let mut observed = ObservedMachine {
         machine,
-        owner: Some(owner),
+        owner: Some((&owner).into()),
         machine_pool: None,
-        cluster: Some(provisioned_cluster(&namespace)),
+        cluster: Some((&provisioned_cluster(&namespace)).into()),
         infra_cluster: Some(std::sync::Arc::new(infra_cluster)),
         bootstrap: BootstrapData::Found {
             value: Some(Sensitive::new(

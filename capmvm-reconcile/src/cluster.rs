@@ -84,7 +84,7 @@ pub fn orphans(obs: &ObservedCluster) -> Vec<Orphan<'_>> {
 /// ownerReference, else its cluster-name label.
 pub fn own_cluster_name(obs: &ObservedCluster) -> Option<&str> {
     if let Some(owner) = &obs.owner {
-        return owner.metadata.name.as_deref();
+        return Some(owner.name.as_str());
     }
     cluster_name_of(&obs.microvm_cluster)
 }
@@ -174,7 +174,6 @@ impl ClusterDecision<'_> {
             return;
         }
         let endpoint_known = owner
-            .spec
             .control_plane_endpoint
             .as_ref()
             .is_some_and(|e| e.is_complete())

@@ -20,7 +20,6 @@
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
 //! again: a vanished microVM is reported, not replaced.
 
-use capmvm_api::capi::{Machine, MachinePool};
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, MACHINE_FINALIZER, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_NAME_LABEL,
@@ -42,7 +41,7 @@ use crate::conditions::{self, Status};
 pub use crate::host_call::{
     HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
 };
-use crate::observe::{FailedHostCall, HostLookup, ObservedMachine};
+use crate::observe::{FailedHostCall, HostLookup, MachineFacts, MachinePoolFacts, ObservedMachine};
 use crate::plan::{Event, EventKind, MachinePlan, Requeue, reasons as events};
 use crate::preamble::{self, Gates, Path, Report, Waiting};
 
@@ -137,7 +136,7 @@ fn owner_wait(obs: &ObservedMachine) -> String {
         }
         (Some(_), Some(mp)) => format!(
             "waiting for Cluster API to create the Machine of this instance of MachinePool {:?}",
-            mp.metadata.name.as_deref().unwrap_or_default()
+            mp.name
         ),
         (None, _) => "waiting for a Cluster API Machine to own this MicrovmMachine".to_string(),
     }
@@ -151,15 +150,15 @@ fn machine_cluster_name(obs: &ObservedMachine) -> String {
 /// before core's Machine shows) its MachinePool's. The operator looks the Cluster up by this name.
 pub fn cluster_name(
     machine: &MicrovmMachine,
-    owner: Option<&Machine>,
-    machine_pool: Option<&MachinePool>,
+    owner: Option<&MachineFacts>,
+    machine_pool: Option<&MachinePoolFacts>,
 ) -> String {
     machine
         .labels()
         .get(CLUSTER_NAME_LABEL)
         .cloned()
-        .or_else(|| owner.map(|o| o.spec.cluster_name.clone()))
-        .or_else(|| machine_pool.map(|p| p.spec.cluster_name.clone()))
+        .or_else(|| owner.map(|o| o.cluster_name.clone()))
+        .or_else(|| machine_pool.map(|p| p.cluster_name.clone()))
         .unwrap_or_default()
 }
 
@@ -185,15 +184,15 @@ pub fn instance_pool(machine: &MicrovmMachine) -> Option<&str> {
 /// afresh for every create, so a rotated join token reaches new instances), else its Machine's.
 fn bootstrap_secret_name<'a>(
     machine: &MicrovmMachine,
-    owner: Option<&'a Machine>,
-    machine_pool: Option<&'a MachinePool>,
+    owner: Option<&'a MachineFacts>,
+    machine_pool: Option<&'a MachinePoolFacts>,
 ) -> Option<&'a str> {
     if instance_pool(machine).is_some() {
         return machine_pool
-            .and_then(MachinePool::bootstrap_data_secret_name)
+            .and_then(|p| p.bootstrap_data_secret_name.as_deref())
             .filter(|s| !s.is_empty());
     }
-    owner.and_then(|o| o.spec.bootstrap.data_secret_name.as_deref())
+    owner.and_then(|o| o.bootstrap_data_secret_name.as_deref())
 }
 
 /// Decides what to do for one MicrovmMachine.
@@ -294,7 +293,7 @@ impl<'a> Decision<'a> {
         if self.machine.spec.provider_id.is_some() {
             return self.observe_existing(infra);
         }
-        self.create_or_adopt(infra, &cluster.name_any())
+        self.create_or_adopt(infra, &cluster.name)
     }
 
     /// The failure domain the microVM must be placed in: the one the pool chose for its instance,
@@ -309,7 +308,7 @@ impl<'a> Decision<'a> {
             self.obs
                 .owner
                 .as_ref()
-                .and_then(|o| o.spec.failure_domain.as_deref())
+                .and_then(|o| o.failure_domain.as_deref())
         };
         chosen.filter(|fd| !fd.is_empty())
     }

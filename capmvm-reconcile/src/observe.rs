@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
-use capmvm_api::{MicrovmCluster, MicrovmMachine};
+use capmvm_api::{ApiEndpoint, MicrovmCluster, MicrovmMachine};
 
 use crate::host_call::HostCallFailure;
 use crate::plan::HostCall;
@@ -39,17 +39,19 @@ impl fmt::Debug for Sensitive {
 /// What the operator saw for one MicrovmMachine.
 #[derive(Clone, Debug)]
 pub struct ObservedMachine {
-    /// The MicrovmMachine as read (metadata, spec, status).
+    /// The MicrovmMachine as read (metadata, spec, status). Its CAPI owner, pool and Cluster come
+    /// distilled ([`MachineFacts`], [`MachinePoolFacts`], [`ClusterFacts`]): the engine reads what
+    /// it decides from, not whole API objects.
     pub machine: MicrovmMachine,
     /// The CAPI Machine that owns it (ownerReference kind Machine, group cluster.x-k8s.io), if any.
-    pub owner: Option<Machine>,
+    pub owner: Option<MachineFacts>,
     /// For a pool's instance ([`crate::machine::instance_pool`]): the CAPI MachinePool that owns its
     /// MicrovmMachinePool, if found. It speaks for an instance placed before core's Machine showed,
     /// and its `spec.template.spec.bootstrap.dataSecretName` is where the instance's bootstrap data
     /// comes from.
-    pub machine_pool: Option<MachinePool>,
+    pub machine_pool: Option<MachinePoolFacts>,
     /// The CAPI Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
-    pub cluster: Option<Cluster>,
+    pub cluster: Option<ClusterFacts>,
     /// The MicrovmCluster of that Cluster (by `spec.infrastructureRef`), if it exists. Shared with
     /// the cache it was read from: every machine of a cluster reads the same one.
     pub infra_cluster: Option<Arc<MicrovmCluster>>,
@@ -72,6 +74,81 @@ pub struct ObservedMachine {
     /// A host call of the last plan that failed, when this observation follows it: the engine reports
     /// it and says whether it is retried ([`crate::machine::record_host_call_failure`]).
     pub failed_host_call: Option<FailedHostCall>,
+}
+
+/// A CAPI Cluster, as the engines read it: pause, provisioning and endpoint, not the object.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClusterFacts {
+    /// Its name.
+    pub name: String,
+    /// `spec.paused`: reconciliation of the Cluster and every object of it is paused.
+    pub paused: bool,
+    /// CAPI marked the cluster's infrastructure provisioned.
+    pub infrastructure_provisioned: bool,
+    /// `spec.controlPlaneEndpoint`, once known.
+    pub control_plane_endpoint: Option<ApiEndpoint>,
+}
+
+impl From<&Cluster> for ClusterFacts {
+    fn from(cluster: &Cluster) -> Self {
+        Self {
+            name: cluster.metadata.name.clone().unwrap_or_default(),
+            paused: cluster.is_paused(),
+            infrastructure_provisioned: cluster.infrastructure_provisioned(),
+            control_plane_endpoint: cluster.spec.control_plane_endpoint.clone(),
+        }
+    }
+}
+
+/// The CAPI Machine that owns a MicrovmMachine, as the engine reads it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachineFacts {
+    /// `spec.clusterName`.
+    pub cluster_name: String,
+    /// `spec.bootstrap.dataSecretName`, once CAPI set it.
+    pub bootstrap_data_secret_name: Option<String>,
+    /// `spec.failureDomain`: where the machine must be placed.
+    pub failure_domain: Option<String>,
+    /// CAPI marks it a control-plane machine.
+    pub control_plane: bool,
+}
+
+impl From<&Machine> for MachineFacts {
+    fn from(machine: &Machine) -> Self {
+        Self {
+            cluster_name: machine.spec.cluster_name.clone(),
+            bootstrap_data_secret_name: machine.spec.bootstrap.data_secret_name.clone(),
+            failure_domain: machine.spec.failure_domain.clone(),
+            control_plane: machine.is_control_plane(),
+        }
+    }
+}
+
+/// A CAPI MachinePool, as the engines read it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct MachinePoolFacts {
+    /// Its name.
+    pub name: String,
+    /// `spec.clusterName`.
+    pub cluster_name: String,
+    /// How many instances it wants (`spec.replicas`, 1 as CAPI defaults it).
+    pub desired_replicas: i32,
+    /// `spec.failureDomains`: empty means all of the cluster's.
+    pub failure_domains: Vec<String>,
+    /// The bootstrap data Secret every new instance boots with, once CAPI set it.
+    pub bootstrap_data_secret_name: Option<String>,
+}
+
+impl From<&MachinePool> for MachinePoolFacts {
+    fn from(pool: &MachinePool) -> Self {
+        Self {
+            name: pool.metadata.name.clone().unwrap_or_default(),
+            cluster_name: pool.spec.cluster_name.clone(),
+            desired_replicas: pool.desired_replicas(),
+            failure_domains: pool.spec.failure_domains.clone(),
+            bootstrap_data_secret_name: pool.bootstrap_data_secret_name().map(str::to_string),
+        }
+    }
 }
 
 /// A host call that failed while a plan was carried out.
@@ -205,7 +282,7 @@ pub struct ObservedCluster {
     /// The MicrovmCluster as read.
     pub microvm_cluster: MicrovmCluster,
     /// The CAPI Cluster that owns it (ownerReference kind Cluster, group cluster.x-k8s.io), if any.
-    pub owner: Option<Cluster>,
+    pub owner: Option<ClusterFacts>,
     /// Facts about every host of its static pool, keyed by canonical endpoint.
     pub hosts: BTreeMap<String, HostFacts>,
     /// The MicrovmMachines of its Cluster that still exist (`name`s, deleting ones included): the

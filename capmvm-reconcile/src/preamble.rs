@@ -16,14 +16,13 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use capmvm_api::MicrovmCluster;
-use capmvm_api::capi::Cluster;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::PAUSED_ANNOTATION;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
-use kube::ResourceExt;
 
 use crate::conditions::Status;
+use crate::observe::ClusterFacts;
 use crate::plan::Requeue;
 
 /// The conditions an engine writes while it decides: what the preamble and the gates need of it.
@@ -38,11 +37,14 @@ pub(crate) trait Report {
 
 /// Why reconciliation is paused, if it is: the object's paused annotation, or the Cluster's
 /// `spec.paused`.
-pub fn paused(annotations: &BTreeMap<String, String>, cluster: Option<&Cluster>) -> Option<String> {
+pub fn paused(
+    annotations: &BTreeMap<String, String>,
+    cluster: Option<&ClusterFacts>,
+) -> Option<String> {
     if annotations.contains_key(PAUSED_ANNOTATION) {
         return Some(format!("annotation {PAUSED_ANNOTATION} is set"));
     }
-    if cluster.is_some_and(Cluster::is_paused) {
+    if cluster.is_some_and(|c| c.paused) {
         return Some("Cluster spec.paused is set to true".to_string());
     }
     None
@@ -63,7 +65,7 @@ pub(crate) enum Path {
 /// `spec.paused` pauses the object (its owner for a MicrovmCluster).
 pub(crate) fn preamble(
     meta: &ObjectMeta,
-    cluster: Option<&Cluster>,
+    cluster: Option<&ClusterFacts>,
     report: &mut impl Report,
 ) -> Path {
     let annotations = meta.annotations.as_ref();
@@ -104,7 +106,7 @@ pub struct Gates<'a> {
     /// The Cluster's name, for messages.
     pub cluster_name: &'a str,
     /// The Cluster, if it exists.
-    pub cluster: Option<&'a Cluster>,
+    pub cluster: Option<&'a ClusterFacts>,
 }
 
 /// A gate that is not open: the reason for `Ready` and its message.
@@ -118,7 +120,7 @@ pub struct Waiting {
 
 impl<'a> Gates<'a> {
     /// The owner and the Cluster, in this order: the Cluster, if both exist.
-    pub fn owner_and_cluster(&self) -> Result<&'a Cluster, Waiting> {
+    pub fn owner_and_cluster(&self) -> Result<&'a ClusterFacts, Waiting> {
         if !self.has_owner {
             return Err(Waiting {
                 reason: reasons::WAITING_FOR_OWNER,
@@ -136,14 +138,14 @@ impl<'a> Gates<'a> {
     pub fn with_infrastructure(
         &self,
         infra_cluster: Option<&'a MicrovmCluster>,
-    ) -> Result<(&'a Cluster, &'a MicrovmCluster), Waiting> {
+    ) -> Result<(&'a ClusterFacts, &'a MicrovmCluster), Waiting> {
         let cluster = self.owner_and_cluster()?;
-        if !cluster.infrastructure_provisioned() {
+        if !cluster.infrastructure_provisioned {
             return Err(Waiting {
                 reason: reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
                 message: format!(
                     "waiting for the infrastructure of Cluster {:?} to be provisioned",
-                    cluster.name_any()
+                    cluster.name
                 ),
             });
         }
@@ -151,7 +153,7 @@ impl<'a> Gates<'a> {
             reason: reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
             message: format!(
                 "the MicrovmCluster of Cluster {:?} was not found",
-                cluster.name_any()
+                cluster.name
             ),
         })?;
         Ok((cluster, infra))

@@ -79,7 +79,7 @@ fn cluster_gates() {
 
     // Pausing the Cluster pauses its MicrovmCluster too.
     let mut obs = observed_cluster();
-    obs.owner.as_mut().unwrap().spec.paused = Some(true);
+    obs.owner.as_mut().unwrap().paused = true;
     let plan = decide_cluster(&obs, now());
     assert_eq!(condition(&plan, "Paused").0, "True");
     assert!(!provisioned(&plan));
@@ -93,7 +93,7 @@ fn cluster_gates() {
     );
     assert!(!provisioned(&plan));
     // The Cluster's own endpoint is enough.
-    obs.owner.as_mut().unwrap().spec.control_plane_endpoint = Some(capmvm_api::ApiEndpoint {
+    obs.owner.as_mut().unwrap().control_plane_endpoint = Some(capmvm_api::ApiEndpoint {
         host: Some("vip".into()),
         port: Some(6443),
     });

@@ -120,7 +120,7 @@ fn a_deleted_cluster_without_its_finalizer_or_paused_does_nothing() {
 
     let mut obs = observed_cluster();
     deleting(&mut obs);
-    obs.owner.as_mut().unwrap().spec.paused = Some(true);
+    obs.owner.as_mut().unwrap().paused = true;
     assert!(decide_cluster(&obs, now()).has_no_effects());
 }
 

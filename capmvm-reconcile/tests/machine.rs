@@ -45,13 +45,13 @@ fn each_waiting_gate_has_its_own_reason_and_no_host_effect() {
         },
         Gate {
             name: "paused by Cluster",
-            change: |o| o.cluster.as_mut().unwrap().spec.paused = Some(true),
+            change: |o| o.cluster.as_mut().unwrap().paused = true,
             reason: reasons::PAUSED,
             message: "Cluster spec.paused",
         },
         Gate {
             name: "infrastructure not provisioned",
-            change: |o| o.cluster.as_mut().unwrap().status = None,
+            change: |o| o.cluster.as_mut().unwrap().infrastructure_provisioned = false,
             reason: reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
             message: "to be provisioned",
         },
@@ -69,7 +69,7 @@ fn each_waiting_gate_has_its_own_reason_and_no_host_effect() {
         },
         Gate {
             name: "no bootstrap secret named",
-            change: |o| o.owner.as_mut().unwrap().spec.bootstrap.data_secret_name = None,
+            change: |o| o.owner.as_mut().unwrap().bootstrap_data_secret_name = None,
             reason: reasons::WAITING_FOR_BOOTSTRAP_DATA,
             message: "no bootstrap data secret yet",
         },
@@ -147,7 +147,7 @@ fn a_brand_new_machine_waits_on_capi_quietly_then_reports() {
     let later = k8s_openapi::jiff::Timestamp::from_second(now().as_second() + 11).unwrap();
     assert_eq!(ready(&decide(&obs, later)).1, reasons::WAITING_FOR_OWNER);
     // Actionable problems are reported at once, grace or not.
-    obs.owner = Some(owner());
+    obs.owner = Some((&owner()).into());
     obs.machine.spec.vcpu = 0;
     assert_eq!(ready(&decide(&obs, now())).1, reasons::INVALID_SPEC);
 }
@@ -176,7 +176,7 @@ fn finalizer_is_added_only_once_an_owner_exists() {
     obs.machine.metadata.finalizers = None;
     obs.owner = None;
     assert!(!decide(&obs, now()).add_finalizer);
-    obs.owner = Some(owner());
+    obs.owner = Some((&owner()).into());
     // The finalizer rides in the plan's first write.
     assert!(decide(&obs, now()).add_finalizer);
 }
@@ -191,7 +191,7 @@ fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
     let running = decide(&obs, now());
     assert_eq!(ready(&running).0, "True");
     obs.machine.status = running.status;
-    obs.cluster.as_mut().unwrap().spec.paused = Some(true);
+    obs.cluster.as_mut().unwrap().paused = true;
     let plan = decide(&obs, later());
     assert_eq!(
         ready(&plan).0,
@@ -391,7 +391,7 @@ fn an_invalid_spec_does_not_stop_adopting_an_existing_microvm() {
 #[test]
 fn an_empty_failure_domain_means_none() {
     let mut obs = observed();
-    obs.owner.as_mut().unwrap().spec.failure_domain = Some(String::new());
+    obs.owner.as_mut().unwrap().failure_domain = Some(String::new());
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
 }
 
@@ -480,8 +480,8 @@ fn a_provider_id_without_host_annotation_is_observed() {
 fn placement_honours_failure_domain_control_plane_and_load() {
     // Control-plane machine in r1: host-b refuses control planes, so host-a even though it is busier.
     let mut obs = observed();
-    obs.owner = Some(control_plane_owner());
-    obs.owner.as_mut().unwrap().spec.failure_domain = Some("r1".into());
+    obs.owner = Some((&control_plane_owner()).into());
+    obs.owner.as_mut().unwrap().failure_domain = Some("r1".into());
     obs.hosts.get_mut(HOSTS[0]).unwrap().allocated_vcpu = 30;
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[0]);
     // A worker goes to the least allocated host.
@@ -496,8 +496,8 @@ fn placement_honours_failure_domain_control_plane_and_load() {
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[0]);
     // A failure domain with no usable host waits, naming why.
     let mut obs = observed();
-    obs.owner = Some(control_plane_owner());
-    obs.owner.as_mut().unwrap().spec.failure_domain = Some("r1".into());
+    obs.owner = Some((&control_plane_owner()).into());
+    obs.owner.as_mut().unwrap().failure_domain = Some("r1".into());
     obs.hosts.get_mut(HOSTS[0]).unwrap().reachability = Reachability::Unreachable("refused".into());
     let plan = decide(&obs, now());
     let (_, reason, message) = ready(&plan);

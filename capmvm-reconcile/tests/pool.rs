@@ -74,8 +74,8 @@ impl World {
         Self {
             obs: ObservedPool {
                 pool: pool(surge, unavailable, policy),
-                machine_pool: Some(machine_pool(replicas)),
-                cluster: Some(cluster()),
+                machine_pool: Some((&machine_pool(replicas)).into()),
+                cluster: Some((&cluster()).into()),
                 infra_cluster: Some(std::sync::Arc::new(microvm_cluster())),
                 instances: vec![],
                 reserved_names: BTreeSet::new(),
@@ -90,7 +90,7 @@ impl World {
     }
 
     fn set_replicas(&mut self, replicas: i32) {
-        self.obs.machine_pool.as_mut().unwrap().spec.replicas = Some(replicas);
+        self.obs.machine_pool.as_mut().unwrap().desired_replicas = replicas.max(0);
     }
 
     fn decide(&self) -> PoolPlan {
@@ -193,7 +193,7 @@ impl World {
     }
 
     fn desired(&self) -> usize {
-        usize::try_from(self.obs.machine_pool.as_ref().unwrap().desired_replicas()).unwrap()
+        usize::try_from(self.obs.machine_pool.as_ref().unwrap().desired_replicas).unwrap()
     }
 
     fn current_hash(&self) -> String {
@@ -455,11 +455,7 @@ fn a_bootstrap_only_change_rolls_nothing() {
         .machine_pool
         .as_mut()
         .unwrap()
-        .spec
-        .template
-        .spec
-        .bootstrap
-        .data_secret_name = Some("workers-bootstrap-rotated".into());
+        .bootstrap_data_secret_name = Some("workers-bootstrap-rotated".into());
     let plan = w.step();
     assert!(plan.delete_machines.is_empty() && plan.create_instances.is_empty());
     assert_eq!(condition(&plan, types::ROLLING_OUT).0, "False");
@@ -572,7 +568,7 @@ fn gates_wait_for_the_machine_pool_and_report_an_invalid_template() {
 #[test]
 fn new_instances_spread_over_the_machine_pools_failure_domains() {
     let mut w = World::new(4, 1, 0, DeletePolicy::Oldest);
-    w.obs.machine_pool.as_mut().unwrap().spec.failure_domains = vec!["a".into(), "b".into()];
+    w.obs.machine_pool.as_mut().unwrap().failure_domains = vec!["a".into(), "b".into()];
     let plan = w.step();
     let domains: Vec<_> = plan
         .create_instances

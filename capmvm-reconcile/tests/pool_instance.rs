@@ -45,7 +45,7 @@ fn instance() -> ObservedMachine {
         ..Default::default()
     }]);
     obs.owner = None;
-    obs.machine_pool = Some(machine_pool(Some(POOL_SECRET)));
+    obs.machine_pool = Some((&machine_pool(Some(POOL_SECRET))).into());
     obs
 }
 
@@ -53,7 +53,7 @@ fn instance() -> ObservedMachine {
 fn with_core_machine(obs: &mut ObservedMachine) {
     let mut m = owner();
     m.spec.bootstrap.data_secret_name = Some(String::new());
-    obs.owner = Some(m);
+    obs.owner = Some((&m).into());
 }
 
 /// An instance core has adopted: its Machine owns it.
@@ -150,7 +150,7 @@ fn an_instance_waits_for_the_machine_pools_bootstrap_secret() {
     for secret in [None, Some("")] {
         let mut obs = instance();
         with_core_machine(&mut obs);
-        obs.machine_pool = Some(machine_pool(secret));
+        obs.machine_pool = Some((&machine_pool(secret)).into());
         assert_eq!(wants_bootstrap_data(&obs), None);
         let plan = decide(&obs, now());
         assert!(creates(&plan).is_empty());
@@ -174,14 +174,14 @@ fn an_instance_is_placed_in_the_failure_domain_the_pool_chose() {
         .insert(POOL_FAILURE_DOMAIN_ANNOTATION.into(), "r1".into());
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
     // The Machine's failure domain (core sets none for MachinePool Machines) does not override it.
-    obs.owner.as_mut().unwrap().spec.failure_domain = Some("elsewhere".into());
+    obs.owner.as_mut().unwrap().failure_domain = Some("elsewhere".into());
     assert_eq!(creates(&decide(&obs, now()))[0].0, HOSTS[1]);
 }
 
 #[test]
 fn a_plain_machine_ignores_a_machine_pool() {
     let mut obs = observed();
-    obs.machine_pool = Some(machine_pool(Some(POOL_SECRET)));
+    obs.machine_pool = Some((&machine_pool(Some(POOL_SECRET))).into());
     assert_eq!(wants_bootstrap_data(&obs), Some("m1-bootstrap"));
     obs.owner = None;
     assert!(creates(&decide(&obs, now())).is_empty());

@@ -266,8 +266,8 @@ prop_compose! {
         let mut obs = observed();
         if !has_owner { obs.owner = None; }
         if !has_cluster { obs.cluster = None; }
-        if paused { obs.cluster.iter_mut().for_each(|c| c.spec.paused = Some(true)); }
-        if !provisioned { obs.cluster.iter_mut().for_each(|c| c.status = None); }
+        if paused { obs.cluster.iter_mut().for_each(|c| c.paused = true); }
+        if !provisioned { obs.cluster.iter_mut().for_each(|c| c.infrastructure_provisioned = false); }
         obs.bootstrap = match bootstrap_variant {
             0 => bootstrap(),
             1 => BootstrapData::SecretNotFound,

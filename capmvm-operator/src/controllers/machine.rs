@@ -17,8 +17,8 @@ use capmvm_reconcile::machine::{
     recorded_host, wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
-    BootstrapData, FailedHostCall, HostCall, HostFacts, HostLookup, MachinePlan, ObservedMachine,
-    ObservedVm, Requeue, VmState, decide,
+    BootstrapData, ClusterFacts, FailedHostCall, HostCall, HostFacts, HostLookup, MachinePlan,
+    ObservedMachine, ObservedVm, Requeue, VmState, decide,
 };
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -192,12 +192,12 @@ async fn gather(
     let cluster = ctx.stores.cluster(&ns, &cluster_name);
     let infra = ctx
         .stores
-        .infra_cluster(&ns, &cluster_name, cluster.as_ref());
+        .infra_cluster(&ns, &cluster_name, cluster.as_deref());
     let mut obs = ObservedMachine {
         machine: machine.clone(),
         owner,
         machine_pool,
-        cluster,
+        cluster: cluster.as_deref().map(ClusterFacts::from),
         infra_cluster: infra,
         bootstrap: BootstrapData::NotAsked,
         hosts: BTreeMap::new(),

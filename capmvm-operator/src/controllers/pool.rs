@@ -11,6 +11,7 @@ use capmvm_api::keys::{
     TEMPLATE_HASH_ANNOTATION,
 };
 use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachinePool};
+use capmvm_reconcile::ClusterFacts;
 use capmvm_reconcile::pool::{
     InstanceHealth, InstanceMachine, NewInstance, ObservedInstance, ObservedPool, PoolPlan,
     decide_pool,
@@ -102,7 +103,7 @@ pub fn gather(ctx: &Ctx, pool: &MicrovmMachinePool) -> ObservedPool {
     let cluster = ctx.stores.cluster(&ns, &cluster_name);
     let infra_cluster = ctx
         .stores
-        .infra_cluster(&ns, &cluster_name, cluster.as_ref());
+        .infra_cluster(&ns, &cluster_name, cluster.as_deref());
     let instances: Vec<ObservedInstance> = ctx
         .stores
         .instances_of(&ns, &pool.name_any())
@@ -123,7 +124,7 @@ pub fn gather(ctx: &Ctx, pool: &MicrovmMachinePool) -> ObservedPool {
                 m.owner_references().iter().any(|o| {
                     o.kind == "MachinePool"
                         && api_group(&o.api_version) == CAPI_GROUP
-                        && o.name == mp.name_any()
+                        && o.name == mp.name
                 })
             })
             .map(|m| m.name_any())
@@ -134,7 +135,7 @@ pub fn gather(ctx: &Ctx, pool: &MicrovmMachinePool) -> ObservedPool {
     ObservedPool {
         pool: pool.clone(),
         machine_pool,
-        cluster,
+        cluster: cluster.as_deref().map(ClusterFacts::from),
         infra_cluster,
         instances,
         reserved_names,

@@ -4,57 +4,59 @@
 
 use std::sync::Arc;
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
+use capmvm_api::capi::{CAPI_GROUP, Cluster};
 use capmvm_api::keys::CLUSTER_NAME_LABEL;
 use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::machine::instance_pool;
+use capmvm_reconcile::{ClusterFacts, MachineFacts, MachinePoolFacts};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
 use super::{Stores, api_group, credential_secret_names, owner_cluster_name};
 
 impl Stores {
-    /// The CAPI Machine owning `machine` (ownerReference kind Machine, group cluster.x-k8s.io).
-    pub fn owner_machine(&self, machine: &MicrovmMachine) -> Option<Machine> {
+    /// The CAPI Machine owning `machine` (ownerReference kind Machine, group cluster.x-k8s.io), as
+    /// the engine reads it.
+    pub fn owner_machine(&self, machine: &MicrovmMachine) -> Option<MachineFacts> {
         let ns = machine.namespace().unwrap_or_default();
         machine
             .owner_references()
             .iter()
             .find(|o| o.kind == "Machine" && api_group(&o.api_version) == CAPI_GROUP)
             .and_then(|o| self.capi_machines.get(&ObjectRef::new(&o.name).within(&ns)))
-            .map(|m| m.as_ref().clone())
+            .map(|m| MachineFacts::from(m.as_ref()))
     }
 
-    /// The CAPI MachinePool owning `pool` (ownerReference kind MachinePool, group cluster.x-k8s.io).
-    pub fn machine_pool_of(&self, pool: &MicrovmMachinePool) -> Option<MachinePool> {
+    /// The CAPI MachinePool owning `pool` (ownerReference kind MachinePool, group cluster.x-k8s.io),
+    /// as the engines read it.
+    pub fn machine_pool_of(&self, pool: &MicrovmMachinePool) -> Option<MachinePoolFacts> {
         let ns = pool.namespace().unwrap_or_default();
         pool.owner_references()
             .iter()
             .find(|o| o.kind == "MachinePool" && api_group(&o.api_version) == CAPI_GROUP)
             .and_then(|o| self.machine_pools.get(&ObjectRef::new(&o.name).within(&ns)))
-            .map(|m| m.as_ref().clone())
+            .map(|m| MachinePoolFacts::from(m.as_ref()))
     }
 
     /// The MachinePool of the pool `pool_name` in `ns`, for one of its instances.
-    pub fn machine_pool_of_instance(&self, ns: &str, pool_name: &str) -> Option<MachinePool> {
+    pub fn machine_pool_of_instance(&self, ns: &str, pool_name: &str) -> Option<MachinePoolFacts> {
         let pool = self.pools.get(&ObjectRef::new(pool_name).within(ns))?;
         self.machine_pool_of(&pool)
     }
 
     /// The Cluster `ns/name`.
-    pub fn cluster(&self, ns: &str, name: &str) -> Option<Cluster> {
-        self.clusters
-            .get(&ObjectRef::new(name).within(ns))
-            .map(|c| c.as_ref().clone())
+    pub fn cluster(&self, ns: &str, name: &str) -> Option<Arc<Cluster>> {
+        self.clusters.get(&ObjectRef::new(name).within(ns))
     }
 
-    /// The Cluster owning MicrovmCluster `mc` (ownerReference kind Cluster).
-    pub fn owner_cluster(&self, mc: &MicrovmCluster) -> Option<Cluster> {
+    /// The Cluster owning MicrovmCluster `mc` (ownerReference kind Cluster), as the engine reads it.
+    pub fn owner_cluster(&self, mc: &MicrovmCluster) -> Option<ClusterFacts> {
         let ns = mc.namespace().unwrap_or_default();
         mc.owner_references()
             .iter()
             .find(|o| o.kind == "Cluster" && api_group(&o.api_version) == CAPI_GROUP)
             .and_then(|o| self.cluster(&ns, &o.name))
+            .map(|c| ClusterFacts::from(c.as_ref()))
     }
 
     /// The MicrovmCluster of a cluster: by the Cluster's infrastructureRef, else (the Cluster is

@@ -21,7 +21,6 @@ use crate::observe::{BootstrapData, HostLookup, ObservedVm, Sensitive, VmState};
 use crate::placement::{self, Request};
 use crate::plan::{EventKind, HostCall, HostRecord, Requeue, reasons as events};
 use crate::preamble::Waiting;
-use capmvm_api::capi::Machine;
 
 impl Decision<'_> {
     // --- the machine has a providerID: observe its microVM ---
@@ -229,11 +228,7 @@ impl Decision<'_> {
         let request = Request {
             machine_key: &key,
             failure_domain: self.failure_domain(),
-            control_plane: self
-                .obs
-                .owner
-                .as_ref()
-                .is_some_and(Machine::is_control_plane),
+            control_plane: self.obs.owner.as_ref().is_some_and(|o| o.control_plane),
         };
         match placement::choose(pool, &self.obs.hosts, &request) {
             Err(no_host) if no_host.only_credentials => {

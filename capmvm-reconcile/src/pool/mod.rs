@@ -26,7 +26,6 @@ mod status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use capmvm_api::capi::MachinePool;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
     CLUSTER_NAME_LABEL, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER, POOL_NAME_LABEL,
@@ -42,6 +41,7 @@ pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPoo
 pub use plan::{DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, events};
 
 use crate::conditions::{Conditions, Status};
+use crate::observe::MachinePoolFacts;
 use crate::plan::{Event, EventKind, Requeue};
 use crate::preamble::{self, Gates, Path, preamble};
 use select::{Candidate, sort_victims};
@@ -154,7 +154,7 @@ fn reconcile_normal(
     }
     plan.add_finalizer = !has_finalizer(pool);
 
-    let desired = machine_pool.desired_replicas();
+    let desired = machine_pool.desired_replicas;
     let strategy = &pool.spec.strategy;
     let mut max_surge = strategy.max_surge(desired).unwrap_or(1);
     let max_unavailable = strategy.max_unavailable(desired).unwrap_or(0);
@@ -165,7 +165,7 @@ fn reconcile_normal(
     let current = template_hash(&pool.spec.template);
     let progress = scale_and_roll(obs, &current, desired, max_surge, max_unavailable, plan);
 
-    let domains = failure_domains(machine_pool.spec.failure_domains.clone(), infra_cluster);
+    let domains = failure_domains(machine_pool.failure_domains.clone(), infra_cluster);
     let mut taken: BTreeSet<String> = obs.instances.iter().map(|i| i.name.clone()).collect();
     taken.extend(obs.reserved_names.iter().cloned());
     let names = new_instance_names(
@@ -376,11 +376,11 @@ fn pool_cluster_name(obs: &ObservedPool) -> String {
 
 /// The pool's Cluster: its cluster-name label, else its MachinePool's. The operator looks the
 /// Cluster up by this name.
-pub fn cluster_name(pool: &MicrovmMachinePool, machine_pool: Option<&MachinePool>) -> String {
+pub fn cluster_name(pool: &MicrovmMachinePool, machine_pool: Option<&MachinePoolFacts>) -> String {
     pool.labels()
         .get(CLUSTER_NAME_LABEL)
         .cloned()
-        .or_else(|| machine_pool.map(|m| m.spec.cluster_name.clone()))
+        .or_else(|| machine_pool.map(|m| m.cluster_name.clone()))
         .unwrap_or_default()
 }
 
@@ -419,7 +419,7 @@ fn least_used(counts: &mut BTreeMap<String, usize>) -> Option<String> {
 
 fn new_instance(
     obs: &ObservedPool,
-    machine_pool: &MachinePool,
+    machine_pool: &MachinePoolFacts,
     cluster_name: &str,
     current: &str,
     name: String,
@@ -440,7 +440,7 @@ fn new_instance(
         labels: BTreeMap::from([
             (
                 POOL_NAME_LABEL.to_string(),
-                must_format_label_value(&machine_pool.name_any()),
+                must_format_label_value(&machine_pool.name),
             ),
             (CLUSTER_NAME_LABEL.to_string(), cluster_name.to_string()),
         ])

@@ -3,12 +3,12 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use capmvm_api::capi::{Cluster, MachinePool};
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::{MicrovmCluster, MicrovmMachine, MicrovmMachinePool, VmState};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::conditions;
+use crate::observe::{ClusterFacts, MachinePoolFacts};
 
 /// Everything `decide_pool` decides from.
 #[derive(Clone, Debug)]
@@ -16,9 +16,9 @@ pub struct ObservedPool {
     /// The MicrovmMachinePool as read.
     pub pool: MicrovmMachinePool,
     /// The MachinePool that owns it (ownerReference kind MachinePool, group cluster.x-k8s.io), if any.
-    pub machine_pool: Option<MachinePool>,
+    pub machine_pool: Option<MachinePoolFacts>,
     /// The Cluster named by the `cluster.x-k8s.io/cluster-name` label, if it exists.
-    pub cluster: Option<Cluster>,
+    pub cluster: Option<ClusterFacts>,
     /// The Cluster's MicrovmCluster, if it exists (shared with the cache it was read from).
     pub infra_cluster: Option<Arc<MicrovmCluster>>,
     /// Every instance of the pool (MicrovmMachines labelled with its pool name), deleting ones included.

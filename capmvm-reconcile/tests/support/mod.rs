@@ -201,9 +201,9 @@ pub fn bootstrap() -> BootstrapData {
 pub fn observed() -> ObservedMachine {
     ObservedMachine {
         machine: microvm_machine(),
-        owner: Some(owner()),
+        owner: Some((&owner()).into()),
         machine_pool: None,
-        cluster: Some(cluster()),
+        cluster: Some((&cluster()).into()),
         infra_cluster: Some(std::sync::Arc::new(microvm_cluster())),
         bootstrap: bootstrap(),
         hosts: reachable_hosts(),
@@ -306,7 +306,7 @@ pub fn event_reasons(plan: &MachinePlan) -> Vec<&'static str> {
 pub fn observed_cluster() -> ObservedCluster {
     ObservedCluster {
         microvm_cluster: microvm_cluster(),
-        owner: Some(cluster()),
+        owner: Some((&cluster()).into()),
         hosts: reachable_hosts(),
         machines: Vec::new(),
         known_machine_uids: Default::default(),
