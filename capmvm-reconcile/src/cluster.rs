@@ -604,6 +604,8 @@ fn plan(
 ) -> Plan<MicrovmClusterStatus> {
     // Never un-provision (CAPI contract: provisioned is one-shot).
     let mut status = status;
+    // The Go provider's LoadBalancerAvailable, on a cluster it made, is updated by nobody now.
+    crate::machine::drop_previous_provider_conditions(&mut status.conditions);
     if mc
         .status
         .as_ref()

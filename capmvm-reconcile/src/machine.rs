@@ -19,6 +19,10 @@
 //! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM; so does a
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
 //! again: a vanished microVM is reported, not replaced.
+//!
+//! A machine another provider placed (the Go provider's, after a move) is adopted as it is, or, if
+//! that provider stopped in the middle of a create, left alone until a person decides: see
+//! [`adoption`].
 
 use capmvm_api::capi::{Machine, MachinePool};
 use capmvm_api::conditions::{reasons, types};
@@ -33,9 +37,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use std::time::Duration;
 
+mod adoption;
 mod deletion;
 mod record;
 mod report;
+
+pub use adoption::{
+    PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
+};
 
 use record::{annotated_host, claim_value};
 pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
@@ -87,6 +96,7 @@ pub fn wants_pool_facts(obs: &ObservedMachine) -> bool {
     if recorded_host(machine).is_some()
         || machine.spec.provider_id.is_some()
         || machine.metadata.deletion_timestamp.is_some()
+        || provenance(machine) == Provenance::Unfinished
     {
         return false;
     }
@@ -323,6 +333,7 @@ impl<'a> Decision<'a> {
                     return Requeue::Await;
                 };
                 self.delete_duplicates(&pid.host, vms, Some(&pid.uid));
+                self.record_adoption(&pid.host, vm);
                 self.follow_state(infra, &pid.host, vm)
             }
         }
@@ -331,6 +342,11 @@ impl<'a> Decision<'a> {
     // --- no providerID: place, create exactly once, adopt ---
 
     fn create_or_adopt(&mut self, infra: &MicrovmCluster, cluster_name: &str) -> Requeue {
+        if provenance(self.machine) == Provenance::Unfinished {
+            // A change of the machine (a providerID, the finalizer gone) wakes it.
+            self.report_unfinished(false);
+            return Requeue::Await;
+        }
         let Some(machine_uid) = origin_uid(self.machine) else {
             // The API server always sets a uid; without one no microVM could be recognised as ours.
             self.not_ready(
@@ -839,6 +855,7 @@ impl<'a> Decision<'a> {
                 requeue,
             };
         }
+        drop_previous_provider_conditions(&mut self.status.conditions);
         self.transition_events();
         Plan {
             effects: self.effects,
@@ -874,6 +891,9 @@ impl<'a> Decision<'a> {
             reasons::HOST_UNREACHABLE => (EventKind::Warning, events::HOST_UNREACHABLE),
             reasons::UNKNOWN_MICROVM_ON_HOST => {
                 (EventKind::Warning, events::UNKNOWN_MICROVM_ON_HOST)
+            }
+            reasons::UNFINISHED_BY_PREVIOUS_PROVIDER => {
+                (EventKind::Warning, events::UNFINISHED_BY_PREVIOUS_PROVIDER)
             }
             _ => return,
         };

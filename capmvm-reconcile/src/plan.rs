@@ -9,7 +9,8 @@ use crate::microvm::MicrovmSpec;
 /// A decision: effects to carry out, the status to write, and when to look again.
 ///
 /// The operator carries a plan out in this order, stopping at the first failure:
-/// 1. [`Effect::AddFinalizer`] and [`Effect::RecordHost`], in one metadata write conditional on the
+/// 1. [`Effect::AddFinalizer`] and [`Effect::RecordHost`] (or [`Effect::RecordAdoption`]), in one
+///    metadata write conditional on the
 ///    resourceVersion the observation was read at, so a decision made from a stale read cannot reach
 ///    a host;
 /// 2. [`Effect::SetProviderId`] (a spec write);
@@ -75,6 +76,13 @@ pub enum Effect {
         /// Who makes this attempt and when: the placement-claim annotation's value.
         claim: String,
     },
+    /// Record that a machine another provider placed (its providerID set, no host recorded by us)
+    /// is now ours: its providerID's host in the host annotation, written with the finalizer in
+    /// the metadata write. Nothing else changes: the microVM and the providerID stay as they are.
+    RecordAdoption {
+        /// The host of the machine's providerID.
+        host: HostEndpoint,
+    },
     /// Set `spec.providerID`.
     SetProviderId(String),
     /// Create a microVM on a host. The host is recorded first ([`Effect::RecordHost`]).
@@ -139,6 +147,8 @@ pub enum EventKind {
 pub mod reasons {
     /// A microVM was asked for.
     pub const MICROVM_CREATED: &str = "MicrovmCreated";
+    /// A microVM another provider created, with its providerID, is now this provider's.
+    pub const MICROVM_ADOPTED: &str = "MicrovmAdopted";
     /// The microVM reached CREATED.
     pub const MICROVM_READY: &str = "MicrovmReady";
     /// Flintlock gave up on the microVM.
@@ -163,6 +173,9 @@ pub mod reasons {
     pub const MICROVM_SPEC_REJECTED: &str = "MicrovmSpecRejected";
     /// The recorded host has a same-name microVM that is not this machine's; creation waits.
     pub const UNKNOWN_MICROVM_ON_HOST: &str = "UnknownMicrovmOnHost";
+    /// Another provider stopped in the middle of creating this machine's microVM; nothing is done
+    /// until a person checks the hosts.
+    pub const UNFINISHED_BY_PREVIOUS_PROVIDER: &str = "UnfinishedByPreviousProvider";
     /// The spec was edited after the microVM was created; the edit cannot be applied.
     pub const SPEC_CHANGE_NOT_APPLIED: &str = "SpecChangeNotApplied";
     /// Basic-auth tokens go to hosts without TLS.

@@ -478,16 +478,22 @@ async fn execute(
         )),
         _ => None,
     });
+    // Or, for a machine another provider placed, its providerID's host: it is ours from now on.
+    let adopted = plan.effects.iter().find_map(|e| match e {
+        Effect::RecordAdoption { host } => Some(host.to_string()),
+        _ => None,
+    });
     let add_finalizer = plan.effects.contains(&Effect::AddFinalizer);
-    if add_finalizer || recorded.is_some() {
-        let annotations = match &recorded {
-            Some((host, origin_uid, attempt, claim)) => vec![
+    if add_finalizer || recorded.is_some() || adopted.is_some() {
+        let annotations = match (&recorded, &adopted) {
+            (Some((host, origin_uid, attempt, claim)), _) => vec![
                 (HOST_ANNOTATION, host.as_str()),
                 (ORIGIN_UID_ANNOTATION, *origin_uid),
                 (PLACEMENT_ATTEMPT_ANNOTATION, attempt.as_str()),
                 (PLACEMENT_CLAIM_ANNOTATION, *claim),
             ],
-            None => Vec::new(),
+            (None, Some(host)) => vec![(HOST_ANNOTATION, host.as_str())],
+            (None, None) => Vec::new(),
         };
         let written = patch::add_metadata(
             &api,
