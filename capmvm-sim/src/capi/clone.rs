@@ -13,16 +13,16 @@ use capmvm_api::keys::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
 };
 use capmvm_api::{GROUP, MicrovmMachine};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tracing::warn;
 
 use super::MACHINE_FINALIZER;
-use super::bootstrap::{BOOTSTRAP_GROUP, kubeadm_config_resource};
 use super::StandInPlays;
+use super::bootstrap::{BOOTSTRAP_GROUP, kubeadm_config_resource};
 use super::controllers::{Ctx, Error};
 
 /// Where a new Machine's bootstrap data comes from.
@@ -193,7 +193,10 @@ fn clone_meta(
     labels.insert(CLUSTER_NAME_LABEL.to_string(), new.cluster.clone());
     let mut annotations = annotations;
     annotations.extend(new.annotations.clone());
-    annotations.insert(CLONED_FROM_NAME_ANNOTATION.to_string(), template.to_string());
+    annotations.insert(
+        CLONED_FROM_NAME_ANNOTATION.to_string(),
+        template.to_string(),
+    );
     annotations.insert(
         CLONED_FROM_GROUPKIND_ANNOTATION.to_string(),
         format!("MicrovmMachineTemplate.{GROUP}"),
@@ -233,7 +236,11 @@ async fn clone_from_cache(
         meta.annotations,
         owner,
     );
-    create_once(&Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns), &infra).await?;
+    create_once(
+        &Api::<MicrovmMachine>::namespaced(ctx.client.clone(), ns),
+        &infra,
+    )
+    .await?;
     Ok(Some(Api::namespaced_with(
         ctx.client.clone(),
         ns,
@@ -267,18 +274,17 @@ async fn clone_at_contract_version(
         ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(GROUP, &version, kind), plural)
     };
     let templates = resource("MicrovmMachineTemplate", "microvmmachinetemplates");
-    let template =
-        match Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &templates)
-            .get(&new.infra_template)
-            .await
-        {
-            Ok(t) => t,
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                warn!(template = %new.infra_template, "the MicrovmMachineTemplate named does not exist");
-                return Ok(None);
-            }
-            Err(e) => return Err(e.into()),
-        };
+    let template = match Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &templates)
+        .get(&new.infra_template)
+        .await
+    {
+        Ok(t) => t,
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            warn!(template = %new.infra_template, "the MicrovmMachineTemplate named does not exist");
+            return Ok(None);
+        }
+        Err(e) => return Err(e.into()),
+    };
     let string_map = |v: Option<&Value>| -> BTreeMap<String, String> {
         v.and_then(|m| serde_json::from_value(m.clone()).ok())
             .unwrap_or_default()

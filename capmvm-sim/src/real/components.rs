@@ -18,9 +18,9 @@ use base64::Engine as _;
 use capmvm_upstream::capi::{record_provider, wait_crds_established};
 use capmvm_upstream::pki::Ca;
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
-use serde_json::{Value, json};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
+use serde_json::{Value, json};
 
 /// The namespace our components install into.
 pub const NAMESPACE: &str = "capmvm-system";
