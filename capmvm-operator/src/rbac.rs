@@ -31,11 +31,12 @@ pub struct Rule {
 
 /// Every permission the operator uses, and why.
 pub const RULES: &[Rule] = &[
-    // Watch cache.
+    // Watch cache; `migrate-storage` rewrites each template unchanged (patch), which stores it at
+    // v1alpha2 (the real stack's migration test showed the 403 without it).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmmachinetemplates"],
-        verbs: &["list", "watch"],
+        verbs: &["list", "patch", "watch"],
         names: &[],
     },
     // Watch caches; finalizers, host annotations and providerID (patch).
