@@ -191,7 +191,7 @@ pub async fn http_post(port: u16, path: &str, body: &str) -> std::result::Result
     let (head, rest) = response
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("no HTTP response: {response:?}"))?;
-    if !head.split_whitespace().nth(1).is_some_and(|c| c == "200") {
+    if head.split_whitespace().nth(1).is_none_or(|c| c != "200") {
         return Err(format!("{head}: {rest}"));
     }
     // A chunked body: the JSON document is between its first `{` and its last `}`.
