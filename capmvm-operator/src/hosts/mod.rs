@@ -32,6 +32,10 @@ use reservations::HostReservations;
 pub trait Wake: Send + Sync {
     /// The microVM named `namespace/name` changed (appeared, changed state, or vanished).
     fn microvm_changed(&self, namespace: &str, name: &str);
+    /// A microVM without our marker named `namespace/name` changed: another provider's, which a
+    /// MicrovmMachine of that name may have adopted (the Go provider names them so). Only that
+    /// machine is woken: such a microVM left behind is not ours to report.
+    fn unmarked_microvm_changed(&self, namespace: &str, name: &str);
     /// The host's reachability changed, or it answered for the first time.
     fn host_changed(&self, endpoint: &str);
 }
@@ -639,7 +643,8 @@ impl Hosts {
                 Reachability::Unknown => {}
             }
         }
-        let mut changed: Vec<(String, String)> = Vec::new();
+        // (namespace, name, carries our marker)
+        let mut changed: Vec<(String, String, bool)> = Vec::new();
         if let Some(new_vms) = &vms {
             let before: HashMap<&str, &HostVm> =
                 old_vms.iter().map(|v| (v.vm.uid.as_str(), v)).collect();
@@ -649,13 +654,21 @@ impl Hosts {
                 let moved = before
                     .get(uid)
                     .is_none_or(|b| b.vm.state != v.vm.state || b.vm.retry != v.vm.retry);
-                if moved && v.vm.machine_uid.is_some() {
-                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                if moved {
+                    changed.push((
+                        v.vm.namespace.clone(),
+                        v.vm.name.clone(),
+                        v.vm.machine_uid.is_some(),
+                    ));
                 }
             }
             for (uid, v) in &before {
-                if !after.contains_key(uid) && v.vm.machine_uid.is_some() {
-                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                if !after.contains_key(uid) {
+                    changed.push((
+                        v.vm.namespace.clone(),
+                        v.vm.name.clone(),
+                        v.vm.machine_uid.is_some(),
+                    ));
                 }
             }
             let mut by_state: BTreeMap<&'static str, i64> =
@@ -684,8 +697,12 @@ impl Hosts {
         }
         changed.sort();
         changed.dedup();
-        for (ns, name) in changed {
-            self.wake.microvm_changed(&ns, &name);
+        for (ns, name, ours) in changed {
+            if ours {
+                self.wake.microvm_changed(&ns, &name);
+            } else {
+                self.wake.unmarked_microvm_changed(&ns, &name);
+            }
         }
         if reachability_changed {
             debug!(host = %endpoint, reachable = reachable_now, "waking objects of host");
@@ -796,6 +813,7 @@ mod reservation_tests {
 
     impl Wake for NoWake {
         fn microvm_changed(&self, _: &str, _: &str) {}
+        fn unmarked_microvm_changed(&self, _: &str, _: &str) {}
         fn host_changed(&self, _: &str) {}
     }
 
@@ -946,6 +964,63 @@ mod reservation_tests {
         });
         assert_eq!(hosts.allocation(endpoint), (2, 2048));
         assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
+    }
+
+    #[derive(Default)]
+    struct RecordWake(std::sync::Mutex<Vec<String>>);
+
+    impl Wake for RecordWake {
+        fn microvm_changed(&self, ns: &str, name: &str) {
+            self.0.lock().unwrap().push(format!("ours {ns}/{name}"));
+        }
+        fn unmarked_microvm_changed(&self, ns: &str, name: &str) {
+            self.0.lock().unwrap().push(format!("unmarked {ns}/{name}"));
+        }
+        fn host_changed(&self, _: &str) {}
+    }
+
+    /// A microVM without our marker (another provider's, adopted) wakes its machine by name when it
+    /// changes or goes, as ours do; it is told apart, so that only a machine of that name is woken.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unmarked_microvm_that_changes_or_goes_wakes_by_name() {
+        let wake = Arc::new(RecordWake::default());
+        let hour = Duration::from_secs(3600);
+        let hosts = Hosts::new(
+            ClientPool::new(PoolOptions::default()),
+            Metrics::new(),
+            wake.clone(),
+            hour,
+            hour,
+        );
+        let endpoint = ENDPOINTS[0];
+        hosts.ensure(&HostConfig::new(endpoint));
+        let state = {
+            let entries = hosts.entries.lock().unwrap();
+            entries[endpoint].values().next().unwrap().state.clone()
+        };
+        let mut theirs = vm("vm-go", "", VmState::Created);
+        theirs.vm.machine_uid = None;
+        let ours = vm("vm-ours", "uid-a", VmState::Created);
+        hosts.publish(
+            endpoint,
+            &state,
+            Reachability::Reachable,
+            Some(vec![ours.clone(), theirs.clone()]),
+        );
+        let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+        assert_eq!(seen, ["unmarked ns/vm-go", "ours ns/vm-ours"], "appeared");
+        theirs.vm.state = VmState::Deleting;
+        hosts.publish(
+            endpoint,
+            &state,
+            Reachability::Reachable,
+            Some(vec![ours.clone(), theirs]),
+        );
+        let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+        assert_eq!(seen, ["unmarked ns/vm-go"], "deleting");
+        hosts.publish(endpoint, &state, Reachability::Reachable, Some(vec![ours]));
+        let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+        assert_eq!(seen, ["unmarked ns/vm-go"], "gone");
     }
 
     /// Lists come late by at most a tenth of the poll interval, never early, and hosts drift apart.
