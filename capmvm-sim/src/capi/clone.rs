@@ -12,10 +12,10 @@ use capmvm_api::capi::{ContractVersionedObjectReference, Machine};
 use capmvm_api::keys::{
     CLONED_FROM_GROUPKIND_ANNOTATION, CLONED_FROM_NAME_ANNOTATION, CLUSTER_NAME_LABEL,
 };
-use capmvm_api::{GROUP, MicrovmMachine};
+use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachineTemplate};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PostParams};
 use kube::{Api, ResourceExt};
 use serde_json::{Value, json};
 use tracing::warn;
@@ -257,16 +257,7 @@ async fn clone_at_contract_version(
     owner: &OwnerReference,
 ) -> Result<Option<Api<DynamicObject>>, Error> {
     let ns = new.namespace.as_str();
-    let crd = Api::<CustomResourceDefinition>::all(ctx.client.clone())
-        .get(&format!("microvmmachinetemplates.{GROUP}"))
-        .await?;
-    let labels = crd.metadata.labels.unwrap_or_default();
-    let Some(version) = ["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"]
-        .iter()
-        .find_map(|l| labels.get(*l))
-        // A label may list versions (`v1alpha1_v1alpha2`): the last is the newest.
-        .and_then(|v| v.rsplit('_').next().map(str::to_string))
-    else {
+    let Some(version) = contract_version(ctx).await? else {
         warn!("the MicrovmMachineTemplate CRD has no contract label; cannot clone");
         return Ok(None);
     };
@@ -307,6 +298,81 @@ async fn clone_at_contract_version(
     let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &machines);
     create_once(&api, &infra).await?;
     Ok(Some(api))
+}
+
+/// The version of our kinds CAPI reads, as the template CRD's contract label names it
+/// (`cluster.x-k8s.io/v1beta2`, else the v1beta1 contract's); None without a label.
+async fn contract_version(ctx: &Ctx) -> Result<Option<String>, Error> {
+    let crd = Api::<CustomResourceDefinition>::all(ctx.client.clone())
+        .get(&format!("microvmmachinetemplates.{GROUP}"))
+        .await?;
+    let labels = crd.metadata.labels.unwrap_or_default();
+    Ok(["cluster.x-k8s.io/v1beta2", "cluster.x-k8s.io/v1beta1"]
+        .iter()
+        .find_map(|l| labels.get(*l))
+        // A label may list versions (`v1alpha1_v1alpha2`): the last is the newest.
+        .and_then(|v| v.rsplit('_').next().map(str::to_string)))
+}
+
+/// The Cluster `owner` made an owner of the MicrovmMachineTemplate `name`, as the real
+/// KubeadmControlPlane does for the template it clones from (`reconcileExternalReference`): deleting
+/// the Cluster then deletes the template. A missing template is left to the clone to report.
+pub(crate) async fn own_template(
+    ctx: &Ctx,
+    ns: &str,
+    name: &str,
+    owner: &OwnerReference,
+) -> Result<(), Error> {
+    let owns = |refs: &[OwnerReference]| refs.iter().any(|r| r.uid == owner.uid);
+    // Every other owner kept, one of the same kind and name replaced (CAPI's EnsureOwnerRef); the
+    // resourceVersion makes a concurrent change of the list a conflict, retried, not a loss.
+    let patch = |meta: &ObjectMeta| {
+        let mut refs: Vec<OwnerReference> = meta
+            .owner_references
+            .iter()
+            .flatten()
+            .filter(|r| !(r.kind == owner.kind && r.name == owner.name))
+            .cloned()
+            .collect();
+        refs.push(owner.clone());
+        json!({"metadata": {"ownerReferences": refs, "resourceVersion": meta.resource_version}})
+    };
+    let resource = if ctx.options.plays == StandInPlays::ControlPlaneOnly {
+        // Beside real CAPI our CRDs may serve only the Go provider's version: read at the one the
+        // contract label names, as the clone does.
+        let Some(version) = contract_version(ctx).await? else {
+            return Ok(());
+        };
+        ApiResource::from_gvk_with_plural(
+            &GroupVersionKind::gvk(GROUP, &version, "MicrovmMachineTemplate"),
+            "microvmmachinetemplates",
+        )
+    } else {
+        ApiResource::erase::<MicrovmMachineTemplate>(&())
+    };
+    let api = Api::<DynamicObject>::namespaced_with(ctx.client.clone(), ns, &resource);
+    let meta = if ctx.options.plays == StandInPlays::ControlPlaneOnly {
+        match api.get_opt(name).await? {
+            Some(t) => t.metadata,
+            None => return Ok(()),
+        }
+    } else {
+        // On the emulator templates come from the watch cache (no GET per reconcile).
+        match ctx.caches.microvm_machine_templates.get(ns, name).await {
+            Some(t) => t.metadata.clone(),
+            None => return Ok(()),
+        }
+    };
+    if owns(meta.owner_references.as_deref().unwrap_or_default()) {
+        return Ok(());
+    }
+    api.patch(
+        name,
+        &super::controllers::params(),
+        &Patch::Merge(&patch(&meta)),
+    )
+    .await?;
+    Ok(())
 }
 
 /// A short random-looking suffix of `n` characters, as CAPI's generated names have.
