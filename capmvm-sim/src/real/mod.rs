@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
 use capmvm_upstream::audit::{AuditLog, service_account_user};
-use capmvm_upstream::capi::{Capi, CapiOptions};
+use capmvm_upstream::capi::{Capi, CapiOptions, Provider};
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use kube::api::{ApiResource, DynamicObject};
@@ -411,6 +411,15 @@ impl RealStack {
     /// The CAPI managers.
     pub fn capi(&self) -> Option<&Capi> {
         self.capi.as_ref()
+    }
+
+    /// Restarts CAPI's `provider` manager with the same flags, as
+    /// `kubectl rollout restart deployment` does for an installed one; returns once it is ready.
+    pub async fn restart_capi(&mut self, provider: Provider) -> anyhow::Result<()> {
+        if let Some(capi) = self.capi.as_mut() {
+            capi.restart(provider, &self.dir).await?;
+        }
+        Ok(())
     }
 
     /// Keeps the working directory (logs, certificates, kubeconfigs) after shutdown.
