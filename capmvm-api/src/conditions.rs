@@ -97,6 +97,10 @@ pub mod reasons {
     /// recognise as its own (no readable origin uid in its meta-data, or another machine's uid).
     /// Creation waits until it is gone, rather than risk a second microVM.
     pub const UNKNOWN_MICROVM_ON_HOST: &str = "UnknownMicrovmOnHost";
+    /// Another provider (the Go provider) began to provision the machine and stopped before it set
+    /// a providerID: a microVM it may have created carries nothing this provider can recognise, so
+    /// none is created or deleted until a person says which (see the message).
+    pub const UNFINISHED_BY_PREVIOUS_PROVIDER: &str = "UnfinishedByPreviousProvider";
 
     // --- MicrovmMachine MicrovmUpToDate ---
     /// MicrovmUpToDate=True.

@@ -100,6 +100,18 @@ pub const PLACEMENT_ATTEMPT_ANNOTATION: &str =
 pub const PLACEMENT_CLAIM_ANNOTATION: &str =
     "microvmmachine.infrastructure.cluster.x-k8s.io/placement-claim";
 
+/// Annotation on an object read at `v1alpha1`: what its `v1alpha2` spec and status hold that
+/// `v1alpha1` cannot (JSON), so writing it back at `v1alpha1` loses nothing. Written by the conversion
+/// webhook, consumed by the conversion back (see `capmvm_api::conversion`).
+pub const V1ALPHA2_FIELDS_ANNOTATION: &str =
+    "microvm.infrastructure.cluster.x-k8s.io/v1alpha2-fields";
+
+/// Annotation on an object converted from `v1alpha1` (the Go provider's): what its `v1alpha1` spec
+/// and status held that `v1alpha2` cannot (JSON), so reading it at `v1alpha1` again shows it as it
+/// was. Used only while the part it holds is unchanged since the conversion.
+pub const V1ALPHA1_FIELDS_ANNOTATION: &str =
+    "microvm.infrastructure.cluster.x-k8s.io/v1alpha1-fields";
+
 /// Label carried on the microVM sent to flintlock (flintlock drops labels today; kept for parity).
 pub const MICROVM_CLUSTER_NAME_LABEL: &str = "cluster-name";
 

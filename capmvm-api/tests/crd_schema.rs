@@ -354,3 +354,155 @@ fn check_structural_catches_violations() {
         );
     }
 }
+
+/// MicrovmCluster, MicrovmMachine and MicrovmMachineTemplate serve the Go provider's v1alpha1
+/// beside v1alpha2 (the one stored), converted by the operator's webhook behind its Service, whose
+/// CA cert-manager injects; the pool, new in v1alpha2, has no other version.
+#[test]
+fn the_go_providers_kinds_serve_v1alpha1_through_the_conversion_webhook() {
+    for crd in crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let name = crd["metadata"]["name"].as_str().unwrap();
+        let versions: Vec<(&str, bool, bool)> = crd["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| {
+                (
+                    v["name"].as_str().unwrap(),
+                    v["served"].as_bool().unwrap(),
+                    v["storage"].as_bool().unwrap(),
+                )
+            })
+            .collect();
+        if name.starts_with("microvmmachinepools.") {
+            assert_eq!(versions, [("v1alpha2", true, true)]);
+            assert!(crd["spec"]["conversion"].is_null(), "{name}");
+            continue;
+        }
+        assert_eq!(
+            versions,
+            [("v1alpha2", true, true), ("v1alpha1", true, false)],
+            "{name}"
+        );
+        assert_eq!(
+            crd["spec"]["conversion"],
+            serde_json::json!({
+                "strategy": "Webhook",
+                "webhook": {
+                    "conversionReviewVersions": ["v1"],
+                    "clientConfig": {"service": {
+                        "namespace": "capmvm-system",
+                        "name": "capmvm-webhook-service",
+                        "path": "/convert",
+                    }},
+                },
+            }),
+            "{name}"
+        );
+        assert_eq!(
+            crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+            "capmvm-system/capmvm-serving-cert",
+            "{name}"
+        );
+    }
+}
+
+/// The v1alpha1 schema is the Go provider's: its required fields, bounds and defaults.
+#[test]
+fn the_v1alpha1_schema_is_the_go_providers() {
+    let all: Vec<Value> = crds()
+        .iter()
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
+    let v1 = |i: usize| {
+        all[i]["spec"]["versions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "v1alpha1")
+            .unwrap()["schema"]["openAPIV3Schema"]
+            .clone()
+    };
+    let cluster = v1(0);
+    let spec = &cluster["properties"]["spec"];
+    assert_eq!(spec["required"], serde_json::json!(["placement"]));
+    let endpoint = &spec["properties"]["controlPlaneEndpoint"];
+    assert_eq!(endpoint["required"], serde_json::json!(["host", "port"]));
+    assert!(endpoint.get("default").is_none(), "no default: {endpoint}");
+    let host = &spec["properties"]["placement"]["properties"]["staticPool"]["properties"]["hosts"]
+        ["items"];
+    assert_eq!(
+        host["required"],
+        serde_json::json!(["controlplaneAllowed", "endpoint"])
+    );
+    assert_eq!(host["properties"]["controlplaneAllowed"]["default"], true);
+    assert!(
+        host["properties"].get("failureDomain").is_none(),
+        "a v1alpha2 field"
+    );
+    let status = &cluster["properties"]["status"]["properties"];
+    assert_eq!(status["ready"]["default"], false);
+    assert_eq!(status["failureDomains"]["type"], "object", "a map");
+
+    let machine = v1(1);
+    let spec = &machine["properties"]["spec"];
+    assert_eq!(
+        spec["required"],
+        serde_json::json!([
+            "kernel",
+            "memoryMb",
+            "networkInterfaces",
+            "rootVolume",
+            "vcpu"
+        ])
+    );
+    assert_eq!(spec["properties"]["vcpu"]["minimum"].as_f64(), Some(1.0));
+    assert!(spec["properties"]["vcpu"].get("maximum").is_none());
+    assert_eq!(spec["properties"]["provider"]["type"], "string");
+    assert!(spec["properties"]["provider"].get("enum").is_none());
+    let nic = &spec["properties"]["networkInterfaces"]["items"];
+    assert_eq!(
+        nic["required"],
+        serde_json::json!(["guestDeviceName", "type"])
+    );
+    assert_eq!(
+        nic["properties"]["type"]["enum"],
+        serde_json::json!(["macvtap", "tap"])
+    );
+    assert_eq!(
+        spec["properties"]["rootVolume"]["properties"]["readOnly"]["default"],
+        false
+    );
+    let conditions = &machine["properties"]["status"]["properties"]["conditions"]["items"];
+    assert_eq!(
+        conditions["required"],
+        serde_json::json!(["lastTransitionTime", "status", "type"])
+    );
+    assert!(conditions["properties"]["severity"].is_object());
+
+    let template = v1(2);
+    assert!(template["properties"].get("status").is_none(), "no status");
+}
+
+/// The CRDs as the Go provider installed them: v1alpha1 alone, labelled with the v1beta1 contract.
+#[test]
+fn the_go_providers_own_crds_have_v1alpha1_alone() {
+    for crd in capmvm_api::v1alpha1::crds() {
+        let crd = serde_json::to_value(&crd).unwrap();
+        let versions = crd["spec"]["versions"].as_array().unwrap();
+        assert_eq!(versions.len(), 1);
+        assert_eq!(versions[0]["name"], "v1alpha1");
+        assert_eq!(versions[0]["storage"], true);
+        assert_eq!(
+            crd["metadata"]["labels"]["cluster.x-k8s.io/v1beta1"],
+            "v1alpha1"
+        );
+        assert!(
+            crd["metadata"]["labels"]
+                .get("cluster.x-k8s.io/v1beta2")
+                .is_none()
+        );
+        assert!(crd["spec"]["conversion"].is_null());
+    }
+}

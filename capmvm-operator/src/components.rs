@@ -1,5 +1,6 @@
 //! What a user installs: `infrastructure-components.yaml` in clusterctl's layout (one Namespace, the
-//! CRDs, RBAC, the Deployment), and `config/manager/manager.yaml` (the same Deployment). Both are
+//! CRDs, RBAC, the conversion webhook's Service and cert-manager Issuer and Certificate, the
+//! Deployment), and `config/manager/manager.yaml` (the same Deployment). Both are
 //! generated here, from the CRD types, the RBAC tables and the flag definitions, so none can drift
 //! from the code; tests keep the committed files equal to this output.
 //!
@@ -8,12 +9,14 @@
 
 use std::collections::BTreeMap;
 
+use capmvm_api::webhook;
 use clap::CommandFactory as _;
 use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec};
 use k8s_openapi::api::core::v1::{
     Capabilities, Container, ContainerPort, EnvVar, EnvVarSource, HTTPGetAction, Namespace,
     ObjectFieldSelector, PodSecurityContext, PodSpec, PodTemplateSpec, Probe, ResourceRequirements,
-    SeccompProfile, SecurityContext, ServiceAccount,
+    SeccompProfile, SecretVolumeSource, SecurityContext, Service, ServiceAccount, ServicePort,
+    ServiceSpec, Volume, VolumeMount,
 };
 use k8s_openapi::api::rbac::v1::{
     ClusterRole, ClusterRoleBinding, PolicyRule, RoleBinding, RoleRef, Subject,
@@ -21,7 +24,7 @@ use k8s_openapi::api::rbac::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use crate::config::Flags;
 use crate::rbac;
@@ -41,6 +44,14 @@ pub const AUTOSCALER_ROLE_NAME: &str = "capmvm-cluster-autoscaler-reader";
 /// templates), so this is ours; a ClusterRoleBinding to the role works as well.
 pub const AUTOSCALER_AGGREGATION_LABEL: &str =
     "infrastructure.cluster.x-k8s.io/aggregate-to-cluster-autoscaler";
+/// The conversion webhook's container port (CAPI providers' 9443), named as they name it.
+pub const WEBHOOK_PORT: u16 = 9443;
+/// Name of that port, which the webhook Service targets.
+pub const WEBHOOK_PORT_NAME: &str = "webhook-server";
+/// The volume holding cert-manager's serving certificate.
+pub const CERT_VOLUME: &str = "cert";
+/// The self-signed cert-manager Issuer of the serving certificate.
+pub const ISSUER: &str = "capmvm-selfsigned-issuer";
 /// The operator's image: required, since no image is published; `.ci/image` builds one.
 pub const IMAGE_VARIABLE: &str = "${CAPMVM_IMAGE}";
 /// Header of the generated files.
@@ -155,10 +166,9 @@ fn variable_args() -> Result<Vec<String>, Error> {
         .collect()
 }
 
-/// The Deployment: container `manager`, health probes on `/healthz` and `/readyz`, leader election
-/// with the Lease in the pod's own namespace (where the leader-election Role grants it).
-pub fn deployment() -> Result<Deployment, Error> {
-    let selector = BTreeMap::from([
+/// The labels of the operator's Pods (the Deployment's and the webhook Service's selector).
+fn pod_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([
         (
             rbac::PROVIDER_LABEL.0.to_string(),
             rbac::PROVIDER_LABEL.1.to_string(),
@@ -167,9 +177,62 @@ pub fn deployment() -> Result<Deployment, Error> {
             "control-plane".to_string(),
             "controller-manager".to_string(),
         ),
-    ]);
+    ])
+}
+
+/// The Service the CRDs' conversion webhook names: port 443 to the Pods' `webhook-server` port.
+pub fn webhook_service() -> Service {
+    Service {
+        metadata: meta(webhook::SERVICE, Some(NAMESPACE)),
+        spec: Some(ServiceSpec {
+            ports: Some(vec![ServicePort {
+                port: 443,
+                target_port: Some(IntOrString::String(WEBHOOK_PORT_NAME.to_string())),
+                protocol: Some("TCP".to_string()),
+                ..Default::default()
+            }]),
+            selector: Some(pod_labels()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+/// cert-manager's self-signed Issuer and the webhook's serving Certificate (the Secret the
+/// Deployment mounts; the CRDs' `cert-manager.io/inject-ca-from` names it). cert-manager's kinds are
+/// not in k8s-openapi, so these are plain documents.
+pub fn cert_manager_objects() -> Vec<Value> {
+    let labels = provider_labels();
+    let service = format!("{}.{}.svc", webhook::SERVICE, NAMESPACE);
+    vec![
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Issuer",
+            "metadata": {"name": ISSUER, "namespace": NAMESPACE, "labels": labels},
+            "spec": {"selfSigned": {}},
+        }),
+        json!({
+            "apiVersion": "cert-manager.io/v1",
+            "kind": "Certificate",
+            "metadata": {"name": webhook::CERTIFICATE, "namespace": NAMESPACE, "labels": labels},
+            "spec": {
+                "dnsNames": [service.clone(), format!("{service}.cluster.local")],
+                "issuerRef": {"kind": "Issuer", "name": ISSUER},
+                "secretName": webhook::CERTIFICATE_SECRET,
+            },
+        }),
+    ]
+}
+
+/// The Deployment: container `manager`, health probes on `/healthz` and `/readyz`, leader election
+/// with the Lease in the pod's own namespace (where the leader-election Role grants it), the
+/// conversion webhook on port `webhook-server` with cert-manager's Secret mounted as its certificate.
+pub fn deployment() -> Result<Deployment, Error> {
+    let selector = pod_labels();
     let mut args = vec![
         "--leader-elect".to_string(),
+        format!("--webhook-port={WEBHOOK_PORT}"),
+        format!("--webhook-cert-dir={}", crate::webhook::DEFAULT_CERT_DIR),
         // Kubernetes expands $(VAR) from the container's env: the Lease stays where the Role is.
         "--leader-election-namespace=$(POD_NAMESPACE)".to_string(),
         "--diagnostics-address=:8443".to_string(),
@@ -210,7 +273,18 @@ pub fn deployment() -> Result<Deployment, Error> {
             field_env("POD_NAME", "metadata.name"),
             field_env("POD_NAMESPACE", "metadata.namespace"),
         ]),
-        ports: Some(vec![port("healthz", 9440), port("metrics", 8443)]),
+        ports: Some(vec![
+            port(WEBHOOK_PORT_NAME, i32::from(WEBHOOK_PORT)),
+            port("healthz", 9440),
+            port("metrics", 8443),
+        ]),
+        // cert-manager's Secret: the conversion webhook's serving certificate, re-read on renewal.
+        volume_mounts: Some(vec![VolumeMount {
+            name: CERT_VOLUME.to_string(),
+            mount_path: crate::webhook::DEFAULT_CERT_DIR.to_string(),
+            read_only: Some(true),
+            ..Default::default()
+        }]),
         liveness_probe: Some(probe("/healthz")),
         readiness_probe: Some(probe("/readyz")),
         resources: Some(ResourceRequirements {
@@ -264,6 +338,15 @@ pub fn deployment() -> Result<Deployment, Error> {
                         ..Default::default()
                     }),
                     containers: vec![container],
+                    volumes: Some(vec![Volume {
+                        name: CERT_VOLUME.to_string(),
+                        secret: Some(SecretVolumeSource {
+                            secret_name: Some(webhook::CERTIFICATE_SECRET.to_string()),
+                            default_mode: Some(0o444),
+                            ..Default::default()
+                        }),
+                        ..Default::default()
+                    }]),
                     ..Default::default()
                 }),
             },
@@ -342,6 +425,8 @@ pub fn components() -> Result<Vec<Value>, Error> {
         subjects: Some(vec![operator_subject()]),
     })?);
     docs.push(document(&autoscaler_role())?);
+    docs.push(document(&webhook_service())?);
+    docs.extend(cert_manager_objects());
     docs.push(document(&deployment()?)?);
     Ok(docs)
 }
@@ -492,6 +577,80 @@ mod tests {
                 "v1alpha2"
             );
         }
+    }
+
+    /// The names the CRDs' conversion stanza and CA annotation use are the Service's and the
+    /// Certificate's; the Certificate covers the Service's DNS name and its Secret is what the
+    /// Deployment mounts where the operator reads its certificate, on the port the Service targets.
+    #[test]
+    fn the_webhook_objects_agree_with_the_crds_and_the_deployment() {
+        let docs = components().unwrap();
+        let find = |kind: &str| {
+            docs.iter()
+                .filter(|d| d["kind"] == kind)
+                .cloned()
+                .collect::<Vec<_>>()
+        };
+        let service = &find("Service")[0];
+        let certificate = &find("Certificate")[0];
+        let issuer = &find("Issuer")[0];
+        let deployment = &find("Deployment")[0];
+        for crd in find("CustomResourceDefinition") {
+            if crd["spec"]["versions"].as_array().unwrap().len() < 2 {
+                continue;
+            }
+            let svc = &crd["spec"]["conversion"]["webhook"]["clientConfig"]["service"];
+            assert_eq!(svc["name"], service["metadata"]["name"]);
+            assert_eq!(svc["namespace"], service["metadata"]["namespace"]);
+            assert_eq!(svc["path"], crate::webhook::CONVERT_PATH);
+            assert_eq!(
+                crd["metadata"]["annotations"]["cert-manager.io/inject-ca-from"],
+                format!(
+                    "{}/{}",
+                    certificate["metadata"]["namespace"].as_str().unwrap(),
+                    certificate["metadata"]["name"].as_str().unwrap()
+                )
+            );
+        }
+        assert_eq!(service["spec"]["ports"][0]["port"], 443);
+        assert_eq!(service["spec"]["ports"][0]["targetPort"], WEBHOOK_PORT_NAME);
+        let pod = &deployment["spec"]["template"];
+        assert_eq!(service["spec"]["selector"], pod["metadata"]["labels"]);
+        assert_eq!(
+            certificate["spec"]["dnsNames"][0],
+            "capmvm-webhook-service.capmvm-system.svc"
+        );
+        assert_eq!(
+            certificate["spec"]["issuerRef"]["name"],
+            issuer["metadata"]["name"]
+        );
+        let container = &pod["spec"]["containers"][0];
+        assert!(
+            container["ports"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|p| p["name"] == WEBHOOK_PORT_NAME && p["containerPort"] == 9443)
+        );
+        let mount = &container["volumeMounts"][0];
+        assert_eq!(mount["mountPath"], crate::webhook::DEFAULT_CERT_DIR);
+        let volume = &pod["spec"]["volumes"][0];
+        assert_eq!(volume["name"], mount["name"]);
+        assert_eq!(
+            volume["secret"]["secretName"],
+            certificate["spec"]["secretName"]
+        );
+        let args: Vec<&str> = container["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        assert!(args.contains(&"--webhook-port=9443"), "{args:?}");
+        assert!(
+            args.contains(&"--webhook-cert-dir=/tmp/k8s-webhook-server/serving-certs"),
+            "{args:?}"
+        );
     }
 
     /// clusterctl installs a version only if metadata.yaml has a release series for its major.minor,

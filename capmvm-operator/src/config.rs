@@ -93,6 +93,17 @@ pub struct Flags {
     #[arg(long, hide = true)]
     pub insecure_diagnostics: bool,
 
+    /// Port of the conversion webhook (HTTPS, `POST /convert`); 0 disables it. The API server calls it
+    /// to serve MicrovmClusters, MicrovmMachines and MicrovmMachineTemplates at v1alpha1.
+    #[arg(long, default_value_t = 9443)]
+    pub webhook_port: u16,
+
+    /// Directory with the webhook's serving certificate, `tls.crt` and `tls.key` (cert-manager's
+    /// Secret, mounted). Re-read when the files change. Given explicitly, the files must be there;
+    /// by default (/tmp/k8s-webhook-server/serving-certs) their absence only leaves the webhook off.
+    #[arg(long)]
+    pub webhook_cert_dir: Option<PathBuf>,
+
     /// Address of /healthz and /readyz (empty disables it).
     #[arg(long, default_value = ":9440")]
     pub health_addr: String,
@@ -156,6 +167,10 @@ pub enum Command {
     Components,
     /// Print config/manager/manager.yaml: the operator's Deployment.
     Manager,
+    /// Rewrite every MicrovmCluster, MicrovmMachine and MicrovmMachineTemplate at the storage version
+    /// (v1alpha2), then record v1alpha2 as the only stored version of their CRDs: the last step of a
+    /// move from the Go provider (needs the conversion webhook serving; idempotent).
+    MigrateStorage,
 }
 
 /// Log output format.

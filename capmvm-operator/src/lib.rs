@@ -16,11 +16,13 @@ pub mod hosts;
 pub mod leader;
 pub mod memory;
 pub mod metrics;
+pub mod migrate;
 pub mod patch;
 pub mod preflight;
 pub mod rbac;
 pub mod server;
 pub mod watch;
+pub mod webhook;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -69,6 +71,25 @@ pub async fn main_with(flags: Flags) -> anyhow::Result<()> {
             print!("{}", components::manager_yaml()?);
             return Ok(());
         }
+        Some(Command::MigrateStorage) => {
+            let _ = rustls::crypto::ring::default_provider().install_default();
+            let client = client_from_flags(&flags).await?;
+            let report = migrate::migrate_storage(&client).await?;
+            for (kind, count) in &report.rewritten {
+                println!("{kind}: {count} rewritten at {}", capmvm_api::VERSION);
+            }
+            for crd in &report.trimmed {
+                println!(
+                    "{crd}: status.storedVersions set to [{}]",
+                    capmvm_api::VERSION
+                );
+            }
+            println!(
+                "storage migrated: every object is stored at {}",
+                capmvm_api::VERSION
+            );
+            return Ok(());
+        }
         None => {}
     }
     let filter = tracing_subscriber::EnvFilter::try_new(&flags.log_level).with_context(|| {
@@ -90,6 +111,12 @@ pub async fn main_with(flags: Flags) -> anyhow::Result<()> {
     // One crypto provider for kube and tonic (ring); installing it twice is harmless.
     let _ = rustls::crypto::ring::default_provider().install_default();
 
+    let client = client_from_flags(&flags).await?;
+    run(flags, client, shutdown_signal()).await
+}
+
+/// The Kubernetes client `--kubeconfig` (or the usual places) names, with our user agent.
+async fn client_from_flags(flags: &Flags) -> anyhow::Result<kube::Client> {
     let mut config = match &flags.kubeconfig {
         Some(path) => {
             let kubeconfig = kube::config::Kubeconfig::read_from(path)
@@ -109,8 +136,7 @@ pub async fn main_with(flags: Flags) -> anyhow::Result<()> {
         axum::http::header::USER_AGENT,
         axum::http::HeaderValue::from_static(USER_AGENT),
     ));
-    let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
-    run(flags, client, shutdown_signal()).await
+    kube::Client::try_from(config).context("building the Kubernetes client")
 }
 
 /// Completes on SIGTERM or Ctrl-C.
@@ -160,6 +186,13 @@ pub async fn run(
     }
 
     let shutdown = futures::future::FutureExt::shared(Box::pin(shutdown));
+    // Before the first list: objects still stored at v1alpha1 (the Go provider's) are converted by
+    // this very webhook when our watches read them at v1alpha2.
+    if let Some(webhook) =
+        webhook::Webhook::from_flags(flags.webhook_port, flags.webhook_cert_dir.as_deref()).await?
+    {
+        servers.push(tokio::spawn(webhook.serve()));
+    }
     // Before anything waits on them: without these APIs no cache would ever sync.
     match wait_for_required_apis(&client, &readiness, shutdown.clone()).await {
         Ok(true) => {}

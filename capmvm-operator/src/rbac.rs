@@ -25,21 +25,26 @@ pub struct Rule {
     pub resources: &'static [&'static str],
     /// Verbs.
     pub verbs: &'static [&'static str],
+    /// The objects the rule is limited to (`resourceNames`); empty means every object.
+    pub names: &'static [&'static str],
 }
 
 /// Every permission the operator uses, and why.
 pub const RULES: &[Rule] = &[
-    // Watch cache.
+    // Watch cache; `migrate-storage` rewrites each template unchanged (patch), which stores it at
+    // v1alpha2 (the real stack's migration test showed the 403 without it).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmmachinetemplates"],
-        verbs: &["list", "watch"],
+        verbs: &["list", "patch", "watch"],
+        names: &[],
     },
     // Watch caches; finalizers, host annotations and providerID (patch).
     Rule {
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmclusters", "microvmmachinepools"],
         verbs: &["list", "patch", "watch"],
+        names: &[],
     },
     // A pool's instances: created and (while the pool is deleted, before core made their Machine)
     // deleted by the pool; finalizers, host annotations, providerID and the delete mark (patch); read
@@ -48,6 +53,7 @@ pub const RULES: &[Rule] = &[
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmmachines"],
         verbs: &["create", "delete", "get", "list", "patch", "watch"],
+        names: &[],
     },
     // An instance's ownerReference blocks the pool's deletion (blockOwnerDeletion), which the API
     // server allows only to who may update the pool's finalizers.
@@ -55,6 +61,7 @@ pub const RULES: &[Rule] = &[
         group: "infrastructure.cluster.x-k8s.io",
         resources: &["microvmmachinepools/finalizers"],
         verbs: &["update"],
+        names: &[],
     },
     // Status writes (merge patch).
     Rule {
@@ -66,18 +73,21 @@ pub const RULES: &[Rule] = &[
             "microvmmachinetemplates/status",
         ],
         verbs: &["patch"],
+        names: &[],
     },
     // Owners, read from watch caches only.
     Rule {
         group: "cluster.x-k8s.io",
         resources: &["clusters", "machinepools", "machines"],
         verbs: &["list", "watch"],
+        names: &[],
     },
     // A pool scales down, rolls and repairs by deleting its instances' Machines (CAPI drains them).
     Rule {
         group: "cluster.x-k8s.io",
         resources: &["machines"],
         verbs: &["delete"],
+        names: &[],
     },
     // Bootstrap data and host credentials, read by name; their metadata watched (a corrected token
     // is picked up at once); the credentials finalizer on the Secrets a MicrovmCluster names.
@@ -85,13 +95,46 @@ pub const RULES: &[Rule] = &[
         group: "",
         resources: &["secrets"],
         verbs: &["get", "list", "patch", "watch"],
+        names: &[],
     },
     // Events (a repeated event is patched into a series).
     Rule {
         group: "events.k8s.io",
         resources: &["events"],
         verbs: &["create", "patch"],
+        names: &[],
     },
+    // `migrate-storage` (run in the operator's Pod, as its ServiceAccount): our three CRDs read and
+    // their storedVersions trimmed, and no other CRD.
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions"],
+        verbs: &["get"],
+        names: MIGRATED_CRDS,
+    },
+    Rule {
+        group: "apiextensions.k8s.io",
+        resources: &["customresourcedefinitions/status"],
+        verbs: &["patch"],
+        names: MIGRATED_CRDS,
+    },
+    // `migrate-storage` looks for the Go provider's admission webhooks, which refuse its writes.
+    Rule {
+        group: "admissionregistration.k8s.io",
+        resources: &[
+            "mutatingwebhookconfigurations",
+            "validatingwebhookconfigurations",
+        ],
+        verbs: &["list"],
+        names: &[],
+    },
+];
+
+/// The CRDs `migrate-storage` reads and whose stored versions it trims.
+pub const MIGRATED_CRDS: &[&str] = &[
+    "microvmclusters.infrastructure.cluster.x-k8s.io",
+    "microvmmachines.infrastructure.cluster.x-k8s.io",
+    "microvmmachinetemplates.infrastructure.cluster.x-k8s.io",
 ];
 
 /// What leader election uses, in the Lease's namespace only.
@@ -99,6 +142,7 @@ pub const LEADER_ELECTION_RULES: &[Rule] = &[Rule {
     group: "coordination.k8s.io",
     resources: &["leases"],
     verbs: &["create", "get", "update"],
+    names: &[],
 }];
 
 fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
@@ -108,6 +152,8 @@ fn policy_rules(rules: &[Rule]) -> Vec<PolicyRule> {
             api_groups: Some(vec![r.group.to_string()]),
             resources: Some(r.resources.iter().map(|s| s.to_string()).collect()),
             verbs: r.verbs.iter().map(|s| s.to_string()).collect(),
+            resource_names: (!r.names.is_empty())
+                .then(|| r.names.iter().map(|s| s.to_string()).collect()),
             ..Default::default()
         })
         .collect()

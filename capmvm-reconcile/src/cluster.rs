@@ -580,6 +580,8 @@ impl ClusterDecision<'_> {
         self.transition_events();
         let mut status = self.status;
         status.conditions = self.conditions.list;
+        // The Go provider's LoadBalancerAvailable, on a cluster it made, is updated by nobody now.
+        crate::machine::drop_previous_provider_conditions(&mut status.conditions);
         // Never un-provision (CAPI contract: provisioned is one-shot).
         if self
             .obs

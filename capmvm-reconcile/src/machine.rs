@@ -19,6 +19,10 @@
 //! A crash anywhere in between ends in step 2 on the next pass, never in a second microVM; so does a
 //! `clusterctl move` (a new uid, the same annotations). A machine with a providerID is never created
 //! again: a vanished microVM is reported, not replaced.
+//!
+//! A machine another provider placed (the Go provider's, after a move) is adopted as it is, or, if
+//! that provider stopped in the middle of a create, left alone until a person decides: see
+//! [`adoption`].
 
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{
@@ -29,11 +33,16 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
 use std::time::Duration;
 
+mod adoption;
 mod deletion;
 mod normal;
 mod ours;
 mod record;
 mod report;
+
+pub use adoption::{
+    PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
+};
 
 pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
 
@@ -70,11 +79,14 @@ pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
     machine.spec.provider_id.is_none()
 }
 
-/// Whether a decision for this machine may create a microVM: it has no providerID and is not being
-/// deleted. Such a decision runs under the operator's placement turn, so concurrent placements see
-/// each other's reservations.
+/// Whether a decision for this machine may create a microVM: it has no providerID, is not being
+/// deleted and is not one another provider left unfinished ([`Provenance::Unfinished`]: nothing is
+/// created until a person decides). Such a decision runs under the operator's placement turn, so
+/// concurrent placements see each other's reservations.
 pub fn may_create(machine: &MicrovmMachine) -> bool {
-    machine.spec.provider_id.is_none() && machine.metadata.deletion_timestamp.is_none()
+    machine.spec.provider_id.is_none()
+        && machine.metadata.deletion_timestamp.is_none()
+        && provenance(machine) != Provenance::Unfinished
 }
 
 /// Whether the decision reads the facts of every host of the pool (to choose one) rather than only
@@ -393,6 +405,8 @@ impl<'a> Decision<'a> {
         if self.quiet {
             return self.plan;
         }
+        // The Go provider's MicrovmReady, on a machine it made, is updated by nobody now.
+        drop_previous_provider_conditions(&mut self.status.conditions);
         if !self.failure_reported {
             self.transition_events();
         }
@@ -438,6 +452,9 @@ impl<'a> Decision<'a> {
             reasons::HOST_UNREACHABLE => (EventKind::Warning, events::HOST_UNREACHABLE),
             reasons::UNKNOWN_MICROVM_ON_HOST => {
                 (EventKind::Warning, events::UNKNOWN_MICROVM_ON_HOST)
+            }
+            reasons::UNFINISHED_BY_PREVIOUS_PROVIDER => {
+                (EventKind::Warning, events::UNFINISHED_BY_PREVIOUS_PROVIDER)
             }
             _ => return,
         };

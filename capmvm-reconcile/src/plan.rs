@@ -16,6 +16,10 @@ pub struct MachinePlan {
     pub add_finalizer: bool,
     /// 1. (the same write) Record the chosen host before the microVM is created there.
     pub record_host: Option<HostRecord>,
+    /// 1. (the same write) Record that a machine another provider placed (its providerID set, no
+    ///    host recorded by us) is now ours: its providerID's host in the host annotation. Nothing
+    ///    else changes: the microVM and the providerID stay as they are.
+    pub record_adoption: Option<HostEndpoint>,
     /// 2. Set `spec.providerID` (a spec write, conditional on the version read: the generation
     ///    moves by one, which the conditions of [`Self::status`] already name).
     pub provider_id: Option<String>,
@@ -38,6 +42,7 @@ impl MachinePlan {
     pub fn has_no_effects(&self) -> bool {
         !self.add_finalizer
             && self.record_host.is_none()
+            && self.record_adoption.is_none()
             && self.provider_id.is_none()
             && self.host_calls.is_empty()
             && self.events.is_empty()
@@ -170,6 +175,8 @@ pub enum EventKind {
 pub mod reasons {
     /// A microVM was asked for.
     pub const MICROVM_CREATED: &str = "MicrovmCreated";
+    /// A microVM another provider created, with its providerID, is now this provider's.
+    pub const MICROVM_ADOPTED: &str = "MicrovmAdopted";
     /// The microVM reached CREATED.
     pub const MICROVM_READY: &str = "MicrovmReady";
     /// Flintlock gave up on the microVM.
@@ -194,6 +201,9 @@ pub mod reasons {
     pub const MICROVM_SPEC_REJECTED: &str = "MicrovmSpecRejected";
     /// The recorded host has a same-name microVM that is not this machine's; creation waits.
     pub const UNKNOWN_MICROVM_ON_HOST: &str = "UnknownMicrovmOnHost";
+    /// Another provider stopped in the middle of creating this machine's microVM; nothing is done
+    /// until a person checks the hosts.
+    pub const UNFINISHED_BY_PREVIOUS_PROVIDER: &str = "UnfinishedByPreviousProvider";
     /// The spec was edited after the microVM was created; the edit cannot be applied.
     pub const SPEC_CHANGE_NOT_APPLIED: &str = "SpecChangeNotApplied";
     /// Basic-auth tokens go to hosts without TLS.

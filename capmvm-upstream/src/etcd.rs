@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::process::{Process, http_status};
+use crate::process::{Process, http_post, http_status};
 use crate::{Binaries, Result, free_port};
 
 /// A running etcd; dropping it kills it.
@@ -64,6 +64,50 @@ impl Etcd {
     /// Its process id.
     pub fn pid(&self) -> Option<u32> {
         self.process.pid()
+    }
+
+    /// Every key under `prefix` and its value, read through etcd's JSON gateway (`/v3/kv/range`):
+    /// what the API servers stored, for a test to see the encoding (the version an object is
+    /// stored at) that no API returns.
+    pub async fn get_prefix(&self, prefix: &str) -> Result<Vec<(String, Vec<u8>)>> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let mut end = prefix.as_bytes().to_vec();
+        // The range end of a prefix: the prefix with its last byte incremented.
+        if let Some(last) = end.last_mut() {
+            *last = last.wrapping_add(1);
+        }
+        let body = serde_json::json!({"key": b64.encode(prefix), "range_end": b64.encode(&end)})
+            .to_string();
+        let text = http_post(self.client_port, "/v3/kv/range", &body)
+            .await
+            .map_err(|why| crate::Error::NotReady {
+                what: "etcd's JSON gateway".to_string(),
+                why,
+                log: PathBuf::new(),
+                tail: String::new(),
+            })?;
+        let value: serde_json::Value =
+            serde_json::from_str(&text).map_err(|e| crate::Error::Manifest {
+                path: PathBuf::from("/v3/kv/range"),
+                message: format!("{e}: {text}"),
+            })?;
+        let decode = |v: &serde_json::Value| {
+            v.as_str()
+                .and_then(|s| b64.decode(s).ok())
+                .unwrap_or_default()
+        };
+        Ok(value["kvs"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|kv| {
+                (
+                    String::from_utf8_lossy(&decode(&kv["key"])).to_string(),
+                    decode(&kv["value"]),
+                )
+            })
+            .collect())
     }
 
     /// Stops it.

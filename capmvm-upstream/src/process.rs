@@ -168,3 +168,35 @@ pub async fn http_status(port: u16, path: &str) -> std::result::Result<u16, Stri
         .and_then(|code| code.parse().ok())
         .ok_or_else(|| format!("no HTTP status in {response:?}"))
 }
+
+/// POSTs a JSON `body` to `path` on 127.0.0.1:`port` over plain HTTP/1.1; the response body.
+pub async fn http_post(port: u16, path: &str, body: &str) -> std::result::Result<String, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    let request = format!(
+        "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    let (head, rest) = response
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| format!("no HTTP response: {response:?}"))?;
+    if head.split_whitespace().nth(1).is_none_or(|c| c != "200") {
+        return Err(format!("{head}: {rest}"));
+    }
+    // A chunked body: the JSON document is between its first `{` and its last `}`.
+    match (rest.find('{'), rest.rfind('}')) {
+        (Some(a), Some(b)) if a <= b => Ok(rest[a..=b].to_string()),
+        _ => Ok(rest.to_string()),
+    }
+}

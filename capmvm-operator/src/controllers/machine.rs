@@ -372,10 +372,16 @@ async fn execute(
         Api::namespaced(ctx.client.clone(), &machine.namespace().unwrap_or_default());
     // 1. The finalizer and the chosen host, in one conditional metadata write. The host and uid go
     // with the next placement attempt: always a change, so with the resourceVersion test a
-    // compare-and-swap.
-    if plan.add_finalizer || plan.record_host.is_some() {
+    // compare-and-swap. Or, for a machine another provider placed, its providerID's host only: it
+    // is ours from now on.
+    if plan.add_finalizer || plan.record_host.is_some() || plan.record_adoption.is_some() {
         let attempt = plan.record_host.as_ref().map(|r| r.attempt.to_string());
-        let host = plan.record_host.as_ref().map(|r| r.host.to_string());
+        let host = plan
+            .record_host
+            .as_ref()
+            .map(|r| &r.host)
+            .or(plan.record_adoption.as_ref())
+            .map(ToString::to_string);
         let annotations = match (&plan.record_host, &attempt, &host) {
             (Some(r), Some(attempt), Some(host)) => vec![
                 (HOST_ANNOTATION, host.as_str()),
@@ -383,6 +389,7 @@ async fn execute(
                 (PLACEMENT_ATTEMPT_ANNOTATION, attempt.as_str()),
                 (PLACEMENT_CLAIM_ANNOTATION, r.claim.as_str()),
             ],
+            (None, _, Some(host)) => vec![(HOST_ANNOTATION, host.as_str())],
             _ => Vec::new(),
         };
         let written = patch::add_metadata(

@@ -37,6 +37,10 @@ use reservations::HostReservations;
 pub trait Wake: Send + Sync {
     /// The microVM named `namespace/name` changed (appeared, changed state, or vanished).
     fn microvm_changed(&self, namespace: &str, name: &str);
+    /// A microVM without our marker named `namespace/name` changed: another provider's, which a
+    /// MicrovmMachine of that name may have adopted (the Go provider names them so). Only that
+    /// machine is woken: such a microVM left behind is not ours to report.
+    fn unmarked_microvm_changed(&self, namespace: &str, name: &str);
     /// The host's reachability changed, or it answered for the first time.
     fn host_changed(&self, endpoint: &str);
 }

@@ -166,7 +166,7 @@ impl Hosts {
     }
 
     /// Stores a list result and wakes whoever it concerns.
-    fn publish(
+    pub(super) fn publish(
         &self,
         endpoint: &str,
         state: &HostState,
@@ -192,7 +192,8 @@ impl Hosts {
                 Reachability::Unknown => {}
             }
         }
-        let mut changed: Vec<(String, String)> = Vec::new();
+        // (namespace, name, carries our marker)
+        let mut changed: Vec<(String, String, bool)> = Vec::new();
         if let Some(new_vms) = &vms {
             let before: HashMap<&str, &HostVm> =
                 old_vms.iter().map(|v| (v.vm.uid.as_str(), v)).collect();
@@ -202,13 +203,21 @@ impl Hosts {
                 let moved = before
                     .get(uid)
                     .is_none_or(|b| b.vm.state != v.vm.state || b.vm.retry != v.vm.retry);
-                if moved && v.vm.machine_uid.is_some() {
-                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                if moved {
+                    changed.push((
+                        v.vm.namespace.clone(),
+                        v.vm.name.clone(),
+                        v.vm.machine_uid.is_some(),
+                    ));
                 }
             }
             for (uid, v) in &before {
-                if !after.contains_key(uid) && v.vm.machine_uid.is_some() {
-                    changed.push((v.vm.namespace.clone(), v.vm.name.clone()));
+                if !after.contains_key(uid) {
+                    changed.push((
+                        v.vm.namespace.clone(),
+                        v.vm.name.clone(),
+                        v.vm.machine_uid.is_some(),
+                    ));
                 }
             }
             let mut by_state: BTreeMap<&'static str, i64> =
@@ -237,8 +246,12 @@ impl Hosts {
         }
         changed.sort();
         changed.dedup();
-        for (ns, name) in changed {
-            self.wake.microvm_changed(&ns, &name);
+        for (ns, name, ours) in changed {
+            if ours {
+                self.wake.microvm_changed(&ns, &name);
+            } else {
+                self.wake.unmarked_microvm_changed(&ns, &name);
+            }
         }
         if reachability_changed {
             debug!(host = %endpoint, reachable = reachable_now, "waking objects of host");

@@ -11,6 +11,7 @@ struct NoWake;
 
 impl Wake for NoWake {
     fn microvm_changed(&self, _: &str, _: &str) {}
+    fn unmarked_microvm_changed(&self, _: &str, _: &str) {}
     fn host_changed(&self, _: &str) {}
 }
 
@@ -161,6 +162,63 @@ async fn allocation_follows_listed_and_recorded_microvms() {
     });
     assert_eq!(hosts.allocation(endpoint), (2, 2048));
     assert_eq!(hosts.allocation(ENDPOINTS[1]), (0, 0));
+}
+
+#[derive(Default)]
+struct RecordWake(std::sync::Mutex<Vec<String>>);
+
+impl Wake for RecordWake {
+    fn microvm_changed(&self, ns: &str, name: &str) {
+        self.0.lock().unwrap().push(format!("ours {ns}/{name}"));
+    }
+    fn unmarked_microvm_changed(&self, ns: &str, name: &str) {
+        self.0.lock().unwrap().push(format!("unmarked {ns}/{name}"));
+    }
+    fn host_changed(&self, _: &str) {}
+}
+
+/// A microVM without our marker (another provider's, adopted) wakes its machine by name when it
+/// changes or goes, as ours do; it is told apart, so that only a machine of that name is woken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unmarked_microvm_that_changes_or_goes_wakes_by_name() {
+    let wake = Arc::new(RecordWake::default());
+    let hour = Duration::from_secs(3600);
+    let hosts = Hosts::new(
+        ClientPool::new(PoolOptions::default()),
+        Metrics::new(),
+        wake.clone(),
+        hour,
+        hour,
+    );
+    let endpoint = ENDPOINTS[0];
+    hosts.ensure(&HostConfig::new(endpoint));
+    let state = {
+        let entries = hosts.entries.lock().unwrap();
+        entries[endpoint].values().next().unwrap().state.clone()
+    };
+    let mut theirs = vm("vm-go", "", VmState::Created);
+    theirs.vm.machine_uid = None;
+    let ours = vm("vm-ours", "uid-a", VmState::Created);
+    hosts.publish(
+        endpoint,
+        &state,
+        Reachability::Reachable,
+        Some(vec![ours.clone(), theirs.clone()]),
+    );
+    let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+    assert_eq!(seen, ["unmarked ns/vm-go", "ours ns/vm-ours"], "appeared");
+    theirs.vm.state = VmState::Deleting;
+    hosts.publish(
+        endpoint,
+        &state,
+        Reachability::Reachable,
+        Some(vec![ours.clone(), theirs]),
+    );
+    let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+    assert_eq!(seen, ["unmarked ns/vm-go"], "deleting");
+    hosts.publish(endpoint, &state, Reachability::Reachable, Some(vec![ours]));
+    let seen = std::mem::take(&mut *wake.0.lock().unwrap());
+    assert_eq!(seen, ["unmarked ns/vm-go"], "gone");
 }
 
 /// A busy host is asked about its microVMs in flight alone (a Get each), and listed whole only

@@ -312,6 +312,15 @@ impl Wake for HostWake {
         self.triggers.machine(machine);
     }
 
+    fn unmarked_microvm_changed(&self, namespace: &str, name: &str) {
+        // An adopted machine's microVM has no marker of ours: without this wake its deletion was
+        // seen only at the next safety-net recheck (a minute per machine in a rollout).
+        let machine = ObjectRef::new(name).within(namespace);
+        if self.stores.machines.get(&machine).is_some() {
+            self.triggers.machine(machine);
+        }
+    }
+
     fn host_changed(&self, endpoint: &str) {
         // Machines recorded on the host, and machines still waiting for a host.
         for m in self.stores.machines.state() {

@@ -6,8 +6,8 @@ use capmvm_api::keys::{ABANDON_MICROVM_ANNOTATION, MACHINE_FINALIZER};
 use kube::ResourceExt;
 
 use super::{
-    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, provider_id,
-    recorded_host,
+    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, Provenance, provenance,
+    provider_id, recorded_host,
 };
 use crate::host_call::deletion_blocked;
 use crate::observe::{HostLookup, ObservedVm, VmState};
@@ -23,9 +23,31 @@ impl Decision<'_> {
         {
             return Requeue::Await;
         }
+        let abandoned = self
+            .machine
+            .annotations()
+            .get(ABANDON_MICROVM_ANNOTATION)
+            .map(String::as_str)
+            == Some("true");
+        let unfinished = provenance(self.machine) == Provenance::Unfinished;
+        if unfinished && !abandoned {
+            // The previous provider may have created a microVM we cannot recognise.
+            self.report_unfinished(true);
+            return Requeue::Await;
+        }
         let Some(host) = recorded_host(self.machine) else {
-            // Never placed, so never created.
+            // Never placed by us; never placed by another provider either, or released by a person.
             self.plan.remove_finalizer = true;
+            if unfinished {
+                self.event(
+                    EventKind::Warning,
+                    events::MICROVM_ABANDONED,
+                    "Delete",
+                    format!(
+                        "finalizer released without confirming that no microVM of the previous provider is left ({ABANDON_MICROVM_ANNOTATION}=true)"
+                    ),
+                );
+            }
             return Requeue::Await;
         };
         let pid_uid = provider_id(self.machine)
@@ -34,13 +56,7 @@ impl Decision<'_> {
         let what = pid_uid
             .as_deref()
             .map_or_else(|| "the microVM".to_string(), |u| format!("microVM {u}"));
-        if self
-            .machine
-            .annotations()
-            .get(ABANDON_MICROVM_ANNOTATION)
-            .map(String::as_str)
-            == Some("true")
-        {
+        if abandoned {
             self.plan.remove_finalizer = true;
             self.event(
                 EventKind::Warning,

@@ -10,8 +10,8 @@ use kube::ResourceExt;
 use super::record::{annotated_host, claim_value};
 use super::report::{addresses, failure_domain_of, starting_message};
 use super::{
-    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, bootstrap_secret_name,
-    instance_pool, origin_uid, placement_attempts, provider_id,
+    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, Provenance,
+    bootstrap_secret_name, instance_pool, origin_uid, placement_attempts, provenance, provider_id,
 };
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::Status;
@@ -60,6 +60,7 @@ impl Decision<'_> {
                     return Requeue::Await;
                 };
                 self.delete_duplicates(&pid.host, vms, Some(&pid.uid));
+                self.record_adoption(&pid.host, vm);
                 self.follow_state(infra, &pid.host, vm)
             }
         }
@@ -72,6 +73,11 @@ impl Decision<'_> {
         infra: &MicrovmCluster,
         cluster_name: &str,
     ) -> Requeue {
+        if provenance(self.machine) == Provenance::Unfinished {
+            // A change of the machine (a providerID, the finalizer gone) wakes it.
+            self.report_unfinished(false);
+            return Requeue::Await;
+        }
         let Some(machine_uid) = origin_uid(self.machine) else {
             // The API server always sets a uid; without one no microVM could be recognised as ours.
             self.not_ready(

@@ -70,7 +70,6 @@ pub fn microvm_machine() -> MicrovmMachine {
             CLUSTER_NAME_LABEL.to_string(),
             "demo".to_string(),
         )])),
-        finalizers: Some(vec![MACHINE_FINALIZER.to_string()]),
         ..Default::default()
     };
     m
@@ -197,7 +196,8 @@ pub fn bootstrap() -> BootstrapData {
     }
 }
 
-/// A machine whose every gate is open and which has no microVM and no recorded host yet.
+/// A machine whose every gate is open and which has no microVM and no recorded host yet (nor the
+/// finalizer, which is added with the host).
 pub fn observed() -> ObservedMachine {
     ObservedMachine {
         machine: microvm_machine(),
@@ -238,8 +238,13 @@ pub fn running_spec() -> RunningSpec {
     }
 }
 
-/// Records the host and origin-uid annotations (the machine was placed) without providerID.
+/// Records the host and origin-uid annotations (the machine was placed) without providerID, with
+/// the finalizer added in the same write.
 pub fn with_recorded_host(obs: &mut ObservedMachine, host: &str) {
+    let finalizers = obs.machine.metadata.finalizers.get_or_insert_default();
+    if !finalizers.iter().any(|f| f == MACHINE_FINALIZER) {
+        finalizers.push(MACHINE_FINALIZER.to_string());
+    }
     let annotations = obs
         .machine
         .metadata

@@ -23,7 +23,7 @@ use kube::{Api, Resource, ResourceExt};
 use serde_json::{Value, json};
 
 use super::DELETE_MACHINE_ANNOTATION;
-use super::clone::{NewBootstrap, NewMachine, create_machine, suffix_of};
+use super::clone::{NewBootstrap, NewMachine, create_machine, own_template, suffix_of};
 use super::controllers::{Ctx, Error, delete_quietly, machine_provisioned, params};
 
 /// The control plane provider's API group.
@@ -130,6 +130,26 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
     let spec = kcp.data.get("spec").cloned().unwrap_or_else(|| json!({}));
+    let cluster_owner = ctx
+        .caches
+        .clusters
+        .store()
+        .get(&kube::runtime::reflector::ObjectRef::new(&cluster).within(&ns))
+        .map(|c| OwnerReference {
+            api_version: "cluster.x-k8s.io/v1beta2".into(),
+            kind: "Cluster".into(),
+            name: cluster.clone(),
+            uid: c.uid().unwrap_or_default(),
+            controller: None,
+            block_owner_deletion: None,
+        });
+    let template = spec
+        .pointer("/machineTemplate/spec/infrastructureRef/name")
+        .and_then(Value::as_str);
+    if let (Some(owner), Some(template)) = (cluster_owner, template) {
+        // A Cluster not in the cache yet is owner on a later reconcile.
+        own_template(&ctx, &ns, template, &owner).await?;
+    }
     let want = usize::try_from(spec["replicas"].as_i64().unwrap_or(1).max(0)).unwrap_or(0);
     let machines: Api<Machine> = Api::namespaced(ctx.client.clone(), &ns);
     let (deleting, mut mine): (Vec<Machine>, Vec<Machine>) = machines

@@ -360,10 +360,30 @@ impl Kubelet<'_> {
         } else {
             &microvm.spec.namespace
         };
-        let infra = self
+        let version = |m: &Machine| {
+            m.spec
+                .version
+                .clone()
+                .filter(|v| !v.is_empty())
+                .unwrap_or_else(|| DEFAULT_KUBELET_VERSION.to_string())
+        };
+        let Some(infra) = self
             .management
             .microvm_machines
-            .get(&ObjectRef::new(&microvm.spec.id).within(ns))?;
+            .get(&ObjectRef::new(&microvm.spec.id).within(ns))
+        else {
+            // Not in the cache of our version (another provider's objects, at its own version):
+            // the Machine that names it says the cluster.
+            let machine = self.management.machines.state().into_iter().find(|m| {
+                m.namespace().as_deref() == Some(ns)
+                    && m.spec.infrastructure_ref.kind == "MicrovmMachine"
+                    && m.spec.infrastructure_ref.name == microvm.spec.id
+            })?;
+            return Some((
+                ClusterKey::new(ns, &machine.spec.cluster_name),
+                version(&machine),
+            ));
+        };
         let cluster = infra.labels().get(CLUSTER_NAME_LABEL)?;
         let version = infra
             .owner_references()
@@ -374,8 +394,7 @@ impl Kubelet<'_> {
                     .machines
                     .get(&ObjectRef::new(&o.name).within(ns))
             })
-            .and_then(|m| m.spec.version.clone())
-            .filter(|v| !v.is_empty())
+            .map(|m| version(&m))
             .unwrap_or_else(|| DEFAULT_KUBELET_VERSION.to_string());
         Some((ClusterKey::new(ns, cluster), version))
     }

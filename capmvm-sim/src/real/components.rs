@@ -3,15 +3,24 @@
 //! `clusterctl init` would add (its label on the objects and the provider's inventory entry), which
 //! `clusterctl move` relies on. `clusterctl init` itself cannot run here: it first downloads and
 //! installs cert-manager, and waits for its Pods (no internet, no kubelet).
+//!
+//! Without cert-manager, what it would do for the conversion webhook is done here, as
+//! `capmvm-upstream` does for CAPI's webhooks: a generated CA issues the serving certificate, the
+//! cert-manager Issuer and Certificate are left out, and each CRD's conversion webhook is pointed
+//! at the operator on loopback by URL with that CA (out of cluster it has no Service).
 
-use std::path::Path;
+use std::net::{IpAddr, Ipv4Addr};
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use anyhow::Context as _;
+use base64::Engine as _;
 use capmvm_upstream::capi::{record_provider, wait_crds_established};
+use capmvm_upstream::pki::Ca;
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::Api;
+use serde_json::{Value, json};
 
 /// The namespace our components install into.
 pub const NAMESPACE: &str = "capmvm-system";
@@ -29,13 +38,33 @@ pub const COMPONENTS: &str = include_str!("../../../infrastructure-components.ya
 /// cluster as the Deployment's ServiceAccount.
 pub const IMAGE: &str = "capmvm-operator:dev";
 
-/// Renders and applies our components and records us in clusterctl's inventory.
+/// Where the operator, out of cluster, serves the conversion webhook the CRDs call.
+#[derive(Clone, Debug)]
+pub struct Webhook {
+    /// Its `--webhook-port` (on loopback, as the CRDs' URL says).
+    pub port: u16,
+    /// Its `--webhook-cert-dir`: the serving certificate the CRDs' caBundle trusts.
+    pub cert_dir: PathBuf,
+}
+
+impl Webhook {
+    /// The operator's flags for it.
+    pub fn flags(&self) -> Vec<String> {
+        vec![
+            format!("--webhook-port={}", self.port),
+            format!("--webhook-cert-dir={}", self.cert_dir.display()),
+        ]
+    }
+}
+
+/// Renders and applies our components and records us in clusterctl's inventory; where the operator
+/// must serve the conversion webhook.
 pub async fn install(
     clusterctl: &Clusterctl,
     kubectl: &Kubectl,
     client: &kube::Client,
     dir: &Path,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Webhook> {
     let file = dir.join("infrastructure-components.yaml");
     std::fs::write(&file, COMPONENTS).with_context(|| format!("writing {}", file.display()))?;
     let rendered = clusterctl
@@ -47,8 +76,12 @@ pub async fn install(
         &rendered,
     )
     .context("keeping the rendered components")?;
+    let webhook = webhook_pki(dir)?;
+    let applied = without_cert_manager(&rendered, &webhook)?;
+    std::fs::write(dir.join("infrastructure-components.applied.yaml"), &applied)
+        .context("keeping the applied components")?;
     kubectl
-        .apply(&rendered, &[])
+        .apply(&applied, &[])
         .await
         .context("kubectl apply of the rendered components")?;
     // What clusterctl init adds: its label on every object (move discovers CRDs by it).
@@ -77,5 +110,46 @@ pub async fn install(
     tokio::time::timeout(Duration::from_secs(60), wait_crds_established(&crds))
         .await
         .context("our CRDs were not Established within 60 s")??;
-    Ok(())
+    Ok(webhook.0)
+}
+
+/// A CA and the webhook's serving certificate for 127.0.0.1, written as `tls.crt` and `tls.key`.
+fn webhook_pki(dir: &Path) -> anyhow::Result<(Webhook, String)> {
+    let cert_dir = dir.join("webhook-certs");
+    let ca = Ca::generate("capmvm webhook CA")?;
+    let serving = ca.issue_server(
+        capmvm_api::webhook::SERVICE,
+        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        &["localhost"],
+    )?;
+    serving.write(&cert_dir, "tls")?;
+    let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca.cert_pem());
+    let port = capmvm_upstream::free_port()?;
+    Ok((Webhook { port, cert_dir }, ca_bundle))
+}
+
+/// The rendered components without cert-manager's objects, each conversion webhook pointed at the
+/// operator on loopback with `webhook`'s CA.
+fn without_cert_manager(rendered: &str, webhook: &(Webhook, String)) -> anyhow::Result<String> {
+    let (webhook, ca_bundle) = webhook;
+    let docs: Vec<Value> =
+        serde_saphyr::from_multiple(rendered).context("parsing the rendered components")?;
+    let mut out = String::new();
+    for mut doc in docs.into_iter().filter(|d| !d.is_null()) {
+        let api_version = doc["apiVersion"].as_str().unwrap_or_default();
+        if api_version.starts_with("cert-manager.io/") {
+            continue;
+        }
+        if doc["kind"] == "CustomResourceDefinition"
+            && doc.pointer("/spec/conversion/webhook").is_some()
+        {
+            doc["spec"]["conversion"]["webhook"]["clientConfig"] = json!({
+                "url": format!("https://127.0.0.1:{}{}", webhook.port, capmvm_api::webhook::CONVERT_PATH),
+                "caBundle": ca_bundle,
+            });
+        }
+        out.push_str("---\n");
+        out.push_str(&serde_saphyr::to_string(&doc).context("writing a component")?);
+    }
+    Ok(out)
 }

@@ -10,6 +10,7 @@
 //! cloud-init as on the emulator. docs/real-stack.md says why and what that leaves out.
 
 pub mod components;
+pub mod go_provider;
 pub mod workload;
 
 use std::collections::BTreeMap;
@@ -20,7 +21,7 @@ use anyhow::Context as _;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
 use capmvm_upstream::audit::{AuditLog, service_account_user};
-use capmvm_upstream::capi::{Capi, CapiOptions};
+use capmvm_upstream::capi::{Capi, CapiOptions, Provider};
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use kube::api::{ApiResource, DynamicObject};
@@ -66,8 +67,11 @@ pub struct RealStack {
     pub kubectl: Kubectl,
     /// The pinned clusterctl.
     pub clusterctl: Clusterctl,
-    /// The kubeconfig the operator uses: its ServiceAccount's token.
+    /// The kubeconfig the operator uses: its ServiceAccount's token (once our components are
+    /// installed).
     pub operator_kubeconfig: PathBuf,
+    /// Where the operator serves the conversion webhook (once our components are installed).
+    webhook: Option<components::Webhook>,
     /// The hollow hosts.
     pub hosts: Vec<HollowHandle>,
     /// The endpoints of another stack's hosts this one uses (a `clusterctl move` target).
@@ -90,7 +94,38 @@ impl RealStack {
     /// [`crate::world::World`]; its emulator settings do not apply, and the real CABPK rotates
     /// join tokens on its own schedule.
     pub async fn start(options: WorldOptions) -> anyhow::Result<RealStack> {
-        Self::start_with(options, None).await
+        Self::start_with(options, None, true).await
+    }
+
+    /// Like [`RealStack::start`], without our components: a management cluster as another
+    /// provider's users have it (see [`go_provider`]); [`RealStack::install_components`] adds ours.
+    pub async fn start_without_components(options: WorldOptions) -> anyhow::Result<RealStack> {
+        Self::start_with(options, None, false).await
+    }
+
+    /// Installs our components as a user does ([`components::install`]; over CRDs of the same
+    /// names, as a move from the Go provider does) and makes the operator's kubeconfig.
+    pub async fn install_components(&mut self) -> anyhow::Result<()> {
+        let webhook = components::install(&self.clusterctl, &self.kubectl, &self.client, &self.dir)
+            .await
+            .context("installing our components")?;
+        let management = self.management.as_ref().context("the stack is stopped")?;
+        self.operator_kubeconfig = management
+            .service_account_kubeconfig(
+                components::NAMESPACE,
+                components::SERVICE_ACCOUNT,
+                Duration::from_secs(48 * 3600),
+                &self.dir.join("operator.kubeconfig"),
+            )
+            .await
+            .context("a token for the operator's ServiceAccount")?;
+        self.webhook = Some(webhook);
+        Ok(())
+    }
+
+    /// The etcd of the management cluster (and of the workload APIs).
+    pub fn etcd(&self) -> Option<&Etcd> {
+        self.etcd.as_ref()
     }
 
     /// A second management cluster for `clusterctl move`: its own etcd, kube-apiserver, CAPI and
@@ -103,7 +138,7 @@ impl RealStack {
             host_controls: self.hosts.iter().map(HollowHandle::control).collect(),
             endpoints: self.endpoints(),
         };
-        let target = Self::start_with(options, Some(shared)).await?;
+        let target = Self::start_with(options, Some(shared), true).await?;
         for api in &self.workload_apis {
             let kubeconfig = std::fs::read_to_string(api.server.kubeconfig())
                 .context("reading a workload kubeconfig")?;
@@ -120,6 +155,7 @@ impl RealStack {
     async fn start_with(
         options: WorldOptions,
         shared: Option<Shared>,
+        ours: bool,
     ) -> anyhow::Result<RealStack> {
         let binaries = Binaries::locate();
         if let Some(missing) = BINARIES.iter().find(|b| !binaries.have(&[b])) {
@@ -157,19 +193,6 @@ impl RealStack {
         let client = management.client().await?;
         let kubectl = Kubectl::new(&binaries, management.kubeconfig())?;
         let clusterctl = Clusterctl::new(&binaries, &dir.join("clusterctl"))?;
-        components::install(&clusterctl, &kubectl, &client, &dir)
-            .await
-            .context("installing our components")?;
-        let operator_kubeconfig = management
-            .service_account_kubeconfig(
-                components::NAMESPACE,
-                components::SERVICE_ACCOUNT,
-                Duration::from_secs(48 * 3600),
-                &dir.join("operator.kubeconfig"),
-            )
-            .await
-            .context("a token for the operator's ServiceAccount")?;
-
         let (hosts, pki) = start_hosts(&options, &dir).await?;
         let (host_controls, shared_endpoints) = match shared {
             Some(s) => (s.host_controls, s.endpoints),
@@ -189,13 +212,14 @@ impl RealStack {
         );
         let kubelets =
             Kubelets::start(stand_in.management_view(), host_controls, workloads.clone());
-        Ok(RealStack {
+        let mut real = RealStack {
+            operator_kubeconfig: dir.join("operator.kubeconfig"),
+            webhook: None,
             dir,
             binaries,
             client,
             kubectl,
             clusterctl,
-            operator_kubeconfig,
             hosts,
             shared_endpoints,
             pki,
@@ -209,7 +233,11 @@ impl RealStack {
             etcd: Some(etcd),
             operator: None,
             options,
-        })
+        };
+        if ours {
+            real.install_components().await?;
+        }
+        Ok(real)
     }
 
     /// The management kube-apiserver.
@@ -259,14 +287,42 @@ impl RealStack {
     /// Starts the operator as its ServiceAccount, with `env` added to its environment.
     pub fn start_operator(&mut self, env: &[(&str, &str)]) -> anyhow::Result<()> {
         anyhow::ensure!(self.operator.is_none(), "the operator is already running");
+        let webhook = self
+            .webhook
+            .as_ref()
+            .context("our components are not installed (RealStack::install_components)")?;
+        let mut flags = self.options.operator_flags.clone();
+        flags.extend(webhook.flags());
         self.operator = Some(spawn_operator(
             &self.options.operator_command,
             &self.operator_kubeconfig,
             &self.operator_log(),
-            &self.options.operator_flags,
+            &flags,
             env,
         )?);
         Ok(())
+    }
+
+    /// Runs `capmvm-operator migrate-storage` as the operator's ServiceAccount (as `kubectl exec`
+    /// into its Pod does); its output, or its error output.
+    pub async fn migrate_storage(&self) -> anyhow::Result<Result<String, String>> {
+        let (program, prefix) = &self.options.operator_command;
+        let output = tokio::process::Command::new(program)
+            .args(prefix)
+            .arg("--kubeconfig")
+            .arg(&self.operator_kubeconfig)
+            .arg("migrate-storage")
+            .env_remove("KUBECONFIG")
+            .output()
+            .await
+            .with_context(|| format!("running {} migrate-storage", program.display()))?;
+        let stdout = String::from_utf8_lossy(&output.stdout).to_string();
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        Ok(if output.status.success() {
+            Ok(stdout)
+        } else {
+            Err(format!("{stdout}{stderr}"))
+        })
     }
 
     /// The operator process, while it runs.
@@ -355,6 +411,15 @@ impl RealStack {
     /// The CAPI managers.
     pub fn capi(&self) -> Option<&Capi> {
         self.capi.as_ref()
+    }
+
+    /// Restarts CAPI's `provider` manager with the same flags, as
+    /// `kubectl rollout restart deployment` does for an installed one; returns once it is ready.
+    pub async fn restart_capi(&mut self, provider: Provider) -> anyhow::Result<()> {
+        if let Some(capi) = self.capi.as_mut() {
+            capi.restart(provider, &self.dir).await?;
+        }
+        Ok(())
     }
 
     /// Keeps the working directory (logs, certificates, kubeconfigs) after shutdown.
