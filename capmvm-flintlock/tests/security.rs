@@ -15,6 +15,15 @@ use tonic::Code;
 
 const TOKEN: &str = "f1intl0ck-t0ken";
 
+/// The error a list through `pool` to `host` fails with.
+async fn refused_list(pool: &ClientPool, host: &HostConfig) -> capmvm_flintlock::Error {
+    pool.client(host)
+        .unwrap()
+        .list("", None)
+        .await
+        .expect_err("the list is refused")
+}
+
 fn with_token(endpoint: &str, token: Option<&str>) -> HostConfig {
     HostConfig {
         basic_auth_token: token.map(SecretString::new),
@@ -167,12 +176,7 @@ async fn tls_with_the_right_ca_works_and_with_another_ca_or_plaintext_fails() {
         tls: Some(stranger.client_tls(false)),
         ..HostConfig::new(host.endpoint())
     };
-    let err = pool
-        .client(&wrong_ca)
-        .unwrap()
-        .list("", None)
-        .await
-        .unwrap_err();
+    let err = refused_list(&pool, &wrong_ca).await;
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
     assert!(err.message().contains("TLS handshake"), "{err}");
 
@@ -296,12 +300,7 @@ async fn mtls_accepts_our_client_certificate_and_refuses_others() {
         }),
         ..ours.clone()
     };
-    let err = pool
-        .client(&foreign)
-        .unwrap()
-        .list("", None)
-        .await
-        .unwrap_err();
+    let err = refused_list(&pool, &foreign).await;
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 
     // No certificate at all.
@@ -309,12 +308,7 @@ async fn mtls_accepts_our_client_certificate_and_refuses_others() {
         tls: Some(pki.client_tls(false)),
         ..ours.clone()
     };
-    let err = pool
-        .client(&anonymous)
-        .unwrap()
-        .list("", None)
-        .await
-        .unwrap_err();
+    let err = refused_list(&pool, &anonymous).await;
     assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 
     assert_eq!(
@@ -427,12 +421,7 @@ async fn calls_go_through_the_connect_proxy_with_tls_and_auth() {
         proxy: Some(format!("127.0.0.1:{port}")),
         ..through_proxy.clone()
     };
-    let err = pool
-        .client(&dead_proxy)
-        .unwrap()
-        .list("", None)
-        .await
-        .unwrap_err();
+    let err = refused_list(&pool, &dead_proxy).await;
     assert_eq!(err.kind(), ErrorKind::Unavailable);
     assert!(err.message().contains("proxy"), "{err}");
 
@@ -441,12 +430,7 @@ async fn calls_go_through_the_connect_proxy_with_tls_and_auth() {
         endpoint: format!("127.0.0.1:{port}"),
         ..through_proxy
     };
-    let err = pool
-        .client(&nowhere)
-        .unwrap()
-        .list("", None)
-        .await
-        .unwrap_err();
+    let err = refused_list(&pool, &nowhere).await;
     assert_eq!(err.kind(), ErrorKind::Unavailable);
     assert!(err.message().contains("502"), "{err}");
 }

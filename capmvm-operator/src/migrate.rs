@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 
 use capmvm_api::{GROUP, VERSION};
 use k8s_openapi::api::admissionregistration::v1::{
-    MutatingWebhookConfiguration, ValidatingWebhookConfiguration,
+    MutatingWebhookConfiguration, ValidatingWebhookConfiguration, WebhookClientConfig,
 };
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, Patch, PatchParams};
@@ -192,63 +192,64 @@ fn check_crd(crd: &CustomResourceDefinition) -> Result<(), MigrateError> {
 
 /// The admission webhook configurations that still send our kinds to the Go provider's paths.
 async fn go_webhooks(client: &kube::Client) -> Result<Vec<String>, MigrateError> {
-    let listed = |what: &'static str| {
-        move |source| MigrateError::Api {
-            what: format!("listing {what}"),
-            source,
-            hint: "",
-        }
-    };
-    let mut found = Vec::new();
-    let validating = Api::<ValidatingWebhookConfiguration>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(listed("validatingwebhookconfigurations"))?;
-    for config in validating.items {
-        let paths = config.webhooks.iter().flatten().map(|w| {
-            (
-                w.client_config
-                    .service
-                    .as_ref()
-                    .and_then(|s| s.path.clone()),
-                w.client_config.url.clone(),
-            )
-        });
-        if paths.into_iter().any(|(p, u)| is_go_path(p, u)) {
-            found.push(format!(
-                "validatingwebhookconfiguration/{}",
-                config.name_any()
-            ));
-        }
-    }
-    let mutating = Api::<MutatingWebhookConfiguration>::all(client.clone())
-        .list(&ListParams::default())
-        .await
-        .map_err(listed("mutatingwebhookconfigurations"))?;
-    for config in mutating.items {
-        let paths = config.webhooks.iter().flatten().map(|w| {
-            (
-                w.client_config
-                    .service
-                    .as_ref()
-                    .and_then(|s| s.path.clone()),
-                w.client_config.url.clone(),
-            )
-        });
-        if paths.into_iter().any(|(p, u)| is_go_path(p, u)) {
-            found.push(format!(
-                "mutatingwebhookconfiguration/{}",
-                config.name_any()
-            ));
-        }
-    }
+    let mut found = calling_go::<ValidatingWebhookConfiguration>(client, |c| {
+        c.webhooks
+            .iter()
+            .flatten()
+            .map(|w| &w.client_config)
+            .collect()
+    })
+    .await?;
+    found.extend(
+        calling_go::<MutatingWebhookConfiguration>(client, |c| {
+            c.webhooks
+                .iter()
+                .flatten()
+                .map(|w| &w.client_config)
+                .collect()
+        })
+        .await?,
+    );
     Ok(found)
 }
 
-fn is_go_path(path: Option<String>, url: Option<String>) -> bool {
-    path.into_iter()
-        .chain(url)
-        .any(|p| p.contains(GO_WEBHOOK_PATH_MARK))
+/// `kind/name` of each configuration of type `K` one of whose webhooks (`clients`) calls the Go
+/// provider.
+async fn calling_go<K>(
+    client: &kube::Client,
+    clients: impl Fn(&K) -> Vec<&WebhookClientConfig>,
+) -> Result<Vec<String>, MigrateError>
+where
+    K: kube::Resource<Scope = kube::core::ClusterResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug,
+{
+    let kind = K::kind(&()).to_lowercase();
+    let configs = Api::<K>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(|source| MigrateError::Api {
+            what: format!("listing {kind}s"),
+            source,
+            hint: "",
+        })?;
+    Ok(configs
+        .items
+        .iter()
+        .filter(|c| sends_to_go(clients(c).into_iter()))
+        .map(|c| format!("{kind}/{}", c.name_any()))
+        .collect())
+}
+
+/// Whether any of a configuration's webhooks calls the Go provider, by service path or URL.
+fn sends_to_go<'a>(mut clients: impl Iterator<Item = &'a WebhookClientConfig>) -> bool {
+    clients.any(|c| {
+        let path = c.service.as_ref().and_then(|s| s.path.as_deref());
+        path.into_iter()
+            .chain(c.url.as_deref())
+            .any(|p| p.contains(GO_WEBHOOK_PATH_MARK))
+    })
 }
 
 #[cfg(test)]
@@ -256,6 +257,7 @@ mod tests {
     #![allow(clippy::unwrap_used)]
 
     use super::*;
+    use k8s_openapi::api::admissionregistration::v1::ServiceReference;
 
     #[test]
     fn our_crds_pass_the_check_and_the_go_providers_do_not() {
@@ -274,18 +276,25 @@ mod tests {
 
     #[test]
     fn the_go_providers_webhook_paths_are_recognised() {
-        assert!(is_go_path(
-            Some("/validate-infrastructure-cluster-x-k8s-io-v1alpha1-microvmcluster".into()),
-            None
-        ));
-        assert!(is_go_path(
-            None,
-            Some("https://127.0.0.1:1/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-microvmmachine".into())
-        ));
-        assert!(!is_go_path(Some("/convert".into()), None));
-        assert!(!is_go_path(
-            Some("/validate-cluster-x-k8s-io-v1beta2-machine".into()),
-            None
-        ));
+        let by_path = |path: &str| WebhookClientConfig {
+            service: Some(ServiceReference {
+                path: Some(path.into()),
+                ..ServiceReference::default()
+            }),
+            ..WebhookClientConfig::default()
+        };
+        let by_url = |url: &str| WebhookClientConfig {
+            url: Some(url.into()),
+            ..WebhookClientConfig::default()
+        };
+        let go = |c: WebhookClientConfig| sends_to_go([&c].into_iter());
+        assert!(go(by_path(
+            "/validate-infrastructure-cluster-x-k8s-io-v1alpha1-microvmcluster"
+        )));
+        assert!(go(by_url(
+            "https://127.0.0.1:1/mutate-infrastructure-cluster-x-k8s-io-v1alpha1-microvmmachine"
+        )));
+        assert!(!go(by_path("/convert")));
+        assert!(!go(by_path("/validate-cluster-x-k8s-io-v1beta2-machine")));
     }
 }

@@ -15,6 +15,9 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 
+const V1ALPHA1: &str = "infrastructure.cluster.x-k8s.io/v1alpha1";
+const V1ALPHA2: &str = "infrastructure.cluster.x-k8s.io/v1alpha2";
+
 struct Pki {
     ca: CertifiedIssuer<'static, KeyPair>,
 }
@@ -124,7 +127,7 @@ fn review(objects: Vec<Value>, desired: &str) -> Vec<u8> {
 
 fn go_cluster() -> Value {
     json!({
-        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha1",
+        "apiVersion": V1ALPHA1,
         "kind": "MicrovmCluster",
         "metadata": {"name": "demo", "namespace": "default", "resourceVersion": "7"},
         "spec": {
@@ -149,25 +152,14 @@ async fn reviews_are_answered_over_tls_and_a_renewed_certificate_is_served() {
     let addr = webhook.local_addr().unwrap();
     let server = tokio::spawn(webhook.serve());
 
-    let (status, answer, cn) = post(
-        &pki,
-        addr,
-        &review(
-            vec![go_cluster()],
-            "infrastructure.cluster.x-k8s.io/v1alpha2",
-        ),
-    )
-    .await;
+    let (status, answer, cn) = post(&pki, addr, &review(vec![go_cluster()], V1ALPHA2)).await;
     assert_eq!(status, 200, "{answer}");
     assert_eq!(cn, "first");
     let response = &answer["response"];
     assert_eq!(response["uid"], "0c6a1a4e-0000-4000-8000-000000000001");
     assert_eq!(response["result"]["status"], "Success", "{answer}");
     let converted = &response["convertedObjects"][0];
-    assert_eq!(
-        converted["apiVersion"],
-        "infrastructure.cluster.x-k8s.io/v1alpha2"
-    );
+    assert_eq!(converted["apiVersion"], V1ALPHA2);
     assert_eq!(converted["metadata"]["resourceVersion"], "7");
     assert_eq!(
         converted["spec"]["placement"]["staticPool"]["hosts"][0]["failureDomain"],
@@ -180,15 +172,7 @@ async fn reviews_are_answered_over_tls_and_a_renewed_certificate_is_served() {
     );
 
     // Back to v1alpha1: the object the Go provider stored.
-    let (_, back, _) = post(
-        &pki,
-        addr,
-        &review(
-            vec![converted.clone()],
-            "infrastructure.cluster.x-k8s.io/v1alpha1",
-        ),
-    )
-    .await;
+    let (_, back, _) = post(&pki, addr, &review(vec![converted.clone()], V1ALPHA1)).await;
     assert_eq!(back["response"]["convertedObjects"][0], go_cluster());
 
     // Renewal: new files, picked up without a restart.
@@ -199,15 +183,7 @@ async fn reviews_are_answered_over_tls_and_a_renewed_certificate_is_served() {
         !certs.refresh().unwrap(),
         "unchanged files are not read again"
     );
-    let (status, _, cn) = post(
-        &pki,
-        addr,
-        &review(
-            vec![go_cluster()],
-            "infrastructure.cluster.x-k8s.io/v1alpha2",
-        ),
-    )
-    .await;
+    let (status, _, cn) = post(&pki, addr, &review(vec![go_cluster()], V1ALPHA2)).await;
     assert_eq!((status, cn.as_str()), (200, "renewed"));
 
     // A half-written renewal keeps the served certificate.

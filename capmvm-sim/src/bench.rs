@@ -719,17 +719,22 @@ impl Report {
                 ready as f64 / m
             ));
         }
-        let failures = self.failures();
         line(String::new());
-        if failures.is_empty() {
-            line("All targets met.".into());
-        } else {
-            line(format!("Targets missed: {}.", failures.join("; ")));
-        }
+        line(verdict(&self.failures()));
         out
     }
 }
 
-fn mark(ok: bool) -> &'static str {
+/// A target's cell in a report's table.
+pub(crate) fn mark(ok: bool) -> &'static str {
     if ok { "PASS" } else { "FAIL" }
+}
+
+/// A report's last line: every target met, or the ones missed.
+pub(crate) fn verdict(failures: &[String]) -> String {
+    if failures.is_empty() {
+        "All targets met.".into()
+    } else {
+        format!("Targets missed: {}.", failures.join("; "))
+    }
 }

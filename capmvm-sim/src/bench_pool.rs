@@ -27,7 +27,7 @@ use kube::api::{DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt as _};
 use serde_json::json;
 
-use crate::bench::BenchArgs;
+use crate::bench::{BenchArgs, mark, verdict};
 use crate::capi::machinepool::machine_pool_resource;
 use crate::kube::{CounterSnapshot, Verb};
 use crate::world::{MACHINEPOOL_CLUSTER, World};
@@ -468,16 +468,7 @@ impl PoolReport {
             }
         }
         line(String::new());
-        let failures = self.failures();
-        if failures.is_empty() {
-            line("All targets met.".into());
-        } else {
-            line(format!("Targets missed: {}.", failures.join("; ")));
-        }
+        line(verdict(&self.failures()));
         out
     }
-}
-
-fn mark(ok: bool) -> &'static str {
-    if ok { "PASS" } else { "FAIL" }
 }

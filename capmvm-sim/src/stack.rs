@@ -173,6 +173,14 @@ pub fn all_vms(hosts: &[HollowHandle]) -> Vec<(String, VmSnapshot)> {
         .collect()
 }
 
+/// Flintlock calls of `method` the hosts answered (successful or not), on all of them.
+pub fn host_calls(hosts: &[HollowHandle], method: Method) -> u64 {
+    hosts
+        .iter()
+        .map(|h| h.control().counters().of(method))
+        .sum()
+}
+
 /// Flintlock calls the hosts answered, by method (methods never called left out).
 pub fn flintlock_calls(hosts: &[HollowHandle]) -> BTreeMap<&'static str, u64> {
     let mut calls = BTreeMap::new();

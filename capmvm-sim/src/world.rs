@@ -106,18 +106,7 @@ impl OperatorProcess {
 
     /// Stops it with SIGTERM and waits (SIGKILL after 10 s).
     pub async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            let _ = std::process::Command::new("kill")
-                .arg("-TERM")
-                .arg(pid.to_string())
-                .status();
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
+        capmvm_upstream::process::terminate(&mut self.child).await;
     }
 
     /// Kills it at once (SIGKILL), as a crash would.

@@ -69,6 +69,18 @@ async fn get(w: &World, r: &ApiResource, name: &str) -> Option<DynamicObject> {
     api(w, r).get_opt(name).await.unwrap()
 }
 
+/// Removes an infrastructure object's finalizers, as its provider does once its machines are gone.
+async fn release(w: &World, r: &ApiResource, name: &str) {
+    api(w, r)
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .unwrap();
+}
+
 /// A world without the operator: the test is the provider.
 async fn provider_less_world(rotation: Option<Duration>) -> World {
     let mut o = options(1);
@@ -467,14 +479,7 @@ async fn machine_pool_core_follows_its_infrastructure_pool_as_capi_v1_14_does() 
         node_names(&w).await.contains(&"node-1".to_string()),
         "the Node waits"
     );
-    api(&w, &instances())
-        .patch(
-            &inst1,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    release(&w, &instances(), &inst1).await;
     wait_for("the Machine and its Node gone", WAIT, POLL, || async {
         let gone = get(&w, &machines(), &inst1).await.is_none()
             && !node_names(&w).await.contains(&"node-1".to_string());
@@ -527,14 +532,7 @@ async fn machine_pool_core_follows_its_infrastructure_pool_as_capi_v1_14_does() 
         node_names(&w).await.contains(&"node-2".to_string()),
         "Nodes wait"
     );
-    api(&w, &infra_pools())
-        .patch(
-            POOL,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    release(&w, &infra_pools(), POOL).await;
     wait_for("the MachinePool and its Nodes gone", WAIT, POLL, || async {
         let gone = get(&w, &machine_pools(), POOL).await.is_none()
             && !node_names(&w).await.contains(&"node-2".to_string());
@@ -723,14 +721,7 @@ async fn the_pools_join_token_rotates_by_rewriting_its_one_secret() {
         get(&w, &clusters, CLUSTER).await.is_some(),
         "the Cluster waits"
     );
-    api(&w, &infra_pools())
-        .patch(
-            POOL,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    release(&w, &infra_pools(), POOL).await;
     wait_for("the Cluster and its pool gone", WAIT, POLL, || async {
         let gone = get(&w, &clusters, CLUSTER).await.is_none()
             && get(&w, &machine_pools(), POOL).await.is_none()

@@ -247,11 +247,7 @@ async fn an_unchanged_object_is_reconciled_with_zero_writes() {
     tokio::time::sleep(Duration::from_secs(3)).await;
     let before = w.emulator.counters_of_agent(capmvm_operator::USER_AGENT);
     let machine_reconciles_before = reconcile_count_of(&w, "microvmmachine").await;
-    let gets_before: u64 = w
-        .hosts
-        .iter()
-        .map(|h| h.control().counters().of(Method::Get))
-        .sum();
+    let gets_before = capmvm_sim::stack::host_calls(&w.hosts, Method::Get);
     tokio::time::sleep(Duration::from_secs(5)).await;
     let during = w
         .emulator
@@ -261,11 +257,7 @@ async fn an_unchanged_object_is_reconciled_with_zero_writes() {
         reconcile_count_of(&w, "microvmmachine").await >= machine_reconciles_before + 2,
         "the MicrovmMachines were reconciled meanwhile (resync every 2 s)"
     );
-    let gets: u64 = w
-        .hosts
-        .iter()
-        .map(|h| h.control().counters().of(Method::Get))
-        .sum();
+    let gets = capmvm_sim::stack::host_calls(&w.hosts, Method::Get);
     assert_eq!(
         gets, gets_before,
         "steady-state reconciles read the host observers' lists, no per-microVM get"

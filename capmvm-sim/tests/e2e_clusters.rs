@@ -152,14 +152,15 @@ async fn microvm_cluster(w: &World, ns: &str, name: &str) -> Option<MicrovmClust
         .unwrap()
 }
 
-/// Waits until the MicrovmCluster's condition `t` has `status` and `reason`; returns its message.
+/// The demo's MicrovmCluster, as (namespace, name).
+const DEMO: (&str, &str) = ("default", "demo");
+
+/// Waits until the MicrovmCluster `(ns, name)`'s condition `t` has `status` and `reason`; returns
+/// its message.
 async fn wait_cluster_condition(
     w: &World,
-    ns: &str,
-    name: &str,
-    t: &str,
-    status: &str,
-    reason: &str,
+    (ns, name): (&str, &str),
+    (t, status, reason): (&str, &str, &str),
 ) -> String {
     wait_for(
         &format!("MicrovmCluster {ns}/{name} {t}={status} ({reason})"),
@@ -180,7 +181,8 @@ async fn wait_cluster_condition(
     .unwrap()
 }
 
-async fn warning_reasons(w: &World, ns: &str, name: &str) -> Vec<String> {
+/// Whether a Warning event with `reason` was recorded about `name` in `ns`.
+async fn warned(w: &World, (ns, name): (&str, &str), reason: &str) -> bool {
     Api::<Event>::namespaced(w.client.clone(), ns)
         .list(&ListParams::default())
         .await
@@ -189,8 +191,7 @@ async fn warning_reasons(w: &World, ns: &str, name: &str) -> Vec<String> {
         .into_iter()
         .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name))
         .filter(|e| e.type_.as_deref() == Some("Warning"))
-        .filter_map(|e| e.reason)
-        .collect()
+        .any(|e| e.reason.as_deref() == Some(reason))
 }
 
 /// MicroVMs of namespace `ns` on any host, not being deleted.
@@ -261,15 +262,7 @@ async fn a_microvm_cluster_deleted_first_serves_its_machines_deletion_then_goes(
         .delete("demo", &DeleteParams::default())
         .await
         .unwrap();
-    let message = wait_cluster_condition(
-        &w,
-        "default",
-        "demo",
-        "Ready",
-        "False",
-        "WaitingForMachines",
-    )
-    .await;
+    let message = wait_cluster_condition(&w, DEMO, ("Ready", "False", "WaitingForMachines")).await;
     assert!(message.contains("2 MicrovmMachine(s)"), "{message}");
     // The Secret cannot go while a machine needs it either.
     Api::<Secret>::namespaced(w.client.clone(), "default")
@@ -312,46 +305,23 @@ async fn credentials_are_watched_and_reported_on_the_cluster() {
     apply_cluster(&w, "default", "demo", 1, "tokens").await;
 
     // No Secret: the cluster is not Ready, with a Warning event.
-    let message = wait_cluster_condition(
-        &w,
-        "default",
-        "demo",
-        "Ready",
-        "False",
-        "MissingCredentials",
-    )
-    .await;
+    let message = wait_cluster_condition(&w, DEMO, ("Ready", "False", "MissingCredentials")).await;
     assert!(message.contains("\"tokens\" not found"), "{message}");
-    assert!(
-        warning_reasons(&w, "default", "demo")
-            .await
-            .contains(&"MissingCredentials".to_string())
-    );
+    assert!(warned(&w, DEMO, "MissingCredentials").await);
 
     // A wrong token: an authentication failure, not "unreachable".
     token_secret(&w, "default", "tokens", "wrong-token").await;
-    let message = wait_cluster_condition(
-        &w,
-        "default",
-        "demo",
-        "Ready",
-        "False",
-        "HostAuthenticationFailed",
-    )
-    .await;
+    let message =
+        wait_cluster_condition(&w, DEMO, ("Ready", "False", "HostAuthenticationFailed")).await;
     assert!(message.contains("refused the credentials"), "{message}");
     assert!(!message.contains("wrong-token"), "never the token");
-    assert!(
-        warning_reasons(&w, "default", "demo")
-            .await
-            .contains(&"HostAuthenticationFailed".to_string())
-    );
+    assert!(warned(&w, DEMO, "HostAuthenticationFailed").await);
     assert_eq!(live_vms_in(&w, "default"), 0);
 
     // Corrected: picked up from the Secret's watch event, well within one host poll.
     let fixed = Instant::now();
     token_secret(&w, "default", "tokens", TOKEN).await;
-    wait_cluster_condition(&w, "default", "demo", "Ready", "True", "Ready").await;
+    wait_cluster_condition(&w, DEMO, ("Ready", "True", "Ready")).await;
     let took = fixed.elapsed();
     assert!(
         took < Duration::from_secs(8),
@@ -377,15 +347,7 @@ async fn a_credential_secret_of_cluster_apis_type_is_refused_by_name() {
     )
     .await;
     apply_cluster(&w, "default", "demo", 1, "tokens").await;
-    let message = wait_cluster_condition(
-        &w,
-        "default",
-        "demo",
-        "Ready",
-        "False",
-        "MissingCredentials",
-    )
-    .await;
+    let message = wait_cluster_condition(&w, DEMO, ("Ready", "False", "MissingCredentials")).await;
     assert!(
         message.contains("\"tokens\" has type cluster.x-k8s.io/secret")
             && message.contains("Opaque"),
@@ -399,7 +361,7 @@ async fn a_credential_secret_of_cluster_apis_type_is_refused_by_name() {
         .await
         .unwrap();
     token_secret(&w, "default", "tokens", TOKEN).await;
-    wait_cluster_condition(&w, "default", "demo", "Ready", "True", "Ready").await;
+    wait_cluster_condition(&w, DEMO, ("Ready", "True", "Ready")).await;
     wait_machines_ready(&w, "default", 1).await;
     w.shutdown().await;
 }
@@ -430,11 +392,8 @@ async fn a_cluster_sees_a_host_only_through_its_own_credentials() {
     // Same hosts, other credentials: beta is refused, and never reads what demo's token lists.
     let message = wait_cluster_condition(
         &w,
-        "tenant-b",
-        "beta",
-        "HostsReachable",
-        "False",
-        "HostAuthenticationFailed",
+        ("tenant-b", "beta"),
+        ("HostsReachable", "False", "HostAuthenticationFailed"),
     )
     .await;
     assert!(message.contains("0 of 2 hosts reachable"), "{message}");
@@ -497,19 +456,12 @@ async fn a_microvm_left_behind_is_reported_not_deleted() {
 
     let message = wait_cluster_condition(
         &w,
-        "default",
-        "demo",
-        "OrphanedMicrovms",
-        "True",
-        "OrphanedMicrovmsFound",
+        DEMO,
+        ("OrphanedMicrovms", "True", "OrphanedMicrovmsFound"),
     )
     .await;
     assert!(message.contains(&victim), "{message}");
-    assert!(
-        warning_reasons(&w, "default", "demo")
-            .await
-            .contains(&"OrphanedMicrovm".to_string())
-    );
+    assert!(warned(&w, DEMO, "OrphanedMicrovm").await);
     let metrics = w.operator().unwrap().scrape_metrics().await.unwrap();
     assert!(
         metrics.contains("capmvm_orphaned_microvms{cluster=\"default/demo\"} 1"),
@@ -523,11 +475,7 @@ async fn a_microvm_left_behind_is_reported_not_deleted() {
         .cloned()
         .unwrap();
     assert_eq!(orphaned.status, "False", "{orphaned:?}");
-    assert!(
-        !warning_reasons(&w, "default", "beta")
-            .await
-            .contains(&"OrphanedMicrovm".to_string())
-    );
+    assert!(!warned(&w, ("default", "beta"), "OrphanedMicrovm").await);
     let metrics = w.operator().unwrap().scrape_metrics().await.unwrap();
     assert!(
         metrics.contains("capmvm_orphaned_microvms{cluster=\"default/beta\"} 0"),

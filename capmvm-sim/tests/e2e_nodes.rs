@@ -386,24 +386,33 @@ async fn a_bad_provider_id_matches_nothing_and_a_silent_kubelet_registers_once_l
     w.shutdown().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_machine_health_check_replaces_a_machine_whose_node_is_not_ready() {
-    let w = world(options(2)).await;
-    w.apply_demo_cluster(&counts(0, 2), |_| {}).await.unwrap();
-    let before = wait_node_refs(&w, 2).await;
-    let mhc = json!({
+/// A MachineHealthCheck `name` of the demo cluster over the Machines labelled `selector`: a Node
+/// not Ready (False or Unknown) for 2 s is unhealthy.
+fn node_health_check(name: &str, (label, value): (&str, &str)) -> serde_json::Value {
+    json!({
         "apiVersion": "cluster.x-k8s.io/v1beta2",
         "kind": "MachineHealthCheck",
-        "metadata": {"name": "demo-md-0", "namespace": NS},
+        "metadata": {"name": name, "namespace": NS},
         "spec": {
             "clusterName": "demo",
-            "selector": {"matchLabels": {"cluster.x-k8s.io/deployment-name": "demo-md-0"}},
+            "selector": {"matchLabels": {label: value}},
             "checks": {"unhealthyNodeConditions": [
                 {"type": "Ready", "status": "False", "timeoutSeconds": 2},
                 {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
             ]},
         },
-    });
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_machine_health_check_replaces_a_machine_whose_node_is_not_ready() {
+    let w = world(options(2)).await;
+    w.apply_demo_cluster(&counts(0, 2), |_| {}).await.unwrap();
+    let before = wait_node_refs(&w, 2).await;
+    let mhc = node_health_check(
+        "demo-md-0",
+        ("cluster.x-k8s.io/deployment-name", "demo-md-0"),
+    );
     let mhcs: Api<DynamicObject> = Api::namespaced_with(
         w.client.clone(),
         NS,
@@ -506,19 +515,7 @@ async fn a_pool_replaces_the_instance_a_machine_health_check_marked() {
             "machinehealthchecks",
         ),
     );
-    let mhc = json!({
-        "apiVersion": "cluster.x-k8s.io/v1beta2",
-        "kind": "MachineHealthCheck",
-        "metadata": {"name": "demo-mp-0", "namespace": NS},
-        "spec": {
-            "clusterName": "demo",
-            "selector": {"matchLabels": {"cluster.x-k8s.io/pool-name": "demo-mp-0"}},
-            "checks": {"unhealthyNodeConditions": [
-                {"type": "Ready", "status": "False", "timeoutSeconds": 2},
-                {"type": "Ready", "status": "Unknown", "timeoutSeconds": 2},
-            ]},
-        },
-    });
+    let mhc = node_health_check("demo-mp-0", ("cluster.x-k8s.io/pool-name", "demo-mp-0"));
     mhcs.create(
         &PostParams::default(),
         &serde_json::from_value(mhc).unwrap(),

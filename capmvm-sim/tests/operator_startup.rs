@@ -57,6 +57,59 @@ const LEADER_ELECT: [&str; 4] = [
     "--leader-elect-retry-period=1s",
 ];
 
+/// An operator run in this process, so a test can hand it a client of its own.
+struct InProcess {
+    health: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    run: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl InProcess {
+    /// Runs the operator with `client`, serving `/readyz` on a free port, with `extra` flags.
+    fn start(client: kube::Client, extra: &[&str]) -> InProcess {
+        let health = free_port().unwrap();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(capmvm_operator::run(
+            flags_with(health, extra),
+            client,
+            async {
+                let _ = stopped.await;
+            },
+        ));
+        InProcess { health, stop, run }
+    }
+
+    /// The first `/readyz` answer `wanted` accepts (none while the operator does not listen yet).
+    async fn readyz_when(&self, what: &str, wanted: impl Fn(&str) -> bool) -> String {
+        wait_for(what, WAIT, POLL, || async {
+            let Ok(response) = http_get(self.health, "/readyz").await else {
+                return Ok(None);
+            };
+            Ok(wanted(&response).then_some(response))
+        })
+        .await
+        .unwrap()
+    }
+
+    /// Waits for `/readyz` to answer 200 and asserts its body says ok.
+    async fn ready(&self, what: &str) {
+        let ready = self
+            .readyz_when(what, |r| status_line(r).contains("200"))
+            .await;
+        assert!(ready.ends_with("ok"), "{ready}");
+    }
+
+    /// Asks it to stop; it must, cleanly, within 30 s.
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        tokio::time::timeout(Duration::from_secs(30), self.run)
+            .await
+            .expect("the operator stops")
+            .unwrap()
+            .unwrap();
+    }
+}
+
 /// Creates a CAPI Machine whose `status.nodeInfo` is what a Kubernetes 1.33 kubelet reports.
 async fn machine_with_node_swap(client: &kube::Client, name: &str) {
     let resource = ApiResource::erase::<capmvm_api::capi::Machine>(&());
@@ -196,76 +249,30 @@ async fn readyz_fails_naming_the_cache_while_its_list_is_refused() {
     let w = World::start(options()).await.unwrap();
     let refuse = Arc::new(AtomicBool::new(true));
     let client = refusing_machines(w.client.clone(), refuse.clone());
-    let health = free_port().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(capmvm_operator::run(
-        flags_with(health, &LEADER_ELECT),
-        client,
-        async {
-            let _ = stopped.await;
-        },
-    ));
+    let operator = InProcess::start(client, &LEADER_ELECT);
 
-    let refused = wait_for("/readyz naming the Machine cache", WAIT, POLL, || async {
-        let Ok(response) = http_get(health, "/readyz").await else {
-            return Ok(None);
-        };
-        Ok(response.contains("Machine (last error").then_some(response))
-    })
-    .await
-    .unwrap();
+    let refused = operator
+        .readyz_when("/readyz naming the Machine cache", |r| {
+            r.contains("Machine (last error")
+        })
+        .await;
     assert!(status_line(&refused).contains("503"), "{refused}");
     assert!(refused.contains("watch caches not synced"), "{refused}");
     assert!(refused.contains("forbidden"), "{refused}");
 
-    let standby_health = free_port().unwrap();
-    let (stop_standby, standby_stopped) = tokio::sync::oneshot::channel::<()>();
-    let standby = tokio::spawn(capmvm_operator::run(
-        flags_with(standby_health, &LEADER_ELECT),
-        w.client.clone(),
-        async {
-            let _ = standby_stopped.await;
-        },
-    ));
+    let standby = InProcess::start(w.client.clone(), &LEADER_ELECT);
     // Ready once it is a candidate (before that it is starting, as any operator).
-    let standing_by = wait_for("the standby's /readyz", WAIT, POLL, || async {
-        let Ok(response) = http_get(standby_health, "/readyz").await else {
-            return Ok(None);
-        };
-        Ok(response.contains("standing by").then_some(response))
-    })
-    .await
-    .unwrap();
+    let standing_by = standby
+        .readyz_when("the standby's /readyz", |r| r.contains("standing by"))
+        .await;
     assert!(status_line(&standing_by).contains("200"), "{standing_by}");
     assert!(standing_by.contains("standing by"), "{standing_by}");
-    let _ = stop_standby.send(());
-    tokio::time::timeout(Duration::from_secs(30), standby)
-        .await
-        .expect("the standby stops")
-        .unwrap()
-        .unwrap();
+    standby.stop().await;
 
     // Once the list is allowed, the watcher's retry syncs the cache and the operator becomes ready.
     refuse.store(false, Ordering::SeqCst);
-    let ready = wait_for(
-        "/readyz 200 once the list is allowed",
-        WAIT,
-        POLL,
-        || async {
-            let response = http_get(health, "/readyz").await?;
-            Ok(status_line(&response).contains("200").then_some(response))
-        },
-    )
-    .await
-    .unwrap();
-    assert!(ready.ends_with("ok"), "{ready}");
-
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), operator)
-        .await
-        .expect("the operator stops")
-        .unwrap()
-        .unwrap();
+    operator.ready("/readyz 200 once the list is allowed").await;
+    operator.stop().await;
     w.shutdown().await;
 }
 
@@ -278,43 +285,17 @@ async fn readyz_fails_naming_a_cache_whose_watch_fails_after_its_first_list_and_
     let w = World::start(options()).await.unwrap();
     let refuse = Arc::new(AtomicBool::new(false));
     let client = refusing_machines(w.client.clone(), refuse.clone());
-    let health = free_port().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(capmvm_operator::run(
-        flags_with(health, &["--watch-timeout=2s"]),
-        client,
-        async {
-            let _ = stopped.await;
-        },
-    ));
-    let ready = |what: &'static str| async move {
-        wait_for(what, WAIT, POLL, || async {
-            let Ok(response) = http_get(health, "/readyz").await else {
-                return Ok(None);
-            };
-            Ok(status_line(&response).contains("200").then_some(response))
-        })
-        .await
-        .unwrap()
-    };
-    ready("/readyz 200 after the first lists").await;
+    let operator = InProcess::start(client, &["--watch-timeout=2s"]);
+    operator.ready("/readyz 200 after the first lists").await;
 
     // RBAC taken away: the Machine watch's next renewal, and every retry, is refused.
     refuse.store(true, Ordering::SeqCst);
     let refused_at = Instant::now();
-    let stale = wait_for(
-        "/readyz naming the stale Machine cache",
-        WAIT,
-        POLL,
-        || async {
-            let Ok(response) = http_get(health, "/readyz").await else {
-                return Ok(None);
-            };
-            Ok(response.contains("stale").then_some(response))
-        },
-    )
-    .await
-    .unwrap();
+    let stale = operator
+        .readyz_when("/readyz naming the stale Machine cache", |r| {
+            r.contains("stale")
+        })
+        .await;
     assert!(status_line(&stale).contains("503"), "{stale}");
     assert!(
         stale.contains("Machine (no successful list, watch or event for"),
@@ -330,15 +311,10 @@ async fn readyz_fails_naming_a_cache_whose_watch_fails_after_its_first_list_and_
 
     // Allowed again: the watcher's next retry succeeds and readiness comes back by itself.
     refuse.store(false, Ordering::SeqCst);
-    let back = ready("/readyz 200 once the watch is allowed again").await;
-    assert!(back.ends_with("ok"), "{back}");
-
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), operator)
-        .await
-        .expect("the operator stops")
-        .unwrap()
-        .unwrap();
+    operator
+        .ready("/readyz 200 once the watch is allowed again")
+        .await;
+    operator.stop().await;
     w.shutdown().await;
 }
 
@@ -380,45 +356,22 @@ async fn start_up_waits_for_an_api_server_that_is_down_and_says_why() {
     let api = free_port().unwrap();
     let config = kube::Config::new(format!("http://{api}").parse().unwrap());
     let client = kube::Client::try_from(config).unwrap();
-    let health = free_port().unwrap();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let operator = tokio::spawn(capmvm_operator::run(flags(health), client, async {
-        let _ = stopped.await;
-    }));
-    let waiting = wait_for("/readyz saying discovery fails", WAIT, POLL, || async {
-        let Ok(response) = http_get(health, "/readyz").await else {
-            return Ok(None);
-        };
-        Ok(response.contains("retrying").then_some(response))
-    })
-    .await
-    .unwrap();
+    let operator = InProcess::start(client, &[]);
+    let waiting = operator
+        .readyz_when("/readyz saying discovery fails", |r| r.contains("retrying"))
+        .await;
     assert!(status_line(&waiting).contains("503"), "{waiting}");
     assert!(waiting.contains("discovery"), "{waiting}");
     // Still retrying a while later, not gone.
     tokio::time::sleep(Duration::from_secs(3)).await;
-    assert!(!operator.is_finished(), "the operator gave up");
+    assert!(!operator.run.is_finished(), "the operator gave up");
 
     // The API server is back.
     let up = tokio::spawn(forward(api, back));
-    let ready = wait_for(
-        "/readyz 200 once the API server answers",
-        WAIT,
-        POLL,
-        || async {
-            let response = http_get(health, "/readyz").await?;
-            Ok(status_line(&response).contains("200").then_some(response))
-        },
-    )
-    .await
-    .unwrap();
-    assert!(ready.ends_with("ok"), "{ready}");
-    let _ = stop.send(());
-    tokio::time::timeout(Duration::from_secs(30), operator)
-        .await
-        .expect("the operator stops")
-        .unwrap()
-        .unwrap();
+    operator
+        .ready("/readyz 200 once the API server answers")
+        .await;
+    operator.stop().await;
     up.abort();
     emulator.shutdown().await;
 }

@@ -311,11 +311,7 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
     );
 
     // Paused: a scale-up waits, nothing is created on the hosts; resumed, it happens.
-    let creates_before: u64 = real
-        .hosts
-        .iter()
-        .map(|h| h.control().counters().of(Method::Create))
-        .sum();
+    let creates_before = stack::host_calls(&real.hosts, Method::Create);
     real.kubectl
         .run(&[
             "patch",
@@ -347,11 +343,7 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
     .unwrap();
     real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let creates_paused: u64 = real
-        .hosts
-        .iter()
-        .map(|h| h.control().counters().of(Method::Create))
-        .sum();
+    let creates_paused = stack::host_calls(&real.hosts, Method::Create);
     assert_eq!(
         creates_paused, creates_before,
         "nothing created while paused"
@@ -479,12 +471,7 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
         .await
         .expect("the operator exits at the fault");
     assert_eq!(exited, 86, "the fault's exit code");
-    let creates = |real: &RealStack| -> u64 {
-        real.hosts
-            .iter()
-            .map(|h| h.control().counters().of(Method::Create))
-            .sum()
-    };
+    let creates = |real: &RealStack| stack::host_calls(&real.hosts, Method::Create);
     assert_eq!(creates(&real), 1, "one create before the crash");
     real.start_operator(&[]).unwrap();
     wait_ready_with_nodes(&real, "default", "crash", 2).await;
@@ -604,20 +591,18 @@ async fn clusterctl_move_to_a_second_management_cluster() {
     })
     .await
     .unwrap();
+    let move_args = [
+        "move",
+        "--kubeconfig",
+        &from,
+        "--to-kubeconfig",
+        &to,
+        "-n",
+        ns,
+    ];
     let refused = source
         .clusterctl
-        .run(
-            &[
-                "move",
-                "--kubeconfig",
-                &from,
-                "--to-kubeconfig",
-                &to,
-                "-n",
-                ns,
-            ],
-            &[],
-        )
+        .run(&move_args, &[])
         .await
         .expect_err("clusterctl refuses to move a provisioning Machine")
         .to_string();
@@ -629,12 +614,7 @@ async fn clusterctl_move_to_a_second_management_cluster() {
         h.control().set_provision_time(options().provision_time);
     }
     let before = wait_ready_with_nodes(&source, ns, "moved", 3).await;
-    let calls = |real: &RealStack, m: Method| -> u64 {
-        real.hosts
-            .iter()
-            .map(|h| h.control().counters().of(m))
-            .sum()
-    };
+    let calls = |real: &RealStack, m: Method| stack::host_calls(&real.hosts, m);
     let (creates, deletes) = (
         calls(&source, Method::Create),
         calls(&source, Method::Delete),
@@ -644,22 +624,7 @@ async fn clusterctl_move_to_a_second_management_cluster() {
         .map(|(_, uid, _)| uid)
         .collect();
 
-    source
-        .clusterctl
-        .run(
-            &[
-                "move",
-                "--kubeconfig",
-                &from,
-                "--to-kubeconfig",
-                &to,
-                "-n",
-                ns,
-            ],
-            &[],
-        )
-        .await
-        .unwrap();
+    source.clusterctl.run(&move_args, &[]).await.unwrap();
     let after = wait_ready_with_nodes(&target, ns, "moved", 3).await;
     let ids = |ms: &[MicrovmMachine]| -> BTreeSet<(String, Option<String>)> {
         ms.iter()

@@ -115,6 +115,13 @@ pub struct Capi {
     binaries: Binaries,
 }
 
+/// A manager [`Capi::stop_manager`] stopped: what [`Capi::start`] needs to run it again.
+#[derive(Debug)]
+pub struct StoppedManager {
+    provider: Provider,
+    args: Vec<String>,
+}
+
 /// The labels a provider's `crd/kustomization.yaml` puts on its CRDs (`labels[].pairs`).
 fn kustomize_labels(dir: &Path) -> Result<Vec<(String, String)>> {
     let file = dir.join("kustomization.yaml");
@@ -344,16 +351,22 @@ impl Capi {
             .map(|(_, process, _)| process.log().to_path_buf())
     }
 
-    /// Restarts `provider`'s manager with the same flags (its log continues).
-    pub async fn restart(&mut self, provider: Provider, dir: &Path) -> Result<()> {
-        if let Some(i) = self.managers.iter().position(|(p, _, _)| *p == provider) {
-            let (p, process, args) = self.managers.remove(i);
-            process.stop().await;
-            let process = spawn_manager(&self.binaries, p, &args, &dir.join("capi"))?;
-            self.managers.push((p, process, args));
-            self.wait_ready().await?;
-        }
-        Ok(())
+    /// Stops the `provider` manager, remembering its flags for [`Capi::start`]; `None` when it
+    /// was not running.
+    pub async fn stop_manager(&mut self, provider: Provider) -> Option<StoppedManager> {
+        let i = self.managers.iter().position(|(p, _, _)| *p == provider)?;
+        let (provider, process, args) = self.managers.remove(i);
+        process.stop().await;
+        Some(StoppedManager { provider, args })
+    }
+
+    /// Starts a stopped manager again with the same flags (its log continues); returns once every
+    /// manager is ready.
+    pub async fn start(&mut self, stopped: StoppedManager, dir: &Path) -> Result<()> {
+        let StoppedManager { provider, args } = stopped;
+        let process = spawn_manager(&self.binaries, provider, &args, &dir.join("capi"))?;
+        self.managers.push((provider, process, args));
+        self.wait_ready().await
     }
 
     /// Stops every manager.

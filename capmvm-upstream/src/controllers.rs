@@ -23,15 +23,9 @@ impl ControlPlaneComponent {
         extra: &[String],
     ) -> Result<ControlPlaneComponent> {
         let dir = server.dir();
-        let kubeconfig = server.kubeconfig().display().to_string();
         let port = free_port()?;
-        let mut args = vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--authentication-kubeconfig={kubeconfig}"),
-            format!("--authorization-kubeconfig={kubeconfig}"),
-            "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={port}"),
-            "--leader-elect=false".to_string(),
+        let mut args = common_args(server, port);
+        args.extend([
             format!("--controllers={controllers}"),
             format!(
                 "--service-account-private-key-file={}",
@@ -47,7 +41,7 @@ impl ControlPlaneComponent {
                 dir.join("ca.key").display()
             ),
             "--use-service-account-credentials=false".to_string(),
-        ];
+        ]);
         args.extend(extra.iter().cloned());
         Self::start(binaries, "kube-controller-manager", server, args, port).await
     }
@@ -58,16 +52,8 @@ impl ControlPlaneComponent {
         server: &KubeApiServer,
         extra: &[String],
     ) -> Result<ControlPlaneComponent> {
-        let kubeconfig = server.kubeconfig().display().to_string();
         let port = free_port()?;
-        let mut args = vec![
-            format!("--kubeconfig={kubeconfig}"),
-            format!("--authentication-kubeconfig={kubeconfig}"),
-            format!("--authorization-kubeconfig={kubeconfig}"),
-            "--bind-address=127.0.0.1".to_string(),
-            format!("--secure-port={port}"),
-            "--leader-elect=false".to_string(),
-        ];
+        let mut args = common_args(server, port);
         args.extend(extra.iter().cloned());
         Self::start(binaries, "kube-scheduler", server, args, port).await
     }
@@ -114,4 +100,18 @@ async fn listening(port: u16) -> std::result::Result<bool, String> {
         .await
         .map(|_| true)
         .map_err(|e| e.to_string())
+}
+
+/// The flags both components take: the admin's kubeconfig for everything, serving on loopback
+/// `port`, and no leader election (one replica).
+fn common_args(server: &KubeApiServer, port: u16) -> Vec<String> {
+    let kubeconfig = server.kubeconfig().display().to_string();
+    vec![
+        format!("--kubeconfig={kubeconfig}"),
+        format!("--authentication-kubeconfig={kubeconfig}"),
+        format!("--authorization-kubeconfig={kubeconfig}"),
+        "--bind-address=127.0.0.1".to_string(),
+        format!("--secure-port={port}"),
+        "--leader-elect=false".to_string(),
+    ]
 }

@@ -109,21 +109,26 @@ impl Process {
 
     /// Sends SIGTERM and waits up to 10 s, then kills.
     pub async fn stop(mut self) {
-        if let Some(pid) = self.child.id() {
-            signal(pid, "TERM");
-        }
-        if tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .is_err()
-        {
-            let _ = self.child.kill().await;
-        }
+        terminate(&mut self.child).await;
     }
 
     /// Kills it at once (SIGKILL), as a crash would.
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
+    }
+}
+
+/// Stops `child` as a service manager does: SIGTERM, then SIGKILL if it has not exited in 10 s.
+pub async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        signal(pid, "TERM");
+    }
+    if tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .is_err()
+    {
+        let _ = child.kill().await;
     }
 }
 
@@ -146,22 +151,8 @@ pub fn tail(path: &Path, lines: usize) -> String {
 
 /// `GET path` over plain HTTP on loopback; `Ok(status code)`.
 pub async fn http_status(port: u16, path: &str) -> std::result::Result<u16, String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
-                .as_bytes(),
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+    let response = http_exchange(port, &request).await?;
     response
         .split_whitespace()
         .nth(1)
@@ -171,23 +162,11 @@ pub async fn http_status(port: u16, path: &str) -> std::result::Result<u16, Stri
 
 /// POSTs a JSON `body` to `path` on 127.0.0.1:`port` over plain HTTP/1.1; the response body.
 pub async fn http_post(port: u16, path: &str, body: &str) -> std::result::Result<String, String> {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .map_err(|e| e.to_string())?;
     let request = format!(
         "POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
-    stream
-        .write_all(request.as_bytes())
-        .await
-        .map_err(|e| e.to_string())?;
-    let mut response = String::new();
-    stream
-        .read_to_string(&mut response)
-        .await
-        .map_err(|e| e.to_string())?;
+    let response = http_exchange(port, &request).await?;
     let (head, rest) = response
         .split_once("\r\n\r\n")
         .ok_or_else(|| format!("no HTTP response: {response:?}"))?;
@@ -199,4 +178,22 @@ pub async fn http_post(port: u16, path: &str, body: &str) -> std::result::Result
         (Some(a), Some(b)) if a <= b => Ok(rest[a..=b].to_string()),
         _ => Ok(rest.to_string()),
     }
+}
+
+/// Sends one HTTP/1.1 `request` (with `Connection: close`) to 127.0.0.1:`port`; the whole response.
+async fn http_exchange(port: u16, request: &str) -> std::result::Result<String, String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .map_err(|e| e.to_string())?;
+    stream
+        .write_all(request.as_bytes())
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut response = String::new();
+    stream
+        .read_to_string(&mut response)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(response)
 }

@@ -4,10 +4,13 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
+use capmvm_upstream::Binaries;
 use capmvm_upstream::capi::{Capi, CapiOptions};
-use capmvm_upstream::{ApiServerOptions, Binaries, Etcd, KubeApiServer};
 use kube::Api;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, PostParams};
+use support::Management;
 
 #[tokio::test]
 async fn capi_webhooks_default_validate_and_convert() {
@@ -22,15 +25,9 @@ async fn capi_webhooks_default_validate_and_convert() {
     ) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("capmvm-upstream-capi-{}", std::process::id()));
-    let etcd = Etcd::start(&binaries, &dir).await.unwrap();
-    let server = KubeApiServer::start(
-        &binaries,
-        ApiServerOptions::new("management", &dir, &etcd.url()),
-    )
-    .await
-    .unwrap();
-    let capi = Capi::install(&binaries, &server, &dir, &CapiOptions::default())
+    let management = Management::start(&binaries, "capi").await;
+    let server = &management.server;
+    let capi = Capi::install(&binaries, server, &management.dir, &CapiOptions::default())
         .await
         .unwrap();
     let client = server.client().await.unwrap();
@@ -99,7 +96,5 @@ async fn capi_webhooks_default_validate_and_convert() {
     assert_eq!(old.types.unwrap().api_version, "cluster.x-k8s.io/v1beta1");
     assert_eq!(old.data["spec"]["clusterName"], "c");
     capi.stop().await;
-    server.stop().await;
-    etcd.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    management.stop().await;
 }

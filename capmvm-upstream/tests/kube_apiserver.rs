@@ -3,14 +3,17 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod support;
+
 use std::time::Duration;
 
+use capmvm_upstream::Binaries;
 use capmvm_upstream::audit::service_account_user;
 use capmvm_upstream::tools::Kubectl;
-use capmvm_upstream::{ApiServerOptions, Binaries, Etcd, KubeApiServer};
 use k8s_openapi::api::core::v1::{Namespace, Secret, ServiceAccount};
 use kube::Api;
 use kube::api::{ListParams, PostParams};
+use support::Management;
 
 #[tokio::test]
 async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log_counts_it() {
@@ -19,14 +22,8 @@ async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log
     else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("capmvm-upstream-test-{}", std::process::id()));
-    let etcd = Etcd::start(&binaries, &dir).await.unwrap();
-    let server = KubeApiServer::start(
-        &binaries,
-        ApiServerOptions::new("management", &dir, &etcd.url()),
-    )
-    .await
-    .unwrap();
+    let management = Management::start(&binaries, "test").await;
+    let server = &management.server;
 
     // The pinned kubectl reports the pinned version of both ends.
     let kubectl = Kubectl::new(&binaries, server.kubeconfig()).unwrap();
@@ -53,7 +50,7 @@ async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log
             "team",
             "robot",
             Duration::from_secs(3600),
-            &dir.join("robot.kubeconfig"),
+            &management.dir.join("robot.kubeconfig"),
         )
         .await
         .unwrap();
@@ -82,9 +79,7 @@ async fn a_service_account_is_refused_what_rbac_does_not_grant_and_the_audit_log
     assert_eq!(forbidden.len(), 1, "{forbidden:?}");
     assert_eq!(forbidden[0].verb, "list");
     assert_eq!(forbidden[0].resource(), "secrets");
-    server.stop().await;
-    etcd.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    management.stop().await;
 }
 
 /// Removing an object's last finalizer deletes it, and the DELETED watch event carries the last
@@ -99,14 +94,8 @@ async fn the_deleted_event_of_a_finalized_object_carries_its_last_stored_finaliz
     let Some(binaries) = Binaries::for_test("kube_apiserver", &["etcd", "kube-apiserver"]) else {
         return;
     };
-    let dir = std::env::temp_dir().join(format!("capmvm-upstream-deleted-{}", std::process::id()));
-    let etcd = Etcd::start(&binaries, &dir).await.unwrap();
-    let server = KubeApiServer::start(
-        &binaries,
-        ApiServerOptions::new("management", &dir, &etcd.url()),
-    )
-    .await
-    .unwrap();
+    let management = Management::start(&binaries, "deleted").await;
+    let server = &management.server;
     let client = server.client().await.unwrap();
     let maps: Api<ConfigMap> = Api::namespaced(client, "default");
     let cm: ConfigMap = serde_json::from_value(serde_json::json!({
@@ -143,7 +132,5 @@ async fn the_deleted_event_of_a_finalized_object_carries_its_last_stored_finaliz
         Some(vec!["example.com/hold".to_string()]),
         "the DELETED event carries the last stored state"
     );
-    server.stop().await;
-    etcd.stop().await;
-    let _ = std::fs::remove_dir_all(&dir);
+    management.stop().await;
 }

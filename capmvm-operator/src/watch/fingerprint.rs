@@ -78,20 +78,9 @@ pub(super) fn hash_of<T: Hash>(value: &T) -> u64 {
 #[cfg(test)]
 mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
-    use kube::api::ObjectMeta;
 
+    use super::super::tests::config_map;
     use super::*;
-
-    fn config_map(name: &str) -> ConfigMap {
-        ConfigMap {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                namespace: Some("ns".to_string()),
-                ..Default::default()
-            },
-            ..Default::default()
-        }
-    }
 
     /// What wakes a controller: a change of the parts named or of the metadata that matters; not a
     /// new resourceVersion or anything outside the parts.

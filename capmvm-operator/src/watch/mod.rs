@@ -359,7 +359,8 @@ mod tests {
     use super::fingerprint::{Fingerprints, fingerprint};
     use super::*;
 
-    fn config_map(name: &str) -> ConfigMap {
+    /// A ConfigMap `name` in namespace `ns`: the object the watch tests follow.
+    pub(super) fn config_map(name: &str) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),

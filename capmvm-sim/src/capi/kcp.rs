@@ -24,7 +24,9 @@ use serde_json::{Value, json};
 
 use super::DELETE_MACHINE_ANNOTATION;
 use super::clone::{NewBootstrap, NewMachine, create_machine, own_template, suffix_of};
-use super::controllers::{Ctx, Error, delete_quietly, machine_provisioned, params};
+use super::controllers::{
+    Ctx, Error, delete_quietly, ensure_finalizer, machine_provisioned, params, remove_finalizer,
+};
 
 /// The control plane provider's API group.
 pub const CONTROL_PLANE_GROUP: &str = "controlplane.cluster.x-k8s.io";
@@ -115,14 +117,7 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
     {
         // As the real KubeadmControlPlane: its finalizer holds the Cluster's deletion until its
         // Machines are gone (without it, CAPI removed the Cluster under a Machine still deleting).
-        let mut finalizers = kcp.finalizers().to_vec();
-        finalizers.push(CONTROL_PLANE_FINALIZER.to_string());
-        kcps.patch(
-            &name,
-            &params(),
-            &Patch::Merge(&json!({"metadata": {"finalizers": finalizers, "resourceVersion": kcp.resource_version()}})),
-        )
-        .await?;
+        ensure_finalizer(&kcps, &kcp, CONTROL_PLANE_FINALIZER).await?;
         return Ok(Action::await_change());
     }
     // The Cluster controller labels its control plane with the cluster's name.
@@ -237,23 +232,7 @@ async fn reconcile_delete(
         .await?
         .items;
     if mine.is_empty() {
-        if kcp
-            .finalizers()
-            .iter()
-            .any(|f| f == CONTROL_PLANE_FINALIZER)
-        {
-            let finalizers: Vec<&String> = kcp
-                .finalizers()
-                .iter()
-                .filter(|f| *f != CONTROL_PLANE_FINALIZER)
-                .collect();
-            kcps.patch(
-                &name,
-                &params(),
-                &Patch::Merge(&json!({"metadata": {"finalizers": finalizers, "resourceVersion": kcp.resource_version()}})),
-            )
-            .await?;
-        }
+        remove_finalizer(kcps, kcp, CONTROL_PLANE_FINALIZER).await?;
         return Ok(Action::await_change());
     }
     let cluster = kcp

@@ -193,6 +193,16 @@ pub(crate) fn text_at<'a>(obj: &'a Value, pointer: &str) -> Option<&'a str> {
 }
 
 /// A `ContractVersionedObjectReference` at `pointer`: `(apiGroup, kind, name)`.
+/// `spec.providerIDList`, the same field on the MachinePool and on its infrastructure pool.
+fn provider_ids(obj: &Value) -> Vec<String> {
+    obj.pointer("/spec/providerIDList")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|v| v.as_str().map(String::from))
+        .collect()
+}
+
 fn reference_at<'a>(obj: &'a Value, pointer: &str) -> Option<(&'a str, &'a str, &'a str)> {
     let r = obj.pointer(pointer)?;
     Some((
@@ -360,27 +370,13 @@ async fn reconcile(mp: Arc<DynamicObject>, pctx: Arc<PoolCtx>) -> Result<Action,
         .and_then(Value::as_i64)
         .unwrap_or(0);
     want["replicas"] = json!(replicas);
-    let list: Vec<String> = infra
-        .data
-        .pointer("/spec/providerIDList")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
+    let list = provider_ids(&infra.data);
     if list.is_empty() && replicas != 0 {
         // The provider reports instances but no IDs yet: core waits.
         write_status(&pools, &mp, want).await?;
         return Ok(Action::requeue(Duration::from_secs(1)));
     }
-    let current_list: Vec<String> = mp
-        .data
-        .pointer("/spec/providerIDList")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|v| v.as_str().map(String::from))
-        .collect();
+    let current_list = provider_ids(&mp.data);
     if current_list != list {
         pools
             .patch(

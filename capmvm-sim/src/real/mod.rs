@@ -21,7 +21,7 @@ use anyhow::Context as _;
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
 use capmvm_upstream::audit::{AuditLog, service_account_user};
-use capmvm_upstream::capi::{Capi, CapiOptions, Provider};
+use capmvm_upstream::capi::{Capi, CapiOptions, Provider, StoppedManager};
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use kube::api::{ApiResource, DynamicObject};
@@ -413,11 +413,17 @@ impl RealStack {
         self.capi.as_ref()
     }
 
-    /// Restarts CAPI's `provider` manager with the same flags, as
-    /// `kubectl rollout restart deployment` does for an installed one; returns once it is ready.
-    pub async fn restart_capi(&mut self, provider: Provider) -> anyhow::Result<()> {
+    /// Stops CAPI's `provider` manager (the first half of `kubectl rollout restart deployment`
+    /// for an installed one); [`RealStack::start_capi`] runs it again. Apart so a caller can tell
+    /// what the old process did from what the new one does.
+    pub async fn stop_capi(&mut self, provider: Provider) -> Option<StoppedManager> {
+        self.capi.as_mut()?.stop_manager(provider).await
+    }
+
+    /// Starts a manager [`RealStack::stop_capi`] stopped, with the same flags; returns once ready.
+    pub async fn start_capi(&mut self, stopped: StoppedManager) -> anyhow::Result<()> {
         if let Some(capi) = self.capi.as_mut() {
-            capi.restart(provider, &self.dir).await?;
+            capi.start(stopped, &self.dir).await?;
         }
         Ok(())
     }

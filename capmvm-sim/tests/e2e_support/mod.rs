@@ -109,10 +109,7 @@ pub fn live_vms(w: &World) -> Vec<(String, capmvm_flintlock::Microvm)> {
 
 /// Create calls the hosts answered (successful or not).
 pub fn creates_on_hosts(w: &World) -> u64 {
-    w.hosts
-        .iter()
-        .map(|h| h.control().counters().of(Method::Create))
-        .sum()
+    capmvm_sim::stack::host_calls(&w.hosts, Method::Create)
 }
 
 pub async fn events_for(w: &World, name: &str) -> Vec<Event> {
