@@ -6,10 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::{
-    ConversionError, Kept, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, conditions,
-    convert_part, non_empty, put_kept, remove_annotation, take_kept,
-};
+use super::{ConversionError, Direction, conditions, convert_parts, convert_status, non_empty};
 use crate::cluster::{
     ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec,
     MicrovmClusterStatus, MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
@@ -20,24 +17,13 @@ use crate::v1alpha1;
 pub fn cluster_to_v1alpha2(
     old: &v1alpha1::MicrovmCluster,
 ) -> Result<MicrovmCluster, ConversionError> {
-    let mut metadata = old.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let kept: Kept<MicrovmClusterSpec, MicrovmClusterStatus> =
-        take_kept(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(&old.spec, kept.spec, spec_up, spec_down);
-    let (status, lost_status) = convert_part(
-        &old.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_up),
-        |s| s.as_ref().map(status_down),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA1_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
+    let (metadata, spec, status) = convert_parts(
+        &old.metadata,
+        Direction::UP,
+        &old.spec,
+        spec_up,
+        spec_down,
+        |kept| convert_status(&old.status, kept, status_up, status_down),
     )?;
     Ok(MicrovmCluster {
         metadata,
@@ -50,29 +36,13 @@ pub fn cluster_to_v1alpha2(
 pub fn cluster_to_v1alpha1(
     new: &MicrovmCluster,
 ) -> Result<v1alpha1::MicrovmCluster, ConversionError> {
-    let mut metadata = new.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let kept: Kept<v1alpha1::MicrovmClusterSpec, v1alpha1::MicrovmClusterStatus> =
-        take_kept(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(
+    let (metadata, spec, status) = convert_parts(
+        &new.metadata,
+        Direction::DOWN,
         &new.spec,
-        kept.spec,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-    );
-    let (status, lost_status) = convert_part(
-        &new.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_down),
-        |s| s.as_ref().map(status_up),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA2_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
+        |kept| convert_status(&new.status, kept, status_down, status_up),
     )?;
     Ok(v1alpha1::MicrovmCluster {
         metadata,

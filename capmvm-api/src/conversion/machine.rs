@@ -3,10 +3,7 @@
 use std::collections::BTreeMap;
 
 use super::cluster::{key_down, key_up};
-use super::{
-    ConversionError, Kept, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, conditions,
-    convert_part, non_empty, put_kept, remove_annotation, take_kept,
-};
+use super::{ConversionError, Direction, conditions, convert_parts, convert_status, non_empty};
 use crate::cluster::Initialization;
 use crate::machine::{
     IfaceType, Initrd, Kernel, MicrovmMachine, MicrovmMachineSpec, MicrovmMachineStatus,
@@ -18,24 +15,13 @@ use crate::v1alpha1::{self, vm_states};
 pub fn machine_to_v1alpha2(
     old: &v1alpha1::MicrovmMachine,
 ) -> Result<MicrovmMachine, ConversionError> {
-    let mut metadata = old.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let kept: Kept<MicrovmMachineSpec, MicrovmMachineStatus> =
-        take_kept(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(&old.spec, kept.spec, spec_up, spec_down);
-    let (status, lost_status) = convert_part(
-        &old.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_up),
-        |s| s.as_ref().map(status_down),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA1_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
+    let (metadata, spec, status) = convert_parts(
+        &old.metadata,
+        Direction::UP,
+        &old.spec,
+        spec_up,
+        spec_down,
+        |kept| convert_status(&old.status, kept, status_up, status_down),
     )?;
     Ok(MicrovmMachine {
         metadata,
@@ -48,29 +34,13 @@ pub fn machine_to_v1alpha2(
 pub fn machine_to_v1alpha1(
     new: &MicrovmMachine,
 ) -> Result<v1alpha1::MicrovmMachine, ConversionError> {
-    let mut metadata = new.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let kept: Kept<v1alpha1::MicrovmMachineSpec, v1alpha1::MicrovmMachineStatus> =
-        take_kept(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(
+    let (metadata, spec, status) = convert_parts(
+        &new.metadata,
+        Direction::DOWN,
         &new.spec,
-        kept.spec,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-    );
-    let (status, lost_status) = convert_part(
-        &new.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_down),
-        |s| s.as_ref().map(status_up),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA2_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
+        |kept| convert_status(&new.status, kept, status_down, status_up),
     )?;
     Ok(v1alpha1::MicrovmMachine {
         metadata,

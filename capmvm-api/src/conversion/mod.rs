@@ -307,6 +307,82 @@ where
     (value, lost)
 }
 
+/// Which way a conversion goes, as the two annotations see it.
+#[derive(Clone, Copy)]
+struct Direction {
+    /// Holds the fields only the source version has: stale on the source object (an object never
+    /// carries the fields of the version it is at), written afresh with what the target loses.
+    source_fields: &'static str,
+    /// Holds the fields only the target version has: read as the hint for what it cannot say.
+    target_fields: &'static str,
+}
+
+impl Direction {
+    /// `v1alpha1` to `v1alpha2`.
+    const UP: Self = Self {
+        source_fields: V1ALPHA1_FIELDS_ANNOTATION,
+        target_fields: V1ALPHA2_FIELDS_ANNOTATION,
+    };
+    /// `v1alpha2` to `v1alpha1`.
+    const DOWN: Self = Self {
+        source_fields: V1ALPHA2_FIELDS_ANNOTATION,
+        target_fields: V1ALPHA1_FIELDS_ANNOTATION,
+    };
+}
+
+/// Converts one object of any kind: its metadata (but for the annotations), its spec through
+/// `spec_to` and `spec_back` (see [`convert_part`]), and its status through `status`, which gets the
+/// status the target version last held and returns the converted status and what the target loses
+/// of it. Every kind converts the same way; only how its spec and status map differs.
+fn convert_parts<FromSpec, ToSpec, KeptStatus, Status, LostStatus>(
+    metadata: &ObjectMeta,
+    direction: Direction,
+    spec: &FromSpec,
+    spec_to: impl Fn(&FromSpec, Option<&ToSpec>) -> ToSpec,
+    spec_back: impl Fn(&ToSpec) -> FromSpec,
+    status: impl FnOnce(Option<KeptStatus>) -> (Status, Option<LostStatus>),
+) -> Result<(ObjectMeta, ToSpec, Status), ConversionError>
+where
+    FromSpec: Clone + PartialEq + Serialize,
+    ToSpec: DeserializeOwned,
+    KeptStatus: DeserializeOwned,
+    LostStatus: Serialize,
+{
+    let mut metadata = metadata.clone();
+    remove_annotation(&mut metadata, direction.source_fields);
+    let kept: Kept<ToSpec, KeptStatus> = take_kept(&mut metadata, direction.target_fields);
+    let (spec, lost_spec) = convert_part(spec, kept.spec, spec_to, spec_back);
+    let (status, lost_status) = status(kept.status);
+    put_kept(
+        &mut metadata,
+        direction.source_fields,
+        &Kept {
+            spec: lost_spec,
+            status: lost_status,
+        },
+    )?;
+    Ok((metadata, spec, status))
+}
+
+/// [`convert_part`] for a status, which an object at either version may not have yet.
+fn convert_status<F, T>(
+    from: &Option<F>,
+    kept: Option<T>,
+    to: impl Fn(&F) -> T,
+    back: impl Fn(&T) -> F,
+) -> (Option<T>, Option<F>)
+where
+    F: Clone + PartialEq,
+{
+    let (status, lost) = convert_part(
+        from,
+        kept.map(Some),
+        |s, _| s.as_ref().map(&to),
+        |s| s.as_ref().map(&back),
+    );
+    (status, lost.flatten())
+}
+
 /// `Some` for a non-empty string: `v1alpha1` writes an unset string as empty.
 fn non_empty(s: &str) -> Option<String> {
     (!s.is_empty()).then(|| s.to_string())
