@@ -5,6 +5,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
 use std::collections::BTreeMap;
+use std::fmt::Debug;
 
 use capmvm_api::conversion::{
     ConversionError, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, cluster_to_v1alpha1,
@@ -19,6 +20,7 @@ use capmvm_api::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
+use kube::Resource;
 use proptest::collection::{btree_map, vec};
 use proptest::option;
 use proptest::prelude::*;
@@ -635,45 +637,79 @@ fn annotation(meta: &ObjectMeta, key: &str) -> Option<String> {
     meta.annotations.as_ref().and_then(|a| a.get(key)).cloned()
 }
 
+/// Clears a provider name flintlock does not know (v1alpha2 has no form for it).
+fn flintlock_providers_only(spec: &mut v1alpha1::MicrovmMachineSpec) {
+    if !["", "firecracker", "cloudhypervisor"].contains(&spec.provider.as_str()) {
+        spec.provider.clear();
+    }
+}
+
+/// Drops the gateways and nameservers, which v1alpha1 cannot hold.
+fn without_gateways(spec: &mut MicrovmMachineSpec) {
+    for nic in &mut spec.network_interfaces {
+        nic.gateway = None;
+        nic.nameservers.clear();
+    }
+}
+
+/// The initialization v1alpha1's `ready` can say: none, or provisioned.
+fn expressible_initialization(init: Option<&Initialization>) -> Option<Initialization> {
+    init.map(|_| Initialization {
+        provisioned: Some(true),
+    })
+}
+
+/// Converts `start` with `there` and the result with `back`: `start` must come back whole, and the
+/// object in between must not carry annotation `absent`, when one is named.
+fn round_trip<A, B>(
+    start: &A,
+    there: impl Fn(&A) -> Result<B, ConversionError>,
+    back: impl Fn(&B) -> Result<A, ConversionError>,
+    absent: Option<&str>,
+) -> Result<(), TestCaseError>
+where
+    A: PartialEq + Debug,
+    B: Resource,
+{
+    let converted = there(start).unwrap();
+    if let Some(key) = absent {
+        prop_assert_eq!(annotation(converted.meta(), key), None);
+    }
+    prop_assert_eq!(&back(&converted).unwrap(), start);
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(512))]
 
     #[test]
     fn machines_round_trip_from_v1alpha1(old in v1_machine()) {
-        let new = machine_to_v1alpha2(&old).unwrap();
-        prop_assert_eq!(annotation(&new.metadata, V1ALPHA2_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(machine_to_v1alpha1(&new).unwrap(), old);
+        round_trip(&old, machine_to_v1alpha2, machine_to_v1alpha1, Some(V1ALPHA2_FIELDS_ANNOTATION))?;
     }
 
     #[test]
     fn machines_round_trip_from_v1alpha2(new in v2_machine()) {
-        let old = machine_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(annotation(&old.metadata, V1ALPHA1_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(machine_to_v1alpha2(&old).unwrap(), new);
+        round_trip(&new, machine_to_v1alpha1, machine_to_v1alpha2, Some(V1ALPHA1_FIELDS_ANNOTATION))?;
     }
 
     #[test]
     fn clusters_round_trip_from_v1alpha1(old in v1_cluster()) {
-        let new = cluster_to_v1alpha2(&old).unwrap();
-        prop_assert_eq!(cluster_to_v1alpha1(&new).unwrap(), old);
+        round_trip(&old, cluster_to_v1alpha2, cluster_to_v1alpha1, None)?;
     }
 
     #[test]
     fn clusters_round_trip_from_v1alpha2(new in v2_cluster()) {
-        let old = cluster_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(cluster_to_v1alpha2(&old).unwrap(), new);
+        round_trip(&new, cluster_to_v1alpha1, cluster_to_v1alpha2, None)?;
     }
 
     #[test]
     fn templates_round_trip_from_v1alpha1(old in v1_template()) {
-        let new = template_to_v1alpha2(&old).unwrap();
-        prop_assert_eq!(template_to_v1alpha1(&new).unwrap(), old);
+        round_trip(&old, template_to_v1alpha2, template_to_v1alpha1, None)?;
     }
 
     #[test]
     fn templates_round_trip_from_v1alpha2(new in v2_template()) {
-        let old = template_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(template_to_v1alpha2(&old).unwrap(), new);
+        round_trip(&new, template_to_v1alpha1, template_to_v1alpha2, None)?;
     }
 
     /// What the webhook does: JSON in, JSON out, and back, for each kind. The JSON is the same
@@ -705,9 +741,7 @@ proptest! {
     #[test]
     fn go_provider_machines_convert_without_an_annotation(old in v1_machine()) {
         let mut old = old;
-        if !["", "firecracker", "cloudhypervisor"].contains(&old.spec.provider.as_str()) {
-            old.spec.provider.clear();
-        }
+        flintlock_providers_only(&mut old.spec);
         if let Some(s) = old.status.as_mut() {
             s.failure_reason = None;
             s.failure_message = None;
@@ -718,9 +752,7 @@ proptest! {
                 c.severity.clear();
             }
         }
-        let new = machine_to_v1alpha2(&old).unwrap();
-        prop_assert_eq!(annotation(&new.metadata, V1ALPHA1_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(machine_to_v1alpha1(&new).unwrap(), old);
+        round_trip(&old, machine_to_v1alpha2, machine_to_v1alpha1, Some(V1ALPHA1_FIELDS_ANNOTATION))?;
     }
 
     /// A v1alpha2 machine that uses only what v1alpha1 can hold reads at v1alpha1 without the
@@ -728,23 +760,16 @@ proptest! {
     #[test]
     fn expressible_machines_convert_without_an_annotation(new in v2_machine()) {
         let mut new = new;
-        for nic in &mut new.spec.network_interfaces {
-            nic.gateway = None;
-            nic.nameservers.clear();
-        }
+        without_gateways(&mut new.spec);
         if let Some(s) = new.status.as_mut() {
             s.host = None;
             s.failure_domain = None;
-            if s.initialization.is_some() {
-                s.initialization = Some(Initialization { provisioned: Some(true) });
-            }
+            s.initialization = expressible_initialization(s.initialization.as_ref());
             for c in &mut s.conditions {
                 c.observed_generation = None;
             }
         }
-        let old = machine_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(annotation(&old.metadata, V1ALPHA2_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(machine_to_v1alpha2(&old).unwrap(), new);
+        round_trip(&new, machine_to_v1alpha1, machine_to_v1alpha2, Some(V1ALPHA2_FIELDS_ANNOTATION))?;
     }
 
     /// Clusters both ways: a Go provider's (no severities) needs no annotation at v1alpha2, a
@@ -758,9 +783,7 @@ proptest! {
                 c.severity.clear();
             }
         }
-        let up = cluster_to_v1alpha2(&old).unwrap();
-        prop_assert_eq!(annotation(&up.metadata, V1ALPHA1_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(cluster_to_v1alpha1(&up).unwrap(), old);
+        round_trip(&old, cluster_to_v1alpha2, cluster_to_v1alpha1, Some(V1ALPHA1_FIELDS_ANNOTATION))?;
 
         let mut new = new;
         // An endpoint with neither field is not valid v1alpha2 (minProperties: 1).
@@ -773,9 +796,7 @@ proptest! {
             }
         }
         if let Some(s) = new.status.as_mut() {
-            if s.initialization.is_some() {
-                s.initialization = Some(Initialization { provisioned: Some(true) });
-            }
+            s.initialization = expressible_initialization(s.initialization.as_ref());
             let domains: BTreeMap<String, FailureDomain> = s
                 .failure_domains
                 .drain(..)
@@ -789,9 +810,7 @@ proptest! {
                 c.observed_generation = None;
             }
         }
-        let down = cluster_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(annotation(&down.metadata, V1ALPHA2_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(cluster_to_v1alpha2(&down).unwrap(), new);
+        round_trip(&new, cluster_to_v1alpha1, cluster_to_v1alpha2, Some(V1ALPHA2_FIELDS_ANNOTATION))?;
     }
 
     /// Templates: every v1alpha1 one holds at v1alpha2 alone; a v1alpha2 one without status (the
@@ -799,23 +818,16 @@ proptest! {
     #[test]
     fn expressible_templates_convert_without_an_annotation(old in v1_template(), new in v2_template()) {
         let mut old = old;
-        if !["", "firecracker", "cloudhypervisor"].contains(&old.spec.template.spec.provider.as_str()) {
-            old.spec.template.spec.provider.clear();
-        }
+        flintlock_providers_only(&mut old.spec.template.spec);
         let up = template_to_v1alpha2(&old).unwrap();
         prop_assert_eq!(annotation(&up.metadata, V1ALPHA1_FIELDS_ANNOTATION), None);
         let mut new = new;
         new.status = None;
-        for nic in &mut new.spec.template.spec.network_interfaces {
-            nic.gateway = None;
-            nic.nameservers.clear();
-        }
+        without_gateways(&mut new.spec.template.spec);
         if new.spec.template.metadata.as_ref().is_some_and(|m| m.labels.is_empty() && m.annotations.is_empty()) {
             new.spec.template.metadata = None;
         }
-        let down = template_to_v1alpha1(&new).unwrap();
-        prop_assert_eq!(annotation(&down.metadata, V1ALPHA2_FIELDS_ANNOTATION), None);
-        prop_assert_eq!(template_to_v1alpha2(&down).unwrap(), new);
+        round_trip(&new, template_to_v1alpha1, template_to_v1alpha2, Some(V1ALPHA2_FIELDS_ANNOTATION))?;
     }
 }
 

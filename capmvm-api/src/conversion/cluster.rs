@@ -6,10 +6,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{ConversionError, Direction, conditions, convert_parts, convert_status, non_empty};
+use super::{
+    ConversionError, Direction, conditions, convert_parts, convert_status, initialization_up,
+    non_empty, ready_down,
+};
 use crate::cluster::{
-    ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec,
-    MicrovmClusterStatus, MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
+    ApiEndpoint, FailureDomain, MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus,
+    MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
 };
 use crate::v1alpha1;
 
@@ -152,9 +155,7 @@ pub(super) fn key_down(k: &SshPublicKey) -> v1alpha1::SshPublicKey {
 
 fn status_up(old: &v1alpha1::MicrovmClusterStatus) -> MicrovmClusterStatus {
     MicrovmClusterStatus {
-        initialization: old.ready.then_some(Initialization {
-            provisioned: Some(true),
-        }),
+        initialization: initialization_up(old.ready),
         failure_domains: old
             .failure_domains
             .iter()
@@ -170,11 +171,7 @@ fn status_up(old: &v1alpha1::MicrovmClusterStatus) -> MicrovmClusterStatus {
 
 fn status_down(new: &MicrovmClusterStatus) -> v1alpha1::MicrovmClusterStatus {
     v1alpha1::MicrovmClusterStatus {
-        ready: new
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            .unwrap_or(false),
+        ready: ready_down(new.initialization.as_ref()),
         conditions: conditions::down(&new.conditions),
         failure_domains: new
             .failure_domains

@@ -3,8 +3,10 @@
 use std::collections::BTreeMap;
 
 use super::cluster::{key_down, key_up};
-use super::{ConversionError, Direction, conditions, convert_parts, convert_status, non_empty};
-use crate::cluster::Initialization;
+use super::{
+    ConversionError, Direction, conditions, convert_parts, convert_status, initialization_up,
+    non_empty, ready_down,
+};
 use crate::machine::{
     IfaceType, Initrd, Kernel, MicrovmMachine, MicrovmMachineSpec, MicrovmMachineStatus,
     NetworkInterface, VmState, VmmProvider, Volume,
@@ -174,9 +176,7 @@ fn volume_down(new: &Volume) -> v1alpha1::Volume {
 
 fn status_up(old: &v1alpha1::MicrovmMachineStatus) -> MicrovmMachineStatus {
     MicrovmMachineStatus {
-        initialization: old.ready.then_some(Initialization {
-            provisioned: Some(true),
-        }),
+        initialization: initialization_up(old.ready),
         vm_state: old.vm_state.as_deref().and_then(|s| match s {
             vm_states::PENDING => Some(VmState::Pending),
             vm_states::RUNNING => Some(VmState::Running),
@@ -195,11 +195,7 @@ fn status_up(old: &v1alpha1::MicrovmMachineStatus) -> MicrovmMachineStatus {
 
 fn status_down(new: &MicrovmMachineStatus) -> v1alpha1::MicrovmMachineStatus {
     v1alpha1::MicrovmMachineStatus {
-        ready: new
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            .unwrap_or(false),
+        ready: ready_down(new.initialization.as_ref()),
         vm_state: new.vm_state.map(|s| {
             match s {
                 VmState::Pending => vm_states::PENDING,

@@ -30,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cluster::Initialization;
 pub use crate::keys::{V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION};
 use crate::{GROUP, v1alpha1};
 
@@ -381,6 +382,18 @@ where
         |s| s.as_ref().map(&back),
     );
     (status, lost.flatten())
+}
+
+/// `v1alpha1`'s `status.ready` is `v1alpha2`'s `status.initialization.provisioned`.
+fn initialization_up(ready: bool) -> Option<Initialization> {
+    ready.then_some(Initialization {
+        provisioned: Some(true),
+    })
+}
+
+/// See [`initialization_up`]; unset is not ready.
+fn ready_down(initialization: Option<&Initialization>) -> bool {
+    initialization.and_then(|i| i.provisioned).unwrap_or(false)
 }
 
 /// `Some` for a non-empty string: `v1alpha1` writes an unset string as empty.
