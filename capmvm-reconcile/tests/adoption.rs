@@ -70,10 +70,6 @@ fn go_vm(uid: &str, state: VmState) -> ObservedVm {
     vm(uid, state, false)
 }
 
-fn answered(vms: Vec<ObservedVm>) -> HostLookup {
-    HostLookup::Answered { vms }
-}
-
 fn adoption_hosts(plan: &MachinePlan) -> Vec<String> {
     plan.record_adoption
         .iter()

@@ -336,3 +336,24 @@ pub fn cluster_condition(plan: &ClusterPlan, t: &str) -> (String, String, String
         .unwrap_or_else(|| panic!("no condition {t}"));
     (c.status.clone(), c.reason.clone(), c.message.clone())
 }
+
+/// The recorded host's answer: it holds `vms`.
+pub fn answered(vms: Vec<ObservedVm>) -> HostLookup {
+    HostLookup::Answered { vms }
+}
+
+/// Asserts the plan writes the providerID of microVM `uid` on `host`: it adopted that microVM.
+#[track_caller]
+pub fn assert_adopted(plan: &MachinePlan, host: &str, uid: &str) {
+    assert_eq!(plan.provider_id, Some(format!("microvm://{host}/{uid}")));
+}
+
+/// The MicrovmCluster's static pool, for tests that bend it.
+pub fn static_pool(obs: &mut ObservedCluster) -> &mut StaticPoolPlacement {
+    obs.microvm_cluster
+        .spec
+        .placement
+        .static_pool
+        .as_mut()
+        .expect("the fixture has a static pool")
+}
