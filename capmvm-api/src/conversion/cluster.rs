@@ -7,8 +7,8 @@
 use std::collections::BTreeMap;
 
 use super::{
-    ConversionError, Direction, conditions, convert_parts, convert_status, initialization_up,
-    non_empty, ready_down,
+    ConversionError, conditions, convert_object_with_status, initialization_up, non_empty,
+    ready_down,
 };
 use crate::cluster::{
     ApiEndpoint, FailureDomain, MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus,
@@ -20,38 +20,20 @@ use crate::v1alpha1;
 pub fn cluster_to_v1alpha2(
     old: &v1alpha1::MicrovmCluster,
 ) -> Result<MicrovmCluster, ConversionError> {
-    let (metadata, spec, status) = convert_parts(
-        &old.metadata,
-        Direction::UP,
-        &old.spec,
-        spec_up,
-        spec_down,
-        |kept| convert_status(&old.status, kept, status_up, status_down),
-    )?;
-    Ok(MicrovmCluster {
-        metadata,
-        spec,
-        status,
-    })
+    convert_object_with_status(old, spec_up, spec_down, status_up, status_down)
 }
 
 /// A `v1alpha2` MicrovmCluster at `v1alpha1`.
 pub fn cluster_to_v1alpha1(
     new: &MicrovmCluster,
 ) -> Result<v1alpha1::MicrovmCluster, ConversionError> {
-    let (metadata, spec, status) = convert_parts(
-        &new.metadata,
-        Direction::DOWN,
-        &new.spec,
+    convert_object_with_status(
+        new,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-        |kept| convert_status(&new.status, kept, status_down, status_up),
-    )?;
-    Ok(v1alpha1::MicrovmCluster {
-        metadata,
-        spec,
-        status,
-    })
+        status_down,
+        status_up,
+    )
 }
 
 /// `kept` is the `v1alpha2` spec this object had when it was read at `v1alpha1` and then changed:

@@ -365,6 +365,71 @@ where
     Ok((metadata, spec, status))
 }
 
+/// A kind whose spec and status both versions hold (MicrovmCluster, MicrovmMachine), taken apart
+/// and put together by [`convert_object_with_status`].
+trait SpecAndStatus: Sized {
+    type Spec;
+    type Status;
+    /// The annotation that holds what only this version can say.
+    const FIELDS: &'static str;
+    fn parts(&self) -> (&ObjectMeta, &Self::Spec, &Option<Self::Status>);
+    fn from_parts(metadata: ObjectMeta, spec: Self::Spec, status: Option<Self::Status>) -> Self;
+}
+
+macro_rules! spec_and_status {
+    ($($kind:ty => $spec:ty, $status:ty, $fields:expr;)*) => {$(
+        impl SpecAndStatus for $kind {
+            type Spec = $spec;
+            type Status = $status;
+            const FIELDS: &'static str = $fields;
+            fn parts(&self) -> (&ObjectMeta, &$spec, &Option<$status>) {
+                (&self.metadata, &self.spec, &self.status)
+            }
+            fn from_parts(metadata: ObjectMeta, spec: $spec, status: Option<$status>) -> Self {
+                Self { metadata, spec, status }
+            }
+        }
+    )*};
+}
+
+spec_and_status! {
+    v1alpha1::MicrovmCluster =>
+        v1alpha1::MicrovmClusterSpec, v1alpha1::MicrovmClusterStatus, V1ALPHA1_FIELDS_ANNOTATION;
+    crate::MicrovmCluster =>
+        crate::MicrovmClusterSpec, crate::MicrovmClusterStatus, V1ALPHA2_FIELDS_ANNOTATION;
+    v1alpha1::MicrovmMachine =>
+        v1alpha1::MicrovmMachineSpec, v1alpha1::MicrovmMachineStatus, V1ALPHA1_FIELDS_ANNOTATION;
+    crate::MicrovmMachine =>
+        crate::MicrovmMachineSpec, crate::MicrovmMachineStatus, V1ALPHA2_FIELDS_ANNOTATION;
+}
+
+/// [`convert_parts`] for a kind whose status both versions hold: the status converts through
+/// `status_to` and `status_back` as the spec does (see [`convert_status`]).
+fn convert_object_with_status<Source: SpecAndStatus, Target: SpecAndStatus>(
+    from: &Source,
+    spec_to: impl Fn(&Source::Spec, Option<&Target::Spec>) -> Target::Spec,
+    spec_back: impl Fn(&Target::Spec) -> Source::Spec,
+    status_to: impl Fn(&Source::Status) -> Target::Status,
+    status_back: impl Fn(&Target::Status) -> Source::Status,
+) -> Result<Target, ConversionError>
+where
+    Source::Spec: Clone + PartialEq + Serialize,
+    Source::Status: Clone + PartialEq + Serialize,
+    Target::Spec: DeserializeOwned,
+    Target::Status: DeserializeOwned,
+{
+    let direction = Direction {
+        source_fields: Source::FIELDS,
+        target_fields: Target::FIELDS,
+    };
+    let (metadata, spec, status) = from.parts();
+    let (metadata, spec, status) =
+        convert_parts(metadata, direction, spec, spec_to, spec_back, |kept| {
+            convert_status(status, kept, status_to, status_back)
+        })?;
+    Ok(Target::from_parts(metadata, spec, status))
+}
+
 /// [`convert_part`] for a status, which an object at either version may not have yet.
 fn convert_status<F, T>(
     from: &Option<F>,
