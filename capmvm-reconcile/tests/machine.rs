@@ -314,9 +314,7 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
     // crashed before it) re-records the same host and uid with one more placement attempt: the
     // operator writes that conditionally on the resourceVersion read, so a stale read (one missing a
     // providerID) never reaches the host, and the write always changes the object.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[2]);
-    obs.recorded_host = answered(vec![]);
+    let obs = placed_on(HOSTS[2], vec![]);
     let plan = decide(&obs, now());
     assert_eq!(
         plan.record_host,
@@ -334,12 +332,13 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
 
 #[test]
 fn adoption_skips_a_microvm_being_deleted() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = answered(vec![
-        vm("01A", VmState::Deleting, true),
-        vm("01B", VmState::Pending, true),
-    ]);
+    let mut obs = placed_on(
+        HOSTS[1],
+        vec![
+            vm("01A", VmState::Deleting, true),
+            vm("01B", VmState::Pending, true),
+        ],
+    );
     let plan = decide(&obs, now());
     assert!(
         plan.provider_id
@@ -493,13 +492,14 @@ fn placement_honours_failure_domain_control_plane_and_load() {
 
 #[test]
 fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = answered(vec![
-        vm("01B", VmState::Pending, true),
-        vm("01A", VmState::Created, true),
-        vm("01C", VmState::Created, false), // same name, someone else's: left alone
-    ]);
+    let obs = placed_on(
+        HOSTS[1],
+        vec![
+            vm("01B", VmState::Pending, true),
+            vm("01A", VmState::Created, true),
+            vm("01C", VmState::Created, false), // same name, someone else's: left alone
+        ],
+    );
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
     assert_adopted(&plan, HOSTS[1], "01A");
@@ -611,9 +611,7 @@ fn a_recorded_machine_waits_for_an_unreachable_or_unasked_host() {
 
 #[test]
 fn missing_credentials_is_a_condition_not_a_call() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = answered(vec![]);
+    let mut obs = placed_on(HOSTS[0], vec![]);
     obs.hosts.get_mut(HOSTS[0]).unwrap().credentials_problem =
         Some("Secret \"tokens\" not found".into());
     let plan = decide(&obs, now());

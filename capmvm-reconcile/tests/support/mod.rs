@@ -342,6 +342,14 @@ pub fn answered(vms: Vec<ObservedVm>) -> HostLookup {
     HostLookup::Answered { vms }
 }
 
+/// A machine placed on `host` (see [`with_recorded_host`]) whose host answers with `vms`.
+pub fn placed_on(host: &str, vms: Vec<ObservedVm>) -> ObservedMachine {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, host);
+    obs.recorded_host = answered(vms);
+    obs
+}
+
 /// Asserts the plan writes the providerID of microVM `uid` on `host`: it adopted that microVM.
 #[track_caller]
 pub fn assert_adopted(plan: &MachinePlan, host: &str, uid: &str) {
