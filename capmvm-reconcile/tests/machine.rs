@@ -361,17 +361,29 @@ fn adoption_skips_a_microvm_being_deleted() {
 #[test]
 fn an_invalid_spec_does_not_stop_adopting_an_existing_microvm() {
     // The spec was edited into an invalid one after the host was recorded and the microVM created.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.machine.spec.vcpu = 0;
-    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
+    adopts_but_creates_nothing(
+        VmState::Created,
+        |obs| obs.machine.spec.vcpu = 0,
+        reasons::INVALID_SPEC,
+    );
+}
+
+/// With `blocker` applied to a machine placed on `HOSTS[1]`, its microVM there (in `state`) is
+/// still adopted; with nothing to adopt, the blocker stops the create and Ready says `reason`.
+#[track_caller]
+fn adopts_but_creates_nothing(
+    state: VmState,
+    blocker: impl Fn(&mut ObservedMachine),
+    reason: &str,
+) {
+    let mut obs = placed_on(HOSTS[1], vec![vm("01A", state, true)]);
+    blocker(&mut obs);
     let plan = decide(&obs, now());
     assert_adopted(&plan, HOSTS[1], "01A");
-    // With nothing to adopt, the invalid spec blocks the create.
     obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert_eq!(ready(&plan).1, reasons::INVALID_SPEC);
+    assert_eq!(ready(&plan).1, reason);
 }
 
 #[test]
@@ -571,18 +583,13 @@ fn without_an_origin_uid_annotation_the_object_uid_identifies_the_microvm() {
 
 #[test]
 fn adoption_needs_no_bootstrap_data() {
-    // Right after a create (or after a crash), the microVM is adopted without reading the Secret again.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.bootstrap = BootstrapData::NotAsked;
-    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
-    let plan = decide(&obs, now());
-    assert_adopted(&plan, HOSTS[1], "01A");
-    // Creating, however, waits for it.
-    obs.recorded_host = answered(vec![]);
-    let plan = decide(&obs, now());
-    assert!(creates(&plan).is_empty());
-    assert_eq!(ready(&plan).1, reasons::WAITING_FOR_BOOTSTRAP_DATA);
+    // Right after a create (or after a crash), the microVM is adopted without reading the Secret
+    // again. Creating, however, waits for it.
+    adopts_but_creates_nothing(
+        VmState::Pending,
+        |obs| obs.bootstrap = BootstrapData::NotAsked,
+        reasons::WAITING_FOR_BOOTSTRAP_DATA,
+    );
 }
 
 #[test]
