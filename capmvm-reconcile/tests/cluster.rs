@@ -13,11 +13,8 @@ use capmvm_api::{
     TemplateMeta,
 };
 use capmvm_reconcile::*;
+use support::cluster_condition as condition;
 use support::*;
-
-fn condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
-    cluster_condition(plan, t)
-}
 
 fn provisioned(plan: &ClusterPlan) -> bool {
     plan.status

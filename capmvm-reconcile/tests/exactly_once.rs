@@ -161,11 +161,7 @@ fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
             "no create, and someone else's microVM is not deleted: {listed:?}"
         );
         assert!(plan.record_host.is_none());
-        let (status, reason, message) = ready(&plan);
-        assert_eq!(
-            (status.as_str(), reason.as_str()),
-            ("False", reasons::UNKNOWN_MICROVM_ON_HOST)
-        );
+        let message = expect_condition(ready(&plan), ("False", reasons::UNKNOWN_MICROVM_ON_HOST));
         for part in [HOSTS[2], "default/m1", names, "delete it"] {
             assert!(message.contains(part), "{part:?} missing from {message}");
         }

@@ -807,10 +807,9 @@ fn a_spec_edited_after_create_is_reported_and_not_applied() {
     obs.machine.spec.memory_mb = 4096;
     obs.machine.spec.root_volume.image = Some("ghcr.io/example/root:2".into());
     let plan = decide(&obs, now());
-    let (status, reason, message) = up_to_date(&plan).unwrap();
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::SPEC_CHANGED_AFTER_CREATE)
+    let message = expect_condition(
+        up_to_date(&plan).unwrap(),
+        ("False", reasons::SPEC_CHANGED_AFTER_CREATE),
     );
     for expected in [
         "spec.vcpu is 4, the microVM has 2",
@@ -1109,8 +1108,7 @@ fn a_machine_deleted_after_its_microvm_cluster_says_so() {
     obs.infra_cluster = None;
     obs.recorded_host = HostLookup::NotAsked;
     let plan = decide(&obs, now());
-    let (status, reason, message) = ready(&plan);
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "Deleting"));
+    let message = expect_condition(ready(&plan), ("False", "Deleting"));
     assert!(
         message.contains("MicrovmCluster of this machine is gone")
             && message.contains("abandon-microvm"),

@@ -324,6 +324,15 @@ pub fn observed_cluster() -> ObservedCluster {
     }
 }
 
+/// Asserts a condition's status and reason (given as [`ready`] and [`cluster_condition`] return it)
+/// and returns its message, for the test to check.
+#[track_caller]
+pub fn expect_condition(condition: (String, String, String), expected: (&str, &str)) -> String {
+    let (status, reason, message) = condition;
+    assert_eq!((status.as_str(), reason.as_str()), expected);
+    message
+}
+
 /// Condition `t` of a MicrovmCluster plan's status: (status, reason, message).
 pub fn cluster_condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
     let c = plan
