@@ -3,7 +3,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)] // test code
 
 use capmvm_api::validation::{
-    validate_cluster_spec, validate_machine_spec, validate_pool_spec, validate_template,
+    ValidationErrors, validate_cluster_spec, validate_machine_spec, validate_pool_spec,
+    validate_template,
 };
 use capmvm_api::*;
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
@@ -63,12 +64,10 @@ fn valid_cluster() -> MicrovmClusterSpec {
     }
 }
 
-/// Applies `mutate` to a valid machine spec and asserts the only error is at `path` and mentions `needle`.
+/// Asserts that validation failed with an error at `path` that mentions `needle`.
 #[track_caller]
-fn machine_error(mutate: impl FnOnce(&mut MicrovmMachineSpec), path: &str, needle: &str) {
-    let mut spec = valid_machine();
-    mutate(&mut spec);
-    let errors = validate_machine_spec(&spec).expect_err("the mutation makes the spec invalid");
+fn assert_error_at(result: Result<(), ValidationErrors>, path: &str, needle: &str) {
+    let errors = result.expect_err("the mutation makes the spec invalid");
     assert!(
         errors
             .errors()
@@ -76,6 +75,41 @@ fn machine_error(mutate: impl FnOnce(&mut MicrovmMachineSpec), path: &str, needl
             .any(|e| e.path == path && e.message.contains(needle)),
         "expected {path}: ..{needle}.. in: {errors}"
     );
+}
+
+/// Applies `mutate` to a valid machine spec and asserts an error at `path` mentions `needle`.
+#[track_caller]
+fn machine_error(mutate: impl FnOnce(&mut MicrovmMachineSpec), path: &str, needle: &str) {
+    let mut spec = valid_machine();
+    mutate(&mut spec);
+    assert_error_at(validate_machine_spec(&spec), path, needle);
+}
+
+/// [`machine_error`] for a spec with one more volume.
+#[track_caller]
+fn volume_error(volume: Volume, path: &str, needle: &str) {
+    machine_error(|s| s.volumes.push(volume), path, needle);
+}
+
+/// A template of `spec`, as the template controller validates it.
+fn template(spec: MicrovmMachineSpec) -> MicrovmMachineTemplate {
+    MicrovmMachineTemplate::new(
+        "t",
+        MicrovmMachineTemplateSpec {
+            template: MicrovmMachineTemplateResource {
+                metadata: None,
+                spec,
+            },
+        },
+    )
+}
+
+/// One user's authorized keys.
+fn authorized_keys(list: &[&str]) -> Vec<SshPublicKey> {
+    vec![SshPublicKey {
+        user: "ops".into(),
+        authorized_keys: list.iter().map(|k| k.to_string()).collect(),
+    }]
 }
 
 #[test]
@@ -198,34 +232,28 @@ fn machine_field_errors_name_the_field_and_the_fix() {
         "spec.networkInterfaces[1].guestDeviceName",
         "already",
     );
-    machine_error(
-        |s| {
-            s.volumes.push(Volume {
-                id: "root".into(),
-                image: Some("a/b".into()),
-                ..Default::default()
-            })
+    volume_error(
+        Volume {
+            id: "root".into(),
+            image: Some("a/b".into()),
+            ..Default::default()
         },
         "spec.volumes[0].id",
         "unique",
     );
-    machine_error(
-        |s| {
-            s.volumes.push(Volume {
-                id: "v".into(),
-                ..Default::default()
-            })
+    volume_error(
+        Volume {
+            id: "v".into(),
+            ..Default::default()
         },
         "spec.volumes[0]",
         "no source",
     );
-    machine_error(
-        |s| {
-            s.volumes.push(Volume {
-                id: "v".into(),
-                virtiofs_path: Some("/srv".into()),
-                ..Default::default()
-            })
+    volume_error(
+        Volume {
+            id: "v".into(),
+            virtiofs_path: Some("/srv".into()),
+            ..Default::default()
         },
         "spec.volumes[0].virtiofsPath",
         "cloudhypervisor",
@@ -321,31 +349,16 @@ fn image_references_follow_the_distribution_grammar() {
 fn template_paths_start_at_the_template_spec() {
     let mut spec = valid_machine();
     spec.vcpu = 100;
-    let template = MicrovmMachineTemplate::new(
-        "t",
-        MicrovmMachineTemplateSpec {
-            template: MicrovmMachineTemplateResource {
-                metadata: None,
-                spec,
-            },
-        },
-    );
-    let errors = validate_template(&template).unwrap_err();
+    let errors = validate_template(&template(spec)).unwrap_err();
     assert_eq!(errors.errors()[0].path, "spec.template.spec.vcpu");
 }
 
+/// Applies `mutate` to a valid cluster spec and asserts an error at `path` mentions `needle`.
 #[track_caller]
 fn cluster_error(mutate: impl FnOnce(&mut MicrovmClusterSpec), path: &str, needle: &str) {
     let mut spec = valid_cluster();
     mutate(&mut spec);
-    let errors = validate_cluster_spec(&spec).expect_err("the mutation makes the spec invalid");
-    assert!(
-        errors
-            .errors()
-            .iter()
-            .any(|e| e.path == path && e.message.contains(needle)),
-        "expected {path}: ..{needle}.. in: {errors}"
-    );
+    assert_error_at(validate_cluster_spec(&spec), path, needle);
 }
 
 fn hosts(s: &mut MicrovmClusterSpec) -> &mut Vec<MicrovmHost> {
@@ -462,16 +475,7 @@ fn proxy_accepts_an_http_prefix() {
 fn a_template_may_not_carry_a_provider_id() {
     let mut spec = valid_machine();
     spec.provider_id = Some("microvm://10.0.0.1:9090/01KE75BHT9H6D7V5YG0KYGRXX2".into());
-    let template = MicrovmMachineTemplate::new(
-        "t",
-        MicrovmMachineTemplateSpec {
-            template: MicrovmMachineTemplateResource {
-                metadata: None,
-                spec,
-            },
-        },
-    );
-    let errors = validate_template(&template).unwrap_err();
+    let errors = validate_template(&template(spec)).unwrap_err();
     assert!(
         errors
             .errors()
@@ -547,13 +551,11 @@ fn image_references_flintlock_refuses_are_refused_before_any_host_call() {
         "spec.rootVolume.image",
         "refused by flintlock",
     );
-    machine_error(
-        |s| {
-            s.volumes.push(Volume {
-                id: "data".into(),
-                image: Some("ubuntu:latest".into()),
-                ..Default::default()
-            })
+    volume_error(
+        Volume {
+            id: "data".into(),
+            image: Some("ubuntu:latest".into()),
+            ..Default::default()
         },
         "spec.volumes[0].image",
         "docker.io/library/ubuntu:latest",
@@ -581,12 +583,6 @@ fn image_references_flintlock_refuses_are_refused_before_any_host_call() {
 
 #[test]
 fn authorized_keys_must_be_openssh_public_keys() {
-    let keys = |list: &[&str]| {
-        vec![SshPublicKey {
-            user: "ops".into(),
-            authorized_keys: list.iter().map(|k| k.to_string()).collect(),
-        }]
-    };
     for (bad, needle) in [
         ("not-a-key", "<type> <base64> [comment]"),
         ("ssh-foo AAAAC3NzaC1lZDI1NTE5 ops", "key type \"ssh-foo\""),
@@ -599,18 +595,18 @@ fn authorized_keys_must_be_openssh_public_keys() {
         ("ssh-ed25519 AAAA ops", "not a ssh-ed25519 key"),
     ] {
         machine_error(
-            |s| s.ssh_public_keys = keys(&[ED25519_KEY, bad]),
+            |s| s.ssh_public_keys = authorized_keys(&[ED25519_KEY, bad]),
             "spec.sshPublicKeys[0].authorizedKeys[1]",
             needle,
         );
         cluster_error(
-            |s| s.ssh_public_keys = keys(&[ED25519_KEY, bad]),
+            |s| s.ssh_public_keys = authorized_keys(&[ED25519_KEY, bad]),
             "spec.sshPublicKeys[0].authorizedKeys[1]",
             needle,
         );
     }
     let mut spec = valid_machine();
-    spec.ssh_public_keys = keys(&[
+    spec.ssh_public_keys = authorized_keys(&[
         ED25519_KEY,
         RSA_KEY,
         ECDSA_KEY,
@@ -624,12 +620,6 @@ fn authorized_keys_must_be_openssh_public_keys() {
 /// refused, naming the option or the quoting.
 #[test]
 fn authorized_keys_may_carry_the_options_sshd_accepts() {
-    let keys = |list: &[&str]| {
-        vec![SshPublicKey {
-            user: "ops".into(),
-            authorized_keys: list.iter().map(|k| k.to_string()).collect(),
-        }]
-    };
     let blob = ED25519_KEY.trim_start_matches("ssh-ed25519 ");
     let accepted = [
         format!("command=\"/usr/bin/backup --all\" ssh-ed25519 {blob}"),
@@ -641,10 +631,10 @@ fn authorized_keys_may_carry_the_options_sshd_accepts() {
     ];
     for key in &accepted {
         let mut spec = valid_machine();
-        spec.ssh_public_keys = keys(&[key]);
+        spec.ssh_public_keys = authorized_keys(&[key]);
         assert_eq!(validate_machine_spec(&spec), Ok(()), "{key}");
         let mut cluster = valid_cluster();
-        cluster.ssh_public_keys = keys(&[key]);
+        cluster.ssh_public_keys = authorized_keys(&[key]);
         assert_eq!(validate_cluster_spec(&cluster), Ok(()), "{key}");
     }
     for (bad, needle) in [
@@ -668,7 +658,7 @@ fn authorized_keys_may_carry_the_options_sshd_accepts() {
         ("no-pty".to_string(), "[options] <type> <base64> [comment]"),
     ] {
         machine_error(
-            |s| s.ssh_public_keys = keys(&[ED25519_KEY, &bad]),
+            |s| s.ssh_public_keys = authorized_keys(&[ED25519_KEY, &bad]),
             "spec.sshPublicKeys[0].authorizedKeys[1]",
             needle,
         );

@@ -70,10 +70,6 @@ fn go_vm(uid: &str, state: VmState) -> ObservedVm {
     vm(uid, state, false)
 }
 
-fn answered(vms: Vec<ObservedVm>) -> HostLookup {
-    HostLookup::Answered { vms }
-}
-
 fn adoption_hosts(plan: &MachinePlan) -> Vec<String> {
     plan.record_adoption
         .iter()
@@ -282,10 +278,9 @@ fn an_unfinished_go_provider_machine_waits_for_a_person() {
     let obs = go_observed(None);
     assert_eq!(provenance(&obs.machine), Provenance::Unfinished);
     let plan = decide(&obs, now());
-    let (status, reason, message) = ready(&plan);
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::UNFINISHED_BY_PREVIOUS_PROVIDER)
+    let message = expect_condition(
+        ready(&plan),
+        ("False", reasons::UNFINISHED_BY_PREVIOUS_PROVIDER),
     );
     assert!(message.contains("default/m1"), "{message}");
     assert!(message.contains("spec.providerID"), "{message}");

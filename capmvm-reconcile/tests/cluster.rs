@@ -13,11 +13,8 @@ use capmvm_api::{
     TemplateMeta,
 };
 use capmvm_reconcile::*;
+use support::cluster_condition as condition;
 use support::*;
-
-fn condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
-    cluster_condition(plan, t)
-}
 
 fn provisioned(plan: &ClusterPlan) -> bool {
     plan.status
@@ -100,14 +97,7 @@ fn cluster_gates() {
     assert!(provisioned(&decide_cluster(&obs, now())));
 
     let mut obs = observed_cluster();
-    obs.microvm_cluster
-        .spec
-        .placement
-        .static_pool
-        .as_mut()
-        .unwrap()
-        .hosts[0]
-        .endpoint = "nope".into();
+    static_pool(&mut obs).hosts[0].endpoint = "nope".into();
     let plan = decide_cluster(&obs, now());
     let (_, reason, message) = condition(&plan, "Ready");
     assert_eq!(reason, reasons::INVALID_SPEC);
@@ -168,13 +158,7 @@ fn provisioned_is_never_unset() {
 #[test]
 fn basic_auth_without_tls_warns_once() {
     let mut obs = observed_cluster();
-    obs.microvm_cluster
-        .spec
-        .placement
-        .static_pool
-        .as_mut()
-        .unwrap()
-        .basic_auth_secret = Some("tokens".into());
+    static_pool(&mut obs).basic_auth_secret = Some("tokens".into());
     let plan = decide_cluster(&obs, now());
     assert_eq!(
         condition(&plan, "HostTransportSecure").1,

@@ -10,6 +10,7 @@ use capmvm_api::conditions::reasons;
 use capmvm_api::keys::CLUSTER_FINALIZER;
 use capmvm_reconcile::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use support::cluster_condition as condition;
 use support::*;
 
 /// The fixture as it stands once the operator has added the finalizer.
@@ -17,10 +18,6 @@ fn observed_cluster() -> ObservedCluster {
     let mut obs = support::observed_cluster();
     obs.microvm_cluster.metadata.finalizers = Some(vec![CLUSTER_FINALIZER.into()]);
     obs
-}
-
-fn condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
-    cluster_condition(plan, t)
 }
 
 fn warnings(plan: &ClusterPlan) -> Vec<&'static str> {
@@ -76,10 +73,9 @@ fn a_deleted_cluster_waits_for_its_machines_then_releases_everything() {
     obs.credential_secrets = vec![secret("tokens", true, 0), secret("shared", true, 1)];
     obs.machines = vec!["demo-md-1".into(), "demo-cp-0".into()];
     let plan = decide_cluster(&obs, now());
-    let (status, reason, message) = condition(&plan, "Ready");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::WAITING_FOR_MACHINES)
+    let message = expect_condition(
+        condition(&plan, "Ready"),
+        ("False", reasons::WAITING_FOR_MACHINES),
     );
     assert!(
         message.contains("2 MicrovmMachine(s)") && message.contains("demo-cp-0, demo-md-1"),
@@ -162,10 +158,9 @@ fn missing_credentials_make_the_cluster_not_ready_with_a_warning() {
             Some("basic-auth Secret \"tokens\" not found".into());
     }
     let plan = decide_cluster(&obs, now());
-    let (status, reason, message) = condition(&plan, "Ready");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::MISSING_CREDENTIALS)
+    let message = expect_condition(
+        condition(&plan, "Ready"),
+        ("False", reasons::MISSING_CREDENTIALS),
     );
     assert!(
         message.contains("cannot call 3 of 3 hosts") && message.contains("\"tokens\" not found"),
@@ -200,10 +195,9 @@ fn a_refused_token_is_an_authentication_failure_not_unreachable() {
     obs.hosts.get_mut(HOSTS[0]).unwrap().reachability =
         Reachability::Refused("host refused the credentials: invalid token".into());
     let plan = decide_cluster(&obs, now());
-    let (status, reason, message) = condition(&plan, "Ready");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::HOST_AUTHENTICATION_FAILED)
+    let message = expect_condition(
+        condition(&plan, "Ready"),
+        ("False", reasons::HOST_AUTHENTICATION_FAILED),
     );
     assert!(
         message.contains("1 of 3 hosts refused the credentials")
@@ -317,10 +311,9 @@ fn microvms_of_machines_that_no_longer_exist_are_reported_never_deleted() {
         },
     ];
     let plan = decide_cluster(&obs, now());
-    let (status, reason, message) = condition(&plan, "OrphanedMicrovms");
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("True", reasons::ORPHANED_MICROVMS_FOUND)
+    let message = expect_condition(
+        condition(&plan, "OrphanedMicrovms"),
+        ("True", reasons::ORPHANED_MICROVMS_FOUND),
     );
     assert!(
         message.contains("uid 01B") && message.contains("10.0.0.2:9090"),

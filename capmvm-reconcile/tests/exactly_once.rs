@@ -39,7 +39,7 @@ fn every_create_counts_one_more_placement_attempt() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[1]);
     with_attempts(&mut obs, "3");
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert_eq!(creates(&plan)[0].0, HOSTS[1]);
     assert_eq!(recorded_attempt(&plan), Some(4));
@@ -74,9 +74,7 @@ fn the_record_names_who_claims_the_placement_and_when() {
 fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
     // Another operator process recorded the host and is creating: its create may not have reached
     // the host when this process listed it. Creating now would make a second microVM.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let mut obs = placed_on(HOSTS[1], vec![]);
     claimed(&mut obs, "capmvm-1_99_5", 3);
     obs.claim_seen_for = Some(Duration::from_secs(3));
     let plan = decide(&obs, now());
@@ -102,14 +100,9 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
     // The microVM showed up: adopted, whoever claimed.
     claimed(&mut obs, "capmvm-1_99_5", 1);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Pending, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
     let plan = decide(&obs, now());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
-    );
+    assert_adopted(&plan, HOSTS[1], "01A");
 }
 
 /// Two replicas without leader election whose clocks differ by an hour: the claim one wrote a
@@ -117,9 +110,7 @@ fn a_placement_another_process_claimed_moments_ago_is_waited_out() {
 /// how long this replica has seen it), whichever way the clocks are apart.
 #[test]
 fn a_claim_is_waited_out_whatever_the_replicas_clocks_say() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let mut obs = placed_on(HOSTS[1], vec![]);
     // Written by the other replica just now, by its clock.
     claimed(&mut obs, "capmvm-1_99_5", 0);
     obs.claim_seen_for = Some(Duration::from_secs(2));
@@ -163,22 +154,14 @@ fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
             "microVM 01E has no readable",
         ),
     ] {
-        let mut obs = observed();
-        with_recorded_host(&mut obs, HOSTS[2]);
-        obs.recorded_host = HostLookup::Answered {
-            vms: vec![listed.clone()],
-        };
+        let mut obs = placed_on(HOSTS[2], vec![listed.clone()]);
         let plan = decide(&obs, now());
         assert!(
             plan.host_calls.is_empty(),
             "no create, and someone else's microVM is not deleted: {listed:?}"
         );
         assert!(plan.record_host.is_none());
-        let (status, reason, message) = ready(&plan);
-        assert_eq!(
-            (status.as_str(), reason.as_str()),
-            ("False", reasons::UNKNOWN_MICROVM_ON_HOST)
-        );
+        let message = expect_condition(ready(&plan), ("False", reasons::UNKNOWN_MICROVM_ON_HOST));
         for part in [HOSTS[2], "default/m1", names, "delete it"] {
             assert!(message.contains(part), "{part:?} missing from {message}");
         }
@@ -203,25 +186,16 @@ fn an_unknown_same_name_microvm_on_the_recorded_host_blocks_creation() {
 #[test]
 fn an_unknown_microvm_being_deleted_or_next_to_ours_does_not_block() {
     // Being deleted: it is going away, so the machine creates.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![foreign("01A", VmState::Deleting, None)],
-    };
+    let mut obs = placed_on(HOSTS[0], vec![foreign("01A", VmState::Deleting, None)]);
     assert_eq!(creates(&decide(&obs, now())).len(), 1);
     // Ours is there too: it is adopted, the unknown one left alone.
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
-            foreign("01A", VmState::Created, None),
-            vm("01B", VmState::Created, true),
-        ],
-    };
+    obs.recorded_host = answered(vec![
+        foreign("01A", VmState::Created, None),
+        vm("01B", VmState::Created, true),
+    ]);
     let plan = decide(&obs, now());
     assert!(plan.host_calls.is_empty());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01B", HOSTS[0])))
-    );
+    assert_adopted(&plan, HOSTS[0], "01B");
 }
 
 fn refused_create(obs: &ObservedMachine) -> (capmvm_api::MicrovmMachineStatus, bool, Event) {
@@ -244,9 +218,7 @@ fn refused_create(obs: &ObservedMachine) -> (capmvm_api::MicrovmMachineStatus, b
 
 #[test]
 fn a_create_the_host_refused_is_final_until_the_spec_changes() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let mut obs = placed_on(HOSTS[0], vec![]);
     let (status, retry, event) = refused_create(&obs);
     assert!(!retry, "no backoff retry of a refused spec");
     assert_eq!(
@@ -290,9 +262,7 @@ fn a_create_the_host_refused_is_final_until_the_spec_changes() {
 
 #[test]
 fn other_failures_and_refused_deletes_are_retried() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let obs = placed_on(HOSTS[0], vec![]);
     let create = decide(&obs, now())
         .host_calls
         .into_iter()
@@ -341,9 +311,7 @@ fn other_failures_and_refused_deletes_are_retried() {
 /// (a create the host refused), without sending anything again in between.
 #[test]
 fn a_failed_host_call_in_the_observation_is_reported_and_not_repeated() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let obs = placed_on(HOSTS[0], vec![]);
     let create = decide(&obs, now())
         .host_calls
         .into_iter()

@@ -185,9 +185,7 @@ fn finalizer_is_added_only_once_an_owner_exists() {
 fn paused_keeps_a_ready_machine_ready_and_reports_paused() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let running = decide(&obs, now());
     assert_eq!(ready(&running).0, "True");
     obs.machine.status = running.status;
@@ -249,9 +247,7 @@ fn a_new_machine_is_placed_recorded_and_created_in_one_plan() {
     let mut next = obs.clone();
     next.machine.metadata.finalizers = Some(vec![MACHINE_FINALIZER.to_string()]);
     with_recorded_host(&mut next, &created[0].0);
-    next.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Pending, true)],
-    };
+    next.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
     let adopt = decide(&next, later());
     assert_eq!(
         adopt.provider_id,
@@ -318,9 +314,7 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
     // crashed before it) re-records the same host and uid with one more placement attempt: the
     // operator writes that conditionally on the resourceVersion read, so a stale read (one missing a
     // providerID) never reaches the host, and the write always changes the object.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[2]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let obs = placed_on(HOSTS[2], vec![]);
     let plan = decide(&obs, now());
     assert_eq!(
         plan.record_host,
@@ -338,14 +332,13 @@ fn every_create_is_preceded_by_a_conditional_record_of_the_host() {
 
 #[test]
 fn adoption_skips_a_microvm_being_deleted() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
+    let mut obs = placed_on(
+        HOSTS[1],
+        vec![
             vm("01A", VmState::Deleting, true),
             vm("01B", VmState::Pending, true),
         ],
-    };
+    );
     let plan = decide(&obs, now());
     assert!(
         plan.provider_id
@@ -356,9 +349,7 @@ fn adoption_skips_a_microvm_being_deleted() {
     assert!(creates(&plan).is_empty() && deletes(&plan).is_empty());
 
     // Only a dying one: wait for it to go, then create anew (never adopt it, never create beside it).
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Deleting, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Deleting, true)]);
     let plan = decide(&obs, now());
     assert!(plan.host_calls.is_empty());
     assert!(plan.provider_id.is_none());
@@ -370,22 +361,29 @@ fn adoption_skips_a_microvm_being_deleted() {
 #[test]
 fn an_invalid_spec_does_not_stop_adopting_an_existing_microvm() {
     // The spec was edited into an invalid one after the host was recorded and the microVM created.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.machine.spec.vcpu = 0;
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
-    let plan = decide(&obs, now());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    adopts_but_creates_nothing(
+        VmState::Created,
+        |obs| obs.machine.spec.vcpu = 0,
+        reasons::INVALID_SPEC,
     );
-    // With nothing to adopt, the invalid spec blocks the create.
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+}
+
+/// With `blocker` applied to a machine placed on `HOSTS[1]`, its microVM there (in `state`) is
+/// still adopted; with nothing to adopt, the blocker stops the create and Ready says `reason`.
+#[track_caller]
+fn adopts_but_creates_nothing(
+    state: VmState,
+    blocker: impl Fn(&mut ObservedMachine),
+    reason: &str,
+) {
+    let mut obs = placed_on(HOSTS[1], vec![vm("01A", state, true)]);
+    blocker(&mut obs);
+    let plan = decide(&obs, now());
+    assert_adopted(&plan, HOSTS[1], "01A");
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert_eq!(ready(&plan).1, reasons::INVALID_SPEC);
+    assert_eq!(ready(&plan).1, reason);
 }
 
 #[test]
@@ -413,9 +411,7 @@ fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
     with_recorded_host(&mut obs, HOSTS[1]);
     obs.machine.metadata.creation_timestamp =
         Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()));
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Pending, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
     let soon = now()
         .checked_add(std::time::Duration::from_secs(3))
         .unwrap();
@@ -438,9 +434,7 @@ fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
     let plan = decide(&obs, late);
     assert_eq!(ready(&plan).1, reasons::MICROVM_PENDING);
     // Failed within the grace: reported at once.
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Failed, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Failed, true)]);
     assert_eq!(
         ready(&decide(&obs, soon)).1,
         reasons::MICROVM_PROVISION_FAILED
@@ -458,20 +452,16 @@ fn a_provider_id_without_host_annotation_is_observed() {
         capmvm_reconcile::machine::recorded_host(&obs.machine).map(|h| h.to_string()),
         Some(HOSTS[0].to_string())
     );
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, false)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, false)]);
     let plan = decide(&obs, now());
     assert_eq!(ready(&plan).1, reasons::READY);
     assert!(plan.host_calls.is_empty());
     // Deleting it deletes that microVM (it carries no uid of ours) and no other.
     deleting(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
-            vm("01A", VmState::Created, false),
-            vm("01B", VmState::Created, false),
-        ],
-    };
+    obs.recorded_host = answered(vec![
+        vm("01A", VmState::Created, false),
+        vm("01B", VmState::Created, false),
+    ]);
     assert_eq!(
         deletes(&decide(&obs, now())),
         [(HOSTS[0].to_string(), "01A".to_string())]
@@ -514,21 +504,17 @@ fn placement_honours_failure_domain_control_plane_and_load() {
 
 #[test]
 fn a_recorded_machine_adopts_its_microvm_instead_of_creating() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
+    let obs = placed_on(
+        HOSTS[1],
+        vec![
             vm("01B", VmState::Pending, true),
             vm("01A", VmState::Created, true),
             vm("01C", VmState::Created, false), // same name, someone else's: left alone
         ],
-    };
+    );
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
-    );
+    assert_adopted(&plan, HOSTS[1], "01A");
     assert_eq!(
         deletes(&plan),
         [(HOSTS[1].to_string(), "01B".to_string())],
@@ -544,15 +530,10 @@ fn a_moved_machine_adopts_the_microvm_carrying_its_origin_uid() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[1]);
     moved(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty(), "no second microVM");
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
-    );
+    assert_adopted(&plan, HOSTS[1], "01A");
     assert_eq!(ready(&plan).0, "True");
 }
 
@@ -561,7 +542,7 @@ fn a_moved_machine_with_nothing_on_its_host_creates_under_its_origin_uid() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[1]);
     moved(&mut obs);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     let created = creates(&plan);
     assert_eq!(created.len(), 1);
@@ -594,36 +575,21 @@ fn without_an_origin_uid_annotation_the_object_uid_identifies_the_microvm() {
         .as_mut()
         .unwrap()
         .remove(capmvm_api::keys::ORIGIN_UID_ANNOTATION);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     assert!(creates(&plan).is_empty());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
-    );
+    assert_adopted(&plan, HOSTS[1], "01A");
 }
 
 #[test]
 fn adoption_needs_no_bootstrap_data() {
-    // Right after a create (or after a crash), the microVM is adopted without reading the Secret again.
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[1]);
-    obs.bootstrap = BootstrapData::NotAsked;
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Pending, true)],
-    };
-    let plan = decide(&obs, now());
-    assert!(
-        plan.provider_id
-            .eq(&Some(format!("microvm://{}/01A", HOSTS[1])))
+    // Right after a create (or after a crash), the microVM is adopted without reading the Secret
+    // again. Creating, however, waits for it.
+    adopts_but_creates_nothing(
+        VmState::Pending,
+        |obs| obs.bootstrap = BootstrapData::NotAsked,
+        reasons::WAITING_FOR_BOOTSTRAP_DATA,
     );
-    // Creating, however, waits for it.
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
-    let plan = decide(&obs, now());
-    assert!(creates(&plan).is_empty());
-    assert_eq!(ready(&plan).1, reasons::WAITING_FOR_BOOTSTRAP_DATA);
 }
 
 #[test]
@@ -631,7 +597,7 @@ fn a_recorded_machine_with_nothing_on_its_host_creates_there() {
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[2]);
     obs.hosts.get_mut(HOSTS[2]).unwrap().allocated_vcpu = 60; // busiest, but recorded: no re-placement
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert_eq!(creates(&plan)[0].0, HOSTS[2]);
 }
@@ -652,9 +618,7 @@ fn a_recorded_machine_waits_for_an_unreachable_or_unasked_host() {
 
 #[test]
 fn missing_credentials_is_a_condition_not_a_call() {
-    let mut obs = observed();
-    with_recorded_host(&mut obs, HOSTS[0]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    let mut obs = placed_on(HOSTS[0], vec![]);
     obs.hosts.get_mut(HOSTS[0]).unwrap().credentials_problem =
         Some("Secret \"tokens\" not found".into());
     let plan = decide(&obs, now());
@@ -748,7 +712,7 @@ fn states_map_to_status() {
         with_provider_id(&mut obs, HOSTS[0], "01A");
         let mut v = vm("01A", state, true);
         v.retry = 11;
-        obs.recorded_host = HostLookup::Answered { vms: vec![v] };
+        obs.recorded_host = answered(vec![v]);
         let plan = decide(&obs, now());
         let (s, r, message) = ready(&plan);
         assert_eq!(
@@ -779,9 +743,7 @@ fn ready_reports_addresses_and_failure_domain() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[2], "01A");
     obs.machine.status.as_mut().unwrap().failure_domain = None; // e.g. after clusterctl move
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     let status = plan.status.as_ref().unwrap();
     assert_eq!(status.failure_domain.as_deref(), Some("host-c"));
@@ -805,9 +767,7 @@ fn ready_after_a_problem_is_an_event() {
     let unreachable = decide(&obs, now());
     assert_eq!(event_reasons(&unreachable), ["HostUnreachable"]);
     obs.machine.status = unreachable.status;
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let back = decide(&obs, later());
     assert_eq!(ready(&back).1, reasons::READY);
     assert_eq!(event_reasons(&back), ["MicrovmReady"]);
@@ -817,9 +777,7 @@ fn ready_after_a_problem_is_an_event() {
 fn provisioned_is_never_unset() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     obs.machine.status = decide(&obs, now()).status;
     obs.recorded_host = HostLookup::Unreachable("timeout".into());
     let status = decide(&obs, later()).status.unwrap();
@@ -839,9 +797,7 @@ fn up_to_date(plan: &MachinePlan) -> Option<(String, String, String)> {
 fn a_spec_edited_after_create_is_reported_and_not_applied() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     assert_eq!(up_to_date(&plan).unwrap().0, "True");
     obs.machine.status = plan.status.clone();
@@ -851,10 +807,9 @@ fn a_spec_edited_after_create_is_reported_and_not_applied() {
     obs.machine.spec.memory_mb = 4096;
     obs.machine.spec.root_volume.image = Some("ghcr.io/example/root:2".into());
     let plan = decide(&obs, now());
-    let (status, reason, message) = up_to_date(&plan).unwrap();
-    assert_eq!(
-        (status.as_str(), reason.as_str()),
-        ("False", reasons::SPEC_CHANGED_AFTER_CREATE)
+    let message = expect_condition(
+        up_to_date(&plan).unwrap(),
+        ("False", reasons::SPEC_CHANGED_AFTER_CREATE),
     );
     for expected in [
         "spec.vcpu is 4, the microVM has 2",
@@ -885,7 +840,7 @@ fn a_spec_edited_after_create_is_reported_and_not_applied() {
 fn a_vanished_microvm_is_reported_and_never_recreated() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert_eq!(ready(&plan).1, reasons::MICROVM_NOT_FOUND);
     assert!(creates(&plan).is_empty());
@@ -896,12 +851,10 @@ fn a_vanished_microvm_is_reported_and_never_recreated() {
 fn a_duplicate_next_to_the_provider_id_vm_is_deleted() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
-            vm("01A", VmState::Created, true),
-            vm("01B", VmState::Created, true),
-        ],
-    };
+    obs.recorded_host = answered(vec![
+        vm("01A", VmState::Created, true),
+        vm("01B", VmState::Created, true),
+    ]);
     let plan = decide(&obs, now());
     assert_eq!(deletes(&plan), [(HOSTS[0].to_string(), "01B".to_string())]);
 }
@@ -913,17 +866,13 @@ fn deletion_deletes_the_vm_then_waits_then_releases() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
     deleting(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     assert_eq!(deletes(&plan), [(HOSTS[0].to_string(), "01A".to_string())]);
     assert!(!plan.remove_finalizer);
     assert_eq!(ready(&plan).1, reasons::DELETING);
 
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Deleting, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Deleting, true)]);
     let plan = decide(&obs, now());
     assert!(deletes(&plan).is_empty(), "no second delete while DELETING");
     assert!(
@@ -931,7 +880,7 @@ fn deletion_deletes_the_vm_then_waits_then_releases() {
         "the finalizer stays until the VM is gone"
     );
 
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert!(plan.remove_finalizer);
     assert!(plan.host_calls.is_empty());
@@ -959,12 +908,10 @@ fn deletion_of_a_placed_machine_without_provider_id_deletes_what_carries_its_uid
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[1]);
     deleting(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![
-            vm("01A", VmState::Pending, true),
-            vm("01Z", VmState::Created, false),
-        ],
-    };
+    obs.recorded_host = answered(vec![
+        vm("01A", VmState::Pending, true),
+        vm("01Z", VmState::Created, false),
+    ]);
     let plan = decide(&obs, now());
     assert_eq!(
         deletes(&plan),
@@ -979,9 +926,7 @@ fn deletion_of_a_moved_machine_without_provider_id_deletes_what_carries_its_orig
     with_recorded_host(&mut obs, HOSTS[1]);
     moved(&mut obs);
     deleting(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     let plan = decide(&obs, now());
     assert_eq!(deletes(&plan), [(HOSTS[1].to_string(), "01A".to_string())]);
     assert!(
@@ -1070,9 +1015,7 @@ fn paused_deletion_waits() {
     let mut obs = observed();
     with_provider_id(&mut obs, HOSTS[0], "01A");
     deleting(&mut obs);
-    obs.recorded_host = HostLookup::Answered {
-        vms: vec![vm("01A", VmState::Created, true)],
-    };
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
     obs.machine.metadata.annotations =
         Some([(PAUSED_ANNOTATION.to_string(), String::new())].into());
     assert!(decide(&obs, now()).has_no_effects());
@@ -1165,8 +1108,7 @@ fn a_machine_deleted_after_its_microvm_cluster_says_so() {
     obs.infra_cluster = None;
     obs.recorded_host = HostLookup::NotAsked;
     let plan = decide(&obs, now());
-    let (status, reason, message) = ready(&plan);
-    assert_eq!((status.as_str(), reason.as_str()), ("False", "Deleting"));
+    let message = expect_condition(ready(&plan), ("False", "Deleting"));
     assert!(
         message.contains("MicrovmCluster of this machine is gone")
             && message.contains("abandon-microvm"),

@@ -113,7 +113,7 @@ fn an_instance_is_placed_only_once_cores_machine_owns_it() {
 fn an_instance_placed_before_its_machine_showed_carries_on() {
     let mut obs = instance();
     with_recorded_host(&mut obs, HOSTS[1]);
-    obs.recorded_host = HostLookup::Answered { vms: vec![] };
+    obs.recorded_host = answered(vec![]);
     let plan = decide(&obs, now());
     assert_eq!(creates(&plan).len(), 1, "{plan:#?}");
     assert_eq!(creates(&plan)[0].0, HOSTS[1]);

@@ -7,12 +7,12 @@
 use std::collections::BTreeMap;
 
 use super::{
-    ConversionError, Kept, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, conditions,
-    convert_part, non_empty, put_kept, remove_annotation, take_kept,
+    ConversionError, conditions, convert_object_with_status, initialization_up, non_empty,
+    ready_down,
 };
 use crate::cluster::{
-    ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec,
-    MicrovmClusterStatus, MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
+    ApiEndpoint, FailureDomain, MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus,
+    MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
 };
 use crate::v1alpha1;
 
@@ -20,65 +20,20 @@ use crate::v1alpha1;
 pub fn cluster_to_v1alpha2(
     old: &v1alpha1::MicrovmCluster,
 ) -> Result<MicrovmCluster, ConversionError> {
-    let mut metadata = old.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let kept: Kept<MicrovmClusterSpec, MicrovmClusterStatus> =
-        take_kept(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(&old.spec, kept.spec, spec_up, spec_down);
-    let (status, lost_status) = convert_part(
-        &old.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_up),
-        |s| s.as_ref().map(status_down),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA1_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
-    )?;
-    Ok(MicrovmCluster {
-        metadata,
-        spec,
-        status,
-    })
+    convert_object_with_status(old, spec_up, spec_down, status_up, status_down)
 }
 
 /// A `v1alpha2` MicrovmCluster at `v1alpha1`.
 pub fn cluster_to_v1alpha1(
     new: &MicrovmCluster,
 ) -> Result<v1alpha1::MicrovmCluster, ConversionError> {
-    let mut metadata = new.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let kept: Kept<v1alpha1::MicrovmClusterSpec, v1alpha1::MicrovmClusterStatus> =
-        take_kept(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(
-        &new.spec,
-        kept.spec,
+    convert_object_with_status(
+        new,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-    );
-    let (status, lost_status) = convert_part(
-        &new.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_down),
-        |s| s.as_ref().map(status_up),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA2_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
-    )?;
-    Ok(v1alpha1::MicrovmCluster {
-        metadata,
-        spec,
-        status,
-    })
+        status_down,
+        status_up,
+    )
 }
 
 /// `kept` is the `v1alpha2` spec this object had when it was read at `v1alpha1` and then changed:
@@ -182,9 +137,7 @@ pub(super) fn key_down(k: &SshPublicKey) -> v1alpha1::SshPublicKey {
 
 fn status_up(old: &v1alpha1::MicrovmClusterStatus) -> MicrovmClusterStatus {
     MicrovmClusterStatus {
-        initialization: old.ready.then_some(Initialization {
-            provisioned: Some(true),
-        }),
+        initialization: initialization_up(old.ready),
         failure_domains: old
             .failure_domains
             .iter()
@@ -200,11 +153,7 @@ fn status_up(old: &v1alpha1::MicrovmClusterStatus) -> MicrovmClusterStatus {
 
 fn status_down(new: &MicrovmClusterStatus) -> v1alpha1::MicrovmClusterStatus {
     v1alpha1::MicrovmClusterStatus {
-        ready: new
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            .unwrap_or(false),
+        ready: ready_down(new.initialization.as_ref()),
         conditions: conditions::down(&new.conditions),
         failure_domains: new
             .failure_domains

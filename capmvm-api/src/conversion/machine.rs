@@ -4,10 +4,9 @@ use std::collections::BTreeMap;
 
 use super::cluster::{key_down, key_up};
 use super::{
-    ConversionError, Kept, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, conditions,
-    convert_part, non_empty, put_kept, remove_annotation, take_kept,
+    ConversionError, conditions, convert_object_with_status, initialization_up, non_empty,
+    ready_down,
 };
-use crate::cluster::Initialization;
 use crate::machine::{
     IfaceType, Initrd, Kernel, MicrovmMachine, MicrovmMachineSpec, MicrovmMachineStatus,
     NetworkInterface, VmState, VmmProvider, Volume,
@@ -18,65 +17,20 @@ use crate::v1alpha1::{self, vm_states};
 pub fn machine_to_v1alpha2(
     old: &v1alpha1::MicrovmMachine,
 ) -> Result<MicrovmMachine, ConversionError> {
-    let mut metadata = old.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let kept: Kept<MicrovmMachineSpec, MicrovmMachineStatus> =
-        take_kept(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(&old.spec, kept.spec, spec_up, spec_down);
-    let (status, lost_status) = convert_part(
-        &old.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_up),
-        |s| s.as_ref().map(status_down),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA1_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
-    )?;
-    Ok(MicrovmMachine {
-        metadata,
-        spec,
-        status,
-    })
+    convert_object_with_status(old, spec_up, spec_down, status_up, status_down)
 }
 
 /// A `v1alpha2` MicrovmMachine at `v1alpha1`.
 pub fn machine_to_v1alpha1(
     new: &MicrovmMachine,
 ) -> Result<v1alpha1::MicrovmMachine, ConversionError> {
-    let mut metadata = new.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let kept: Kept<v1alpha1::MicrovmMachineSpec, v1alpha1::MicrovmMachineStatus> =
-        take_kept(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(
-        &new.spec,
-        kept.spec,
+    convert_object_with_status(
+        new,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-    );
-    let (status, lost_status) = convert_part(
-        &new.status,
-        kept.status.map(Some),
-        |s, _| s.as_ref().map(status_down),
-        |s| s.as_ref().map(status_up),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA2_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: lost_status.flatten(),
-        },
-    )?;
-    Ok(v1alpha1::MicrovmMachine {
-        metadata,
-        spec,
-        status,
-    })
+        status_down,
+        status_up,
+    )
 }
 
 /// `kept` is the `v1alpha2` spec this machine had when it was read at `v1alpha1` and then changed:
@@ -204,9 +158,7 @@ fn volume_down(new: &Volume) -> v1alpha1::Volume {
 
 fn status_up(old: &v1alpha1::MicrovmMachineStatus) -> MicrovmMachineStatus {
     MicrovmMachineStatus {
-        initialization: old.ready.then_some(Initialization {
-            provisioned: Some(true),
-        }),
+        initialization: initialization_up(old.ready),
         vm_state: old.vm_state.as_deref().and_then(|s| match s {
             vm_states::PENDING => Some(VmState::Pending),
             vm_states::RUNNING => Some(VmState::Running),
@@ -225,11 +177,7 @@ fn status_up(old: &v1alpha1::MicrovmMachineStatus) -> MicrovmMachineStatus {
 
 fn status_down(new: &MicrovmMachineStatus) -> v1alpha1::MicrovmMachineStatus {
     v1alpha1::MicrovmMachineStatus {
-        ready: new
-            .initialization
-            .as_ref()
-            .and_then(|i| i.provisioned)
-            .unwrap_or(false),
+        ready: ready_down(new.initialization.as_ref()),
         vm_state: new.vm_state.map(|s| {
             match s {
                 VmState::Pending => vm_states::PENDING,

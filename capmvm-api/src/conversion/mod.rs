@@ -30,6 +30,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::cluster::Initialization;
 pub use crate::keys::{V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION};
 use crate::{GROUP, v1alpha1};
 
@@ -305,6 +306,159 @@ where
     };
     let lost = (back(&value) != *from).then(|| from.clone());
     (value, lost)
+}
+
+/// Which way a conversion goes, as the two annotations see it.
+#[derive(Clone, Copy)]
+struct Direction {
+    /// Holds the fields only the source version has: stale on the source object (an object never
+    /// carries the fields of the version it is at), written afresh with what the target loses.
+    source_fields: &'static str,
+    /// Holds the fields only the target version has: read as the hint for what it cannot say.
+    target_fields: &'static str,
+}
+
+impl Direction {
+    /// `v1alpha1` to `v1alpha2`.
+    const UP: Self = Self {
+        source_fields: V1ALPHA1_FIELDS_ANNOTATION,
+        target_fields: V1ALPHA2_FIELDS_ANNOTATION,
+    };
+    /// `v1alpha2` to `v1alpha1`.
+    const DOWN: Self = Self {
+        source_fields: V1ALPHA2_FIELDS_ANNOTATION,
+        target_fields: V1ALPHA1_FIELDS_ANNOTATION,
+    };
+}
+
+/// Converts one object of any kind: its metadata (but for the annotations), its spec through
+/// `spec_to` and `spec_back` (see [`convert_part`]), and its status through `status`, which gets the
+/// status the target version last held and returns the converted status and what the target loses
+/// of it. Every kind converts the same way; only how its spec and status map differs.
+fn convert_parts<FromSpec, ToSpec, KeptStatus, Status, LostStatus>(
+    metadata: &ObjectMeta,
+    direction: Direction,
+    spec: &FromSpec,
+    spec_to: impl Fn(&FromSpec, Option<&ToSpec>) -> ToSpec,
+    spec_back: impl Fn(&ToSpec) -> FromSpec,
+    status: impl FnOnce(Option<KeptStatus>) -> (Status, Option<LostStatus>),
+) -> Result<(ObjectMeta, ToSpec, Status), ConversionError>
+where
+    FromSpec: Clone + PartialEq + Serialize,
+    ToSpec: DeserializeOwned,
+    KeptStatus: DeserializeOwned,
+    LostStatus: Serialize,
+{
+    let mut metadata = metadata.clone();
+    remove_annotation(&mut metadata, direction.source_fields);
+    let kept: Kept<ToSpec, KeptStatus> = take_kept(&mut metadata, direction.target_fields);
+    let (spec, lost_spec) = convert_part(spec, kept.spec, spec_to, spec_back);
+    let (status, lost_status) = status(kept.status);
+    put_kept(
+        &mut metadata,
+        direction.source_fields,
+        &Kept {
+            spec: lost_spec,
+            status: lost_status,
+        },
+    )?;
+    Ok((metadata, spec, status))
+}
+
+/// A kind whose spec and status both versions hold (MicrovmCluster, MicrovmMachine), taken apart
+/// and put together by [`convert_object_with_status`].
+trait SpecAndStatus: Sized {
+    type Spec;
+    type Status;
+    /// The annotation that holds what only this version can say.
+    const FIELDS: &'static str;
+    fn parts(&self) -> (&ObjectMeta, &Self::Spec, &Option<Self::Status>);
+    fn from_parts(metadata: ObjectMeta, spec: Self::Spec, status: Option<Self::Status>) -> Self;
+}
+
+macro_rules! spec_and_status {
+    ($($kind:ty => $spec:ty, $status:ty, $fields:expr;)*) => {$(
+        impl SpecAndStatus for $kind {
+            type Spec = $spec;
+            type Status = $status;
+            const FIELDS: &'static str = $fields;
+            fn parts(&self) -> (&ObjectMeta, &$spec, &Option<$status>) {
+                (&self.metadata, &self.spec, &self.status)
+            }
+            fn from_parts(metadata: ObjectMeta, spec: $spec, status: Option<$status>) -> Self {
+                Self { metadata, spec, status }
+            }
+        }
+    )*};
+}
+
+spec_and_status! {
+    v1alpha1::MicrovmCluster =>
+        v1alpha1::MicrovmClusterSpec, v1alpha1::MicrovmClusterStatus, V1ALPHA1_FIELDS_ANNOTATION;
+    crate::MicrovmCluster =>
+        crate::MicrovmClusterSpec, crate::MicrovmClusterStatus, V1ALPHA2_FIELDS_ANNOTATION;
+    v1alpha1::MicrovmMachine =>
+        v1alpha1::MicrovmMachineSpec, v1alpha1::MicrovmMachineStatus, V1ALPHA1_FIELDS_ANNOTATION;
+    crate::MicrovmMachine =>
+        crate::MicrovmMachineSpec, crate::MicrovmMachineStatus, V1ALPHA2_FIELDS_ANNOTATION;
+}
+
+/// [`convert_parts`] for a kind whose status both versions hold: the status converts through
+/// `status_to` and `status_back` as the spec does (see [`convert_status`]).
+fn convert_object_with_status<Source: SpecAndStatus, Target: SpecAndStatus>(
+    from: &Source,
+    spec_to: impl Fn(&Source::Spec, Option<&Target::Spec>) -> Target::Spec,
+    spec_back: impl Fn(&Target::Spec) -> Source::Spec,
+    status_to: impl Fn(&Source::Status) -> Target::Status,
+    status_back: impl Fn(&Target::Status) -> Source::Status,
+) -> Result<Target, ConversionError>
+where
+    Source::Spec: Clone + PartialEq + Serialize,
+    Source::Status: Clone + PartialEq + Serialize,
+    Target::Spec: DeserializeOwned,
+    Target::Status: DeserializeOwned,
+{
+    let direction = Direction {
+        source_fields: Source::FIELDS,
+        target_fields: Target::FIELDS,
+    };
+    let (metadata, spec, status) = from.parts();
+    let (metadata, spec, status) =
+        convert_parts(metadata, direction, spec, spec_to, spec_back, |kept| {
+            convert_status(status, kept, status_to, status_back)
+        })?;
+    Ok(Target::from_parts(metadata, spec, status))
+}
+
+/// [`convert_part`] for a status, which an object at either version may not have yet.
+fn convert_status<F, T>(
+    from: &Option<F>,
+    kept: Option<T>,
+    to: impl Fn(&F) -> T,
+    back: impl Fn(&T) -> F,
+) -> (Option<T>, Option<F>)
+where
+    F: Clone + PartialEq,
+{
+    let (status, lost) = convert_part(
+        from,
+        kept.map(Some),
+        |s, _| s.as_ref().map(&to),
+        |s| s.as_ref().map(&back),
+    );
+    (status, lost.flatten())
+}
+
+/// `v1alpha1`'s `status.ready` is `v1alpha2`'s `status.initialization.provisioned`.
+fn initialization_up(ready: bool) -> Option<Initialization> {
+    ready.then_some(Initialization {
+        provisioned: Some(true),
+    })
+}
+
+/// See [`initialization_up`]; unset is not ready.
+fn ready_down(initialization: Option<&Initialization>) -> bool {
+    initialization.and_then(|i| i.provisioned).unwrap_or(false)
 }
 
 /// `Some` for a non-empty string: `v1alpha1` writes an unset string as empty.

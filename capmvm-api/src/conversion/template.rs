@@ -2,10 +2,7 @@
 //! ours (capacity and node info for cluster-autoscaler) is kept in the annotation at `v1alpha1`.
 
 use super::machine::{spec_down as machine_spec_down, spec_up as machine_spec_up};
-use super::{
-    ConversionError, Kept, V1ALPHA1_FIELDS_ANNOTATION, V1ALPHA2_FIELDS_ANNOTATION, convert_part,
-    put_kept, remove_annotation, take_kept,
-};
+use super::{ConversionError, Direction, convert_parts};
 use crate::template::{
     MicrovmMachineTemplate, MicrovmMachineTemplateResource, MicrovmMachineTemplateSpec,
     MicrovmMachineTemplateStatus, TemplateMeta,
@@ -16,24 +13,19 @@ use crate::v1alpha1;
 pub fn template_to_v1alpha2(
     old: &v1alpha1::MicrovmMachineTemplate,
 ) -> Result<MicrovmMachineTemplate, ConversionError> {
-    let mut metadata = old.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let kept: Kept<MicrovmMachineTemplateSpec, MicrovmMachineTemplateStatus> =
-        take_kept(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(&old.spec, kept.spec, spec_up, spec_down);
-    put_kept::<_, ()>(
-        &mut metadata,
-        V1ALPHA1_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: None,
-        },
+    let (metadata, spec, status) = convert_parts(
+        &old.metadata,
+        Direction::UP,
+        &old.spec,
+        spec_up,
+        spec_down,
+        // `v1alpha1` cannot change the status (it has none), so the kept one is current.
+        |kept: Option<MicrovmMachineTemplateStatus>| (kept, None::<()>),
     )?;
     Ok(MicrovmMachineTemplate {
         metadata,
         spec,
-        // `v1alpha1` cannot change the status (it has none), so the kept one is current.
-        status: kept.status,
+        status,
     })
 }
 
@@ -41,23 +33,14 @@ pub fn template_to_v1alpha2(
 pub fn template_to_v1alpha1(
     new: &MicrovmMachineTemplate,
 ) -> Result<v1alpha1::MicrovmMachineTemplate, ConversionError> {
-    let mut metadata = new.metadata.clone();
-    remove_annotation(&mut metadata, V1ALPHA2_FIELDS_ANNOTATION);
-    let kept: Kept<v1alpha1::MicrovmMachineTemplateSpec, ()> =
-        take_kept(&mut metadata, V1ALPHA1_FIELDS_ANNOTATION);
-    let (spec, lost_spec) = convert_part(
+    let (metadata, spec, ()) = convert_parts(
+        &new.metadata,
+        Direction::DOWN,
         &new.spec,
-        kept.spec,
         |s, _| spec_down(s),
         |s| spec_up(s, None),
-    );
-    put_kept(
-        &mut metadata,
-        V1ALPHA2_FIELDS_ANNOTATION,
-        &Kept {
-            spec: lost_spec,
-            status: new.status.clone(),
-        },
+        // `v1alpha1` has no status: all of it is kept.
+        |_: Option<()>| ((), new.status.clone()),
     )?;
     Ok(v1alpha1::MicrovmMachineTemplate { metadata, spec })
 }

@@ -324,6 +324,15 @@ pub fn observed_cluster() -> ObservedCluster {
     }
 }
 
+/// Asserts a condition's status and reason (given as [`ready`] and [`cluster_condition`] return it)
+/// and returns its message, for the test to check.
+#[track_caller]
+pub fn expect_condition(condition: (String, String, String), expected: (&str, &str)) -> String {
+    let (status, reason, message) = condition;
+    assert_eq!((status.as_str(), reason.as_str()), expected);
+    message
+}
+
 /// Condition `t` of a MicrovmCluster plan's status: (status, reason, message).
 pub fn cluster_condition(plan: &ClusterPlan, t: &str) -> (String, String, String) {
     let c = plan
@@ -335,4 +344,33 @@ pub fn cluster_condition(plan: &ClusterPlan, t: &str) -> (String, String, String
         .find(|c| c.type_ == t)
         .unwrap_or_else(|| panic!("no condition {t}"));
     (c.status.clone(), c.reason.clone(), c.message.clone())
+}
+
+/// The recorded host's answer: it holds `vms`.
+pub fn answered(vms: Vec<ObservedVm>) -> HostLookup {
+    HostLookup::Answered { vms }
+}
+
+/// A machine placed on `host` (see [`with_recorded_host`]) whose host answers with `vms`.
+pub fn placed_on(host: &str, vms: Vec<ObservedVm>) -> ObservedMachine {
+    let mut obs = observed();
+    with_recorded_host(&mut obs, host);
+    obs.recorded_host = answered(vms);
+    obs
+}
+
+/// Asserts the plan writes the providerID of microVM `uid` on `host`: it adopted that microVM.
+#[track_caller]
+pub fn assert_adopted(plan: &MachinePlan, host: &str, uid: &str) {
+    assert_eq!(plan.provider_id, Some(format!("microvm://{host}/{uid}")));
+}
+
+/// The MicrovmCluster's static pool, for tests that bend it.
+pub fn static_pool(obs: &mut ObservedCluster) -> &mut StaticPoolPlacement {
+    obs.microvm_cluster
+        .spec
+        .placement
+        .static_pool
+        .as_mut()
+        .expect("the fixture has a static pool")
 }
