@@ -69,6 +69,30 @@ async fn pool(client: &kube::Client, replicas: i64) -> DynamicObject {
 
 const SCALE: &str = "/apis/test.example.com/v1/namespaces/default/pools/p/scale";
 
+/// A merge patch of p's scale, as `kubectl scale` sends it.
+async fn patch_scale(client: &kube::Client, patch: &[u8]) -> Raw {
+    raw(
+        client,
+        "PATCH",
+        SCALE,
+        Some("application/merge-patch+json"),
+        patch,
+    )
+    .await
+}
+
+/// A PUT of p's scale.
+async fn put_scale(client: &kube::Client, scale: &Value) -> Raw {
+    raw(
+        client,
+        "PUT",
+        SCALE,
+        Some("application/json"),
+        scale.to_string().as_bytes(),
+    )
+    .await
+}
+
 async fn discovery_lists_the_scale_subresource(server: Server) {
     let client = server.client();
     create_crd(&client, &pool_crd()).await;
@@ -119,14 +143,7 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
     assert_eq!(s["status"], json!({"replicas": 1, "selector": "pool=p"}));
 
     // A merge patch (what `kubectl scale` sends) writes spec.replicas and bumps generation.
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":5}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":5}}"#).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.body["spec"]["replicas"], 5);
     let obj = pools(&client).get("p").await.unwrap();
@@ -140,14 +157,7 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
     // PUT with the current resourceVersion; a stale one is 409 and changes nothing.
     let mut s = get_json(&client, SCALE).await;
     s["spec"]["replicas"] = json!(7);
-    let r = raw(
-        &client,
-        "PUT",
-        SCALE,
-        Some("application/json"),
-        s.to_string().as_bytes(),
-    )
-    .await;
+    let r = put_scale(&client, &s).await;
     assert_eq!(
         (r.status, &r.body["spec"]["replicas"]),
         (200, &json!(7)),
@@ -155,34 +165,13 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
         r.text
     );
     s["spec"]["replicas"] = json!(8);
-    let r = raw(
-        &client,
-        "PUT",
-        SCALE,
-        Some("application/json"),
-        s.to_string().as_bytes(),
-    )
-    .await;
+    let r = put_scale(&client, &s).await;
     assert_status(&r, 409, "Conflict");
     // Negative replicas are refused as a real server refuses them; the CRD's schema still applies.
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":-1}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":-1}}"#).await;
     assert_status(&r, 422, "Invalid");
     assert_eq!(r.body["details"]["causes"][0]["field"], "spec.replicas");
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":11}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":11}}"#).await;
     assert_status(&r, 422, "Invalid");
     assert_eq!(
         pools(&client).get("p").await.unwrap().data["spec"]["replicas"],

@@ -122,13 +122,7 @@ async fn limit_and_continue_paginate_consistently(server: Server) {
     )
     .await
     .unwrap();
-    cms.patch(
-        "c20",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"changed": "yes"}})),
-    )
-    .await
-    .unwrap();
+    cms.merge("c20", json!({"data": {"changed": "yes"}})).await;
     let mut names: Vec<String> = first
         .items
         .iter()

@@ -483,13 +483,7 @@ async fn a_microvm_machine_template_is_immutable(server: Server) {
     );
     // The same template again, and a change of its labels, are accepted.
     let relabelled = templates
-        .patch(
-            "t",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}, "spec": {"template": {"spec": {"vcpu": 2}}}})),
-        )
-        .await
-        .unwrap();
+        .merge("t", json!({"metadata": {"labels": {"a": "b"}}, "spec": {"template": {"spec": {"vcpu": 2}}}})).await;
     assert_eq!(relabelled.data["spec"], created.data["spec"]);
 }
 

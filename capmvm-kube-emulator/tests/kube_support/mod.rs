@@ -10,11 +10,23 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
+mod api_ext;
 pub mod servers;
+
+// Not every suite uses each of them.
+#[allow(unused_imports)]
+pub use api_ext::{ApiExt, Events, next_event};
 
 /// Starts an emulator with default options and returns it with a client.
 pub async fn start() -> (EmulatorHandle, Client) {
     start_with(EmulatorOptions::default()).await
+}
+
+/// Starts an emulator with default options and the project's CRDs installed.
+pub async fn start_with_project_crds() -> (EmulatorHandle, Client) {
+    let (emulator, client) = start().await;
+    install_project_crds(&client).await;
+    (emulator, client)
 }
 
 pub async fn start_with(options: EmulatorOptions) -> (EmulatorHandle, Client) {
@@ -151,10 +163,20 @@ pub fn dynamic(v: Value) -> DynamicObject {
 }
 
 pub async fn create_machine(client: &Client, ns: &str, name: &str) -> DynamicObject {
+    try_create_machine(client, ns, name)
+        .await
+        .expect("create machine")
+}
+
+/// Creates `machine(name)`, returning what the server answered (for creates expected to fail).
+pub async fn try_create_machine(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> kube::Result<DynamicObject> {
     machines(client, ns)
         .create(&PostParams::default(), &dynamic(machine(name)))
         .await
-        .expect("create machine")
 }
 
 /// A CRD whose schema uses every keyword the emulator validates: `widgets.test.example.com`.
