@@ -156,9 +156,8 @@ async fn hooks_of_other_kinds_do_not_run() {
             },
         );
     widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(widget("w", 1)))
-        .await
-        .unwrap();
+        .create_json(widget("w", 1))
+        .await;
     // Built-in kinds of the core group can be admitted too.
     let r = raw(
         &client,

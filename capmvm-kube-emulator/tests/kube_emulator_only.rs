@@ -199,13 +199,7 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
     let (_emu, client) =
         start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(3)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let first = cms
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    let first = cms.create_json(json!({"metadata": {"name": "c"}})).await;
     for i in 0..5 {
         cms.merge("c", json!({"data": {"n": i.to_string()}})).await;
     }
@@ -284,12 +278,8 @@ async fn a_continue_token_older_than_the_history_is_410() {
     let (emu, client) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        cms.create_json(json!({"metadata": {"name": format!("c{i}")}}))
+            .await;
     }
     let first = cms.list(&ListParams::default().limit(2)).await.unwrap();
     for i in 0..10 {

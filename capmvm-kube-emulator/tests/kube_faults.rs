@@ -101,9 +101,7 @@ async fn an_internal_error_refuses_writes_and_stores_nothing() {
     );
     assert_eq!(counts.total(), 3);
     faults.clear();
-    api.create(&PostParams::default(), &dynamic(machine("m2")))
-        .await
-        .unwrap();
+    api.create_json(machine("m2")).await;
 }
 
 fn configmap(name: &str) -> ConfigMap {

@@ -379,10 +379,8 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
         return;
     };
     create_machine(&client, "default", "m").await;
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let patch_m = |args: &[&str]| k.ok(&[&["patch", "mvmm", "m"], args].concat());
+    let out = patch_m(&[
         "--type",
         "merge",
         "-p",
@@ -392,10 +390,7 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
         out.trim(),
         "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
     );
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let out = patch_m(&[
         "--type",
         "json",
         "-p",
@@ -405,10 +400,7 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
         out.trim(),
         "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
     );
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let out = patch_m(&[
         "--subresource",
         "status",
         "--type",

@@ -5,9 +5,7 @@
 
 mod kube_support;
 
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::{Value, json};
@@ -51,13 +49,9 @@ fn pools(client: &kube::Client) -> Api<DynamicObject> {
 
 async fn pool(client: &kube::Client, replicas: i64) -> DynamicObject {
     let api = pools(client);
-    api.create(
-        &PostParams::default(),
-        &dynamic(json!({"apiVersion": "test.example.com/v1", "kind": "Pool",
-            "metadata": {"name": "p"}, "spec": {"replicas": replicas, "size": "m"}})),
-    )
-    .await
-    .unwrap();
+    api.create_json(json!({"apiVersion": "test.example.com/v1", "kind": "Pool",
+            "metadata": {"name": "p"}, "spec": {"replicas": replicas, "size": "m"}}))
+        .await;
     api.patch_status(
         "p",
         &PatchParams::default(),

@@ -9,10 +9,7 @@ async fn finalizers_hold_deletion_until_removed(server: Server) {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    let created = api
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let created = api.create_json(m).await;
     let mut events = api
         .events(
             &WatchParams::default().fields("metadata.name=m"),
@@ -84,10 +81,7 @@ async fn the_deleted_event_carries_the_last_stored_state(server: Server) {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["metadata"]["finalizers"] = json!(["example.com/a", "example.com/b"]);
-    let created = api
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let created = api.create_json(m).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let cm = cms
         .create(
@@ -189,12 +183,7 @@ async fn delete_without_finalizers_removes_at_once_and_answers_success(server: S
     .unwrap();
     // Built-ins answer an immediate deletion with a Success Status.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    cms.create_json(json!({"metadata": {"name": "c"}})).await;
     let out = cms.delete("c", &DeleteParams::default()).await.unwrap();
     assert!(
         out.right()
@@ -428,27 +417,16 @@ async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
     install_project_crds(&client).await;
     server.start_controllers().await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    nss.create_json(json!({"metadata": {"name": "doomed"}}))
+        .await;
     create_machine(&client, "doomed", "a").await;
     let mut held = machine("b");
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    machines(&client, "doomed")
-        .create(&PostParams::default(), &dynamic(held))
-        .await
-        .unwrap();
+    machines(&client, "doomed").create_json(held).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "doomed");
     secrets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        .create_json(json!({"metadata": {"name": "s"}}))
+        .await;
 
     let out = nss
         .delete("doomed", &DeleteParams::default())

@@ -50,10 +50,7 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
 
     let mut generated = machine("ignored");
     generated["metadata"] = json!({"generateName": "worker-"});
-    let g = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(generated))
-        .await
-        .unwrap();
+    let g = machines(&client, "default").create_json(generated).await;
     let name = g.metadata.name.unwrap();
     assert!(
         name.starts_with("worker-") && name.len() == "worker-".len() + 5,
@@ -207,9 +204,7 @@ async fn generation_changes_only_when_spec_changes(server: Server) {
     let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
-    api.create(&PostParams::default(), &dynamic(widget("w", 1)))
-        .await
-        .unwrap();
+    api.create_json(widget("w", 1)).await;
     let pp = PatchParams::default();
     let labels = api
         .patch(

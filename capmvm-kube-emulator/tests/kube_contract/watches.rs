@@ -238,34 +238,24 @@ async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
         emu.reset_counters();
     }
 
+    // A GET of m's watch path from this resourceVersion, for two seconds, in the background.
+    let watch_m = |from: String| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            raw(
+                &client,
+                "GET",
+                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion={from}&timeoutSeconds=2"),
+                None,
+                b"",
+            )
+            .await
+        })
+    };
     // From "0": the object as ADDED, then its changes; the other object is not seen.
-    let watch = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            raw(
-                &client,
-                "GET",
-                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion=0&timeoutSeconds=2"),
-                None,
-                b"",
-            )
-            .await
-        })
-    };
+    let watch = watch_m("0".to_string());
     // From a resourceVersion: only the changes after it.
-    let from_rv = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            raw(
-                &client,
-                "GET",
-                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion={rv}&timeoutSeconds=2"),
-                None,
-                b"",
-            )
-            .await
-        })
-    };
+    let from_rv = watch_m(rv);
     tokio::time::sleep(Duration::from_millis(300)).await;
     for name in ["n", "m"] {
         api.merge(name, json!({"spec": {"vcpu": 3}})).await;
@@ -292,12 +282,7 @@ async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
     // The legacy core path.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for name in ["c", "d"] {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        cms.create_json(json!({"metadata": {"name": name}})).await;
     }
     let core = raw(
         &client,
@@ -348,13 +333,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
     let create = |name: String| {
         let cms = cms.clone();
         async move {
-            let c = cms
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-                )
-                .await
-                .unwrap();
+            let c = cms.create_json(json!({"metadata": {"name": name}})).await;
             c.metadata.resource_version.unwrap().parse::<u64>().unwrap()
         }
     };
@@ -389,13 +368,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
         let cms = cms.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let late = cms
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap(),
-                )
-                .await
-                .unwrap();
+            let late = cms.create_json(json!({"metadata": {"name": "late"}})).await;
             late.metadata
                 .resource_version
                 .unwrap()
@@ -481,12 +454,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
 async fn boolean_parameters_are_false_only_for_false_or_zero(server: Server) {
     let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    cms.create_json(json!({"metadata": {"name": "c"}})).await;
     let base = "/api/v1/namespaces/default/configmaps";
     for list in [
         "watch=false",

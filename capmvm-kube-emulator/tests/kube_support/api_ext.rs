@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use futures::stream::BoxStream;
 use futures::{Stream, StreamExt, TryStreamExt};
+use k8s_openapi::serde::Serialize;
 use k8s_openapi::serde::de::DeserializeOwned;
-use kube::api::{Api, ListParams, Patch, PatchParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
 
 /// A stream of watch events, boxed so tests can hold it across awaits.
@@ -16,6 +17,8 @@ pub type Events<K> = BoxStream<'static, kube::Result<WatchEvent<K>>>;
 
 #[allow(async_fn_in_trait)]
 pub trait ApiExt<K> {
+    /// Creates the object this JSON describes, with default parameters; the created object.
+    async fn create_json(&self, object: Value) -> K;
     /// A JSON merge patch of the object with default parameters; the patched object.
     async fn merge(&self, name: &str, patch: Value) -> K;
     /// Empties the object's finalizers, releasing a deletion they held.
@@ -30,8 +33,17 @@ pub trait ApiExt<K> {
 
 impl<K> ApiExt<K> for Api<K>
 where
-    K: Clone + DeserializeOwned + Debug + Send + 'static,
+    K: Clone + DeserializeOwned + Serialize + Debug + Send + 'static,
 {
+    async fn create_json(&self, object: Value) -> K {
+        self.create(
+            &PostParams::default(),
+            &serde_json::from_value(object).unwrap(),
+        )
+        .await
+        .unwrap()
+    }
+
     async fn merge(&self, name: &str, patch: Value) -> K {
         self.patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
