@@ -110,11 +110,7 @@ async fn hooks_default_before_the_schema_and_refuse_with_the_webhook_name() {
     assert_eq!(w1.data["spec"]["size"], 3);
     assert_eq!(updates.load(Ordering::SeqCst), 1);
     let refused = api
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"color": "green"}})),
-        )
+        .try_merge("w1", json!({"spec": {"color": "green"}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(refused).code, 422);

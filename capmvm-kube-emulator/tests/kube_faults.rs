@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use capmvm_kube_emulator::{EmulatorHandle, FaultKind, FaultRule, Verb};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use kube_support::*;
@@ -65,11 +65,7 @@ async fn an_internal_error_refuses_writes_and_stores_nothing() {
         s.message
     );
     let e = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(e).code, 500);
@@ -174,11 +170,7 @@ async fn a_conflict_on_a_write_stores_nothing() {
         .unwrap();
     let api = machines(&client, "default");
     let e = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await
         .unwrap_err();
     let s = status_of(e);
@@ -268,11 +260,7 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
         .set_rules([machine_rule(FaultKind::CommittedCut, &[Verb::Patch]).times(1)])
         .unwrap();
     let cut = machines(&no_retry, "default")
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await;
     assert!(cut.is_err(), "the reply was cut: {cut:?}");
     let now = machines(&client, "default").get("m").await.unwrap();
@@ -282,11 +270,7 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
         .set_rules([machine_rule(FaultKind::CommittedTimeout, &[Verb::Patch])])
         .unwrap();
     let refused = machines(&no_retry, "default")
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": "many"}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": "many"}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(refused).code, 422);

@@ -451,11 +451,7 @@ async fn a_microvm_machine_template_is_immutable(server: Server) {
         .await;
     let s = status_of(
         templates
-            .patch(
-                "t",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"template": {"spec": {"vcpu": 4}}}})),
-            )
+            .try_merge("t", json!({"spec": {"template": {"spec": {"vcpu": 4}}}}))
             .await
             .unwrap_err(),
     );

@@ -21,6 +21,8 @@ pub trait ApiExt<K> {
     async fn create_json(&self, object: Value) -> K;
     /// A JSON merge patch of the object with default parameters; the patched object.
     async fn merge(&self, name: &str, patch: Value) -> K;
+    /// The same patch, returning what the server answered (for patches expected to fail).
+    async fn try_merge(&self, name: &str, patch: Value) -> kube::Result<K>;
     /// Empties the object's finalizers, releasing a deletion they held.
     async fn release_finalizers(&self, name: &str) -> K;
     /// The collection's resourceVersion, from a list with default parameters.
@@ -45,9 +47,12 @@ where
     }
 
     async fn merge(&self, name: &str, patch: Value) -> K {
+        self.try_merge(name, patch).await.unwrap()
+    }
+
+    async fn try_merge(&self, name: &str, patch: Value) -> kube::Result<K> {
         self.patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
-            .unwrap()
     }
 
     async fn release_finalizers(&self, name: &str) -> K {
