@@ -279,11 +279,7 @@ async fn writes_with_a_stale_resource_version_conflict(server: Server) {
     let old_rv = first.metadata.resource_version.clone().unwrap();
     let patch =
         json!({"metadata": {"resourceVersion": old_rv}, "spec": {"providerID": "microvm://h/1"}});
-    let s = status_of(
-        api.patch("m", &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap_err(),
-    );
+    let s = status_of(api.try_merge("m", patch).await.unwrap_err());
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
     let cur_rv = replaced.metadata.resource_version.clone().unwrap();
     let patch =

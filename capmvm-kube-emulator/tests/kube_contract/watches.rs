@@ -3,6 +3,14 @@
 
 use super::*;
 
+/// The bookmark's `k8s.io/initial-events-end` annotation ("true" on the one ending the initial state).
+fn initial_events_end(b: &kube::core::watch::Bookmark) -> Option<&str> {
+    b.metadata
+        .annotations
+        .get("k8s.io/initial-events-end")
+        .map(String::as_str)
+}
+
 async fn watch_streams_added_modified_deleted_and_bookmarks(server: Server) {
     let client = server.client();
     install_project_crds(&client).await;
@@ -43,13 +51,7 @@ async fn watch_streams_added_modified_deleted_and_bookmarks(server: Server) {
         other => panic!("expected the initial-events-end bookmark, got {other:?}"),
     };
     assert_eq!(b.types.kind, "MicrovmMachine");
-    assert_eq!(
-        b.metadata
-            .annotations
-            .get("k8s.io/initial-events-end")
-            .map(String::as_str),
-        Some("true")
-    );
+    assert_eq!(initial_events_end(&b), Some("true"));
     let list_rv: u64 = api.list_rv().await.parse().unwrap();
     let bookmark_rv: u64 = b.metadata.resource_version.parse().unwrap();
     assert!(
@@ -132,13 +134,7 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
         match s.try_next().await.unwrap().unwrap() {
             WatchEvent::Added(_) => added += 1,
             WatchEvent::Bookmark(b) => {
-                assert_eq!(
-                    b.metadata
-                        .annotations
-                        .get("k8s.io/initial-events-end")
-                        .map(String::as_str),
-                    Some("true")
-                );
+                assert_eq!(initial_events_end(&b), Some("true"));
                 break;
             }
             other => panic!("{other:?}"),
