@@ -471,12 +471,7 @@ async fn kubectl_apply_server_side_on_a_configmap_and_a_capi_machine_deployment(
     assert_eq!(fields_of(&got, "team-b"), &json!({"f:data": {"f:a": {}}}));
 
     // CAPI's MachineDeployment, as CAPI installs its CRD.
-    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
-    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
-    create_crd(&client, &serde_saphyr::from_str::<Value>(&md).unwrap()).await;
+    create_crd(&client, &capi_machine_deployment_crd()).await;
     let deployment = |replicas: u32| {
         format!(
             "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineDeployment\nmetadata:\n  name: workers\n  namespace: default\nspec:\n  clusterName: demo\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      pool: workers\n  template:\n    metadata:\n      labels:\n        pool: workers\n    spec:\n      clusterName: demo\n      version: v1.33.0\n      bootstrap:\n        configRef:\n          apiGroup: bootstrap.cluster.x-k8s.io\n          kind: KubeadmConfigTemplate\n          name: workers\n      infrastructureRef:\n        apiGroup: infrastructure.cluster.x-k8s.io\n        kind: MicrovmMachineTemplate\n        name: workers\n"

@@ -102,13 +102,7 @@ async fn discovery_lists_the_scale_subresource(server: Server) {
     assert_eq!(scale["kind"], "Scale");
     assert_eq!(scale["verbs"], json!(["get", "patch", "update"]));
     // CAPI's MachineDeployment declares it too.
-    // shared/ sits beside the repository (CI exports CAPMVM_SHARED_DIR when it is elsewhere).
-    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
-    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
-    create_crd(&client, &serde_saphyr::from_str::<Value>(&md).unwrap()).await;
+    create_crd(&client, &capi_machine_deployment_crd()).await;
     let doc = get_json(&client, "/apis/cluster.x-k8s.io/v1beta2").await;
     assert!(
         doc["resources"]

@@ -64,6 +64,17 @@ pub fn project_crds() -> Vec<Value> {
         .collect()
 }
 
+/// CAPI's MachineDeployment CRD (v1.14.0), as CAPI installs it: from shared/, which sits beside the
+/// repository (CI exports CAPMVM_SHARED_DIR when it is elsewhere).
+pub fn capi_machine_deployment_crd() -> Value {
+    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
+    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
+    serde_saphyr::from_str(&md).unwrap()
+}
+
 pub fn crd_api(client: &Client) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),
