@@ -21,6 +21,16 @@ use serde_json::{Value, json};
 const CONCURRENCY: usize = 16;
 const WATCHERS: usize = 20;
 
+/// The store's current resourceVersion, from a one-item list (where a watch starts).
+async fn current_rv(api: &Api<DynamicObject>) -> String {
+    api.list(&ListParams::default().limit(1))
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap()
+}
+
 fn machine_ar() -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk(
@@ -241,13 +251,7 @@ async fn run(objects: usize) {
     );
 
     // Watch event latency with 20 watchers: from just before the write is sent to each watcher's receipt.
-    let rv = api
-        .list(&ListParams::default().limit(1))
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = current_rv(&api).await;
     let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::new(Mutex::new(HashMap::new()));
     let writes: u64 = 2_000;
     let mut handles = Vec::new();
@@ -331,13 +335,7 @@ async fn lifecycle(emu: &capmvm_kube_emulator::EmulatorHandle, machines: usize) 
     .await
     .unwrap();
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "life", &machine_ar());
-    let rv = api
-        .list(&ListParams::default().limit(1))
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = current_rv(&api).await;
     let mut watchers = Vec::new();
     for _ in 0..10 {
         let wapi: Api<DynamicObject> =

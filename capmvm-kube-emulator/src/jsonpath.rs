@@ -335,6 +335,18 @@ fn recurse<'a>(v: &'a Value, name: &str, out: &mut Vec<&'a Value>) {
     }
 }
 
+/// `a op b` for values that order (numbers with each other, strings with each other).
+fn ordered<T: PartialOrd + ?Sized>(a: &T, op: &CmpOp, b: &T) -> bool {
+    match op {
+        CmpOp::Eq => a == b,
+        CmpOp::Ne => a != b,
+        CmpOp::Lt => a < b,
+        CmpOp::Le => a <= b,
+        CmpOp::Gt => a > b,
+        CmpOp::Ge => a >= b,
+    }
+}
+
 fn compare(x: &Value, op: &CmpOp, lit: &Value) -> bool {
     match (x, lit) {
         (Value::Number(a), Value::Number(b)) => {
@@ -342,23 +354,9 @@ fn compare(x: &Value, op: &CmpOp, lit: &Value) -> bool {
                 a.as_f64().unwrap_or(f64::NAN),
                 b.as_f64().unwrap_or(f64::NAN),
             );
-            match op {
-                CmpOp::Eq => a == b,
-                CmpOp::Ne => a != b,
-                CmpOp::Lt => a < b,
-                CmpOp::Le => a <= b,
-                CmpOp::Gt => a > b,
-                CmpOp::Ge => a >= b,
-            }
+            ordered(&a, op, &b)
         }
-        (Value::String(a), Value::String(b)) => match op {
-            CmpOp::Eq => a == b,
-            CmpOp::Ne => a != b,
-            CmpOp::Lt => a < b,
-            CmpOp::Le => a <= b,
-            CmpOp::Gt => a > b,
-            CmpOp::Ge => a >= b,
-        },
+        (Value::String(a), Value::String(b)) => ordered(a, op, b),
         (a, b) => match op {
             CmpOp::Eq => a == b,
             CmpOp::Ne => a != b,

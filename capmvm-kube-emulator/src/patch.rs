@@ -5,6 +5,16 @@ use serde_json::{Map, Value};
 
 use super::error::ApiError;
 
+/// The media type of a `Content-Type` value, lowercase and without its parameters.
+pub(crate) fn media_type(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
 /// The patch types named by the request's `Content-Type`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PatchType {
@@ -16,13 +26,7 @@ pub(crate) enum PatchType {
 
 impl PatchType {
     pub(crate) fn from_content_type(ct: &str) -> Option<Self> {
-        let base = ct
-            .split(';')
-            .next()
-            .unwrap_or("")
-            .trim()
-            .to_ascii_lowercase();
-        match base.as_str() {
+        match media_type(ct).as_str() {
             "application/merge-patch+json" => Some(Self::Merge),
             "application/json-patch+json" => Some(Self::Json),
             "application/strategic-merge-patch+json" => Some(Self::Strategic),

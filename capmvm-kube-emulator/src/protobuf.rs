@@ -92,10 +92,6 @@ fn string(b: &[u8]) -> Result<Value, ApiError> {
         .map_err(|_| malformed())
 }
 
-fn bytes_b64(b: &[u8]) -> Value {
-    Value::String(base64::engine::general_purpose::STANDARD.encode(b))
-}
-
 /// A `map<string, V>` entry: key (1), value (2).
 fn map_entry(
     b: &[u8],
@@ -130,6 +126,73 @@ fn push(m: &mut Map<String, Value>, field: &str, v: Value) {
     }
 }
 
+/// A decoder of a length-delimited value (a nested message, a string, bytes).
+type Decode = fn(&[u8]) -> Result<Value, ApiError>;
+
+/// How a field of a message becomes a JSON field; a field of another wire type is skipped.
+#[derive(Clone, Copy)]
+enum Field {
+    /// A string, empty or not.
+    Str,
+    /// A string left out when empty (Go writes empty strings in protobuf and omits them in JSON).
+    NonEmptyStr,
+    /// A bool (varint).
+    Bool,
+    /// An int64 (varint).
+    Int,
+    /// A nested message or other length-delimited value.
+    One(Decode),
+    /// A repeated length-delimited field, appended to an array.
+    Repeated(Decode),
+    /// A `map<string, V>`, its values decoded so.
+    StringMap(Decode),
+}
+
+/// A message's fields by number, each with its JSON name; fields not listed are skipped.
+type Layout = [(u64, &'static str, Field)];
+
+/// Decodes the fields of a message that `layout` lists into `out`.
+fn message_into(b: &[u8], layout: &Layout, out: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let mut r = Reader::new(b);
+    while let Some((f, w)) = r.next()? {
+        let Some(&(_, name, field)) = layout.iter().find(|(n, _, _)| *n == f) else {
+            continue;
+        };
+        let value = match (field, w) {
+            (Field::Str, Wire::Bytes(v)) => string(v)?,
+            (Field::NonEmptyStr, Wire::Bytes(v)) if !v.is_empty() => string(v)?,
+            (Field::Bool, Wire::Varint(v)) => json!(v != 0),
+            (Field::Int, Wire::Varint(v)) => json!(v as i64),
+            (Field::One(decode), Wire::Bytes(v)) => decode(v)?,
+            (Field::Repeated(decode), Wire::Bytes(v)) => {
+                push(out, name, decode(v)?);
+                continue;
+            }
+            (Field::StringMap(decode), Wire::Bytes(v)) => {
+                insert_map(out, name, map_entry(v, decode)?);
+                continue;
+            }
+            _ => continue,
+        };
+        out.insert(name.into(), value);
+    }
+    Ok(())
+}
+
+/// A message as a JSON object of the fields `layout` lists.
+fn message(b: &[u8], layout: &Layout) -> Result<Value, ApiError> {
+    let mut m = Map::new();
+    message_into(b, layout, &mut m)?;
+    Ok(Value::Object(m))
+}
+
+/// `bytes`, base64 in JSON.
+fn bytes(b: &[u8]) -> Result<Value, ApiError> {
+    Ok(Value::String(
+        base64::engine::general_purpose::STANDARD.encode(b),
+    ))
+}
+
 /// `metav1.Time`: seconds (1), nanos (2).
 fn time(b: &[u8]) -> Result<Value, ApiError> {
     let mut r = Reader::new(b);
@@ -144,214 +207,122 @@ fn time(b: &[u8]) -> Result<Value, ApiError> {
 }
 
 fn owner_reference(b: &[u8]) -> Result<Value, ApiError> {
-    let mut r = Reader::new(b);
-    let mut m = Map::new();
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                m.insert("kind".into(), string(v)?);
-            }
-            (3, Wire::Bytes(v)) => {
-                m.insert("name".into(), string(v)?);
-            }
-            (4, Wire::Bytes(v)) => {
-                m.insert("uid".into(), string(v)?);
-            }
-            (5, Wire::Bytes(v)) => {
-                m.insert("apiVersion".into(), string(v)?);
-            }
-            (6, Wire::Varint(v)) => {
-                m.insert("controller".into(), json!(v != 0));
-            }
-            (7, Wire::Varint(v)) => {
-                m.insert("blockOwnerDeletion".into(), json!(v != 0));
-            }
-            _ => {}
-        }
-    }
-    Ok(Value::Object(m))
+    message(
+        b,
+        &[
+            (1, "kind", Field::Str),
+            (3, "name", Field::Str),
+            (4, "uid", Field::Str),
+            (5, "apiVersion", Field::Str),
+            (6, "controller", Field::Bool),
+            (7, "blockOwnerDeletion", Field::Bool),
+        ],
+    )
 }
 
 fn object_meta(b: &[u8]) -> Result<Value, ApiError> {
-    let mut r = Reader::new(b);
-    let mut m = Map::new();
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                m.insert("name".into(), string(v)?);
-            }
-            (2, Wire::Bytes(v)) => {
-                m.insert("generateName".into(), string(v)?);
-            }
-            (3, Wire::Bytes(v)) => {
-                m.insert("namespace".into(), string(v)?);
-            }
-            (5, Wire::Bytes(v)) => {
-                m.insert("uid".into(), string(v)?);
-            }
-            (6, Wire::Bytes(v)) => {
-                m.insert("resourceVersion".into(), string(v)?);
-            }
-            (7, Wire::Varint(v)) => {
-                m.insert("generation".into(), json!(v as i64));
-            }
-            (8, Wire::Bytes(v)) => {
-                m.insert("creationTimestamp".into(), time(v)?);
-            }
-            (9, Wire::Bytes(v)) => {
-                m.insert("deletionTimestamp".into(), time(v)?);
-            }
-            (10, Wire::Varint(v)) => {
-                m.insert("deletionGracePeriodSeconds".into(), json!(v as i64));
-            }
-            (11, Wire::Bytes(v)) => insert_map(&mut m, "labels", map_entry(v, string)?),
-            (12, Wire::Bytes(v)) => insert_map(&mut m, "annotations", map_entry(v, string)?),
-            (13, Wire::Bytes(v)) => push(&mut m, "ownerReferences", owner_reference(v)?),
-            (14, Wire::Bytes(v)) => push(&mut m, "finalizers", string(v)?),
-            _ => {}
-        }
-    }
-    Ok(Value::Object(m))
+    message(
+        b,
+        &[
+            (1, "name", Field::Str),
+            (2, "generateName", Field::Str),
+            (3, "namespace", Field::Str),
+            (5, "uid", Field::Str),
+            (6, "resourceVersion", Field::Str),
+            (7, "generation", Field::Int),
+            (8, "creationTimestamp", Field::One(time)),
+            (9, "deletionTimestamp", Field::One(time)),
+            (10, "deletionGracePeriodSeconds", Field::Int),
+            (11, "labels", Field::StringMap(string)),
+            (12, "annotations", Field::StringMap(string)),
+            (13, "ownerReferences", Field::Repeated(owner_reference)),
+            (14, "finalizers", Field::Repeated(string)),
+        ],
+    )
 }
 
+/// Every top-level kind starts with its metadata (1).
+const METADATA: (u64, &str, Field) = (1, "metadata", Field::One(object_meta));
+
 fn namespace(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let mut r = Reader::new(b);
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                out.insert("metadata".into(), object_meta(v)?);
-            }
-            (2, Wire::Bytes(v)) => {
-                let mut spec = Map::new();
-                let mut sr = Reader::new(v);
-                while let Some((sf, sw)) = sr.next()? {
-                    if let (1, Wire::Bytes(x)) = (sf, sw) {
-                        push(&mut spec, "finalizers", string(x)?);
-                    }
-                }
-                out.insert("spec".into(), Value::Object(spec));
-            }
-            _ => {}
-        }
+    fn spec(b: &[u8]) -> Result<Value, ApiError> {
+        message(b, &[(1, "finalizers", Field::Repeated(string))])
     }
-    Ok(())
+    message_into(b, &[METADATA, (2, "spec", Field::One(spec))], out)
 }
 
 fn secret(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let mut r = Reader::new(b);
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                out.insert("metadata".into(), object_meta(v)?);
-            }
-            (2, Wire::Bytes(v)) => insert_map(out, "data", map_entry(v, |x| Ok(bytes_b64(x)))?),
-            (3, Wire::Bytes(v)) => {
-                out.insert("type".into(), string(v)?);
-            }
-            (4, Wire::Bytes(v)) => insert_map(out, "stringData", map_entry(v, string)?),
-            (5, Wire::Varint(v)) => {
-                out.insert("immutable".into(), json!(v != 0));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
+    message_into(
+        b,
+        &[
+            METADATA,
+            (2, "data", Field::StringMap(bytes)),
+            (3, "type", Field::Str),
+            (4, "stringData", Field::StringMap(string)),
+            (5, "immutable", Field::Bool),
+        ],
+        out,
+    )
 }
 
 fn config_map(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let mut r = Reader::new(b);
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                out.insert("metadata".into(), object_meta(v)?);
-            }
-            (2, Wire::Bytes(v)) => insert_map(out, "data", map_entry(v, string)?),
-            (3, Wire::Bytes(v)) => {
-                insert_map(out, "binaryData", map_entry(v, |x| Ok(bytes_b64(x)))?)
-            }
-            (4, Wire::Varint(v)) => {
-                out.insert("immutable".into(), json!(v != 0));
-            }
-            _ => {}
-        }
-    }
-    Ok(())
-}
-
-/// The string fields of a message by number, as JSON fields (Go writes empty strings in protobuf and
-/// omits them in JSON: they are left out).
-fn strings(b: &[u8], names: &[(u64, &str)]) -> Result<Value, ApiError> {
-    let mut r = Reader::new(b);
-    let mut m = Map::new();
-    while let Some((f, w)) = r.next()? {
-        if let (Some((_, name)), Wire::Bytes(v)) = (names.iter().find(|(n, _)| *n == f), w)
-            && !v.is_empty()
-        {
-            m.insert((*name).into(), string(v)?);
-        }
-    }
-    Ok(Value::Object(m))
+    message_into(
+        b,
+        &[
+            METADATA,
+            (2, "data", Field::StringMap(string)),
+            (3, "binaryData", Field::StringMap(bytes)),
+            (4, "immutable", Field::Bool),
+        ],
+        out,
+    )
 }
 
 /// `SelfSubjectAccessReview` (kubectl auth can-i): metadata (1), spec (2) with resourceAttributes (1)
 /// and nonResourceAttributes (2).
 fn access_review(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    const RESOURCE: &[(u64, &str)] = &[
-        (1, "namespace"),
-        (2, "verb"),
-        (3, "group"),
-        (4, "version"),
-        (5, "resource"),
-        (6, "subresource"),
-        (7, "name"),
-    ];
-    let mut r = Reader::new(b);
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                out.insert("metadata".into(), object_meta(v)?);
-            }
-            (2, Wire::Bytes(v)) => {
-                let mut spec = Map::new();
-                let mut sr = Reader::new(v);
-                while let Some((sf, sw)) = sr.next()? {
-                    match (sf, sw) {
-                        (1, Wire::Bytes(x)) => {
-                            spec.insert("resourceAttributes".into(), strings(x, RESOURCE)?);
-                        }
-                        (2, Wire::Bytes(x)) => {
-                            spec.insert(
-                                "nonResourceAttributes".into(),
-                                strings(x, &[(1, "path"), (2, "verb")])?,
-                            );
-                        }
-                        _ => {}
-                    }
-                }
-                out.insert("spec".into(), Value::Object(spec));
-            }
-            _ => {}
-        }
+    fn resource(b: &[u8]) -> Result<Value, ApiError> {
+        message(
+            b,
+            &[
+                (1, "namespace", Field::NonEmptyStr),
+                (2, "verb", Field::NonEmptyStr),
+                (3, "group", Field::NonEmptyStr),
+                (4, "version", Field::NonEmptyStr),
+                (5, "resource", Field::NonEmptyStr),
+                (6, "subresource", Field::NonEmptyStr),
+                (7, "name", Field::NonEmptyStr),
+            ],
+        )
     }
-    Ok(())
+    fn non_resource(b: &[u8]) -> Result<Value, ApiError> {
+        message(
+            b,
+            &[
+                (1, "path", Field::NonEmptyStr),
+                (2, "verb", Field::NonEmptyStr),
+            ],
+        )
+    }
+    fn spec(b: &[u8]) -> Result<Value, ApiError> {
+        message(
+            b,
+            &[
+                (1, "resourceAttributes", Field::One(resource)),
+                (2, "nonResourceAttributes", Field::One(non_resource)),
+            ],
+        )
+    }
+    message_into(b, &[METADATA, (2, "spec", Field::One(spec))], out)
 }
 
 /// `SelfSubjectRulesReview` (kubectl auth can-i --list): metadata (1), spec (2) with namespace (1);
 /// `SelfSubjectReview` (kubectl auth whoami) has only metadata (1).
 fn rules_review(b: &[u8], out: &mut Map<String, Value>) -> Result<(), ApiError> {
-    let mut r = Reader::new(b);
-    while let Some((f, w)) = r.next()? {
-        match (f, w) {
-            (1, Wire::Bytes(v)) => {
-                out.insert("metadata".into(), object_meta(v)?);
-            }
-            (2, Wire::Bytes(v)) => {
-                out.insert("spec".into(), strings(v, &[(1, "namespace")])?);
-            }
-            _ => {}
-        }
+    fn spec(b: &[u8]) -> Result<Value, ApiError> {
+        message(b, &[(1, "namespace", Field::NonEmptyStr)])
     }
-    Ok(())
+    message_into(b, &[METADATA, (2, "spec", Field::One(spec))], out)
 }
 
 pub(crate) fn unsupported() -> ApiError {
@@ -365,34 +336,29 @@ pub(crate) fn decode(body: &[u8]) -> Result<Value, ApiError> {
     let Some(rest) = body.strip_prefix(MAGIC) else {
         return Err(malformed());
     };
+    // TypeMeta (1): apiVersion (1) and kind (2), both written even when absent.
+    const TYPE_META: &Layout = &[(1, "apiVersion", Field::Str), (2, "kind", Field::Str)];
+    let mut out = Map::new();
+    out.insert("apiVersion".into(), Value::String(String::new()));
+    out.insert("kind".into(), Value::String(String::new()));
     let mut r = Reader::new(rest);
-    let (mut api_version, mut kind, mut raw) = (String::new(), String::new(), None);
+    let mut raw = None;
     while let Some((f, w)) = r.next()? {
         match (f, w) {
-            (1, Wire::Bytes(tm)) => {
-                let mut t = Reader::new(tm);
-                while let Some((tf, tw)) = t.next()? {
-                    match (tf, tw) {
-                        (1, Wire::Bytes(v)) => {
-                            api_version =
-                                std::str::from_utf8(v).map_err(|_| malformed())?.to_string()
-                        }
-                        (2, Wire::Bytes(v)) => {
-                            kind = std::str::from_utf8(v).map_err(|_| malformed())?.to_string()
-                        }
-                        _ => {}
-                    }
-                }
-            }
+            (1, Wire::Bytes(tm)) => message_into(tm, TYPE_META, &mut out)?,
             (2, Wire::Bytes(v)) => raw = Some(v),
             (3 | 4, Wire::Bytes(v)) if !v.is_empty() => return Err(unsupported()),
             _ => {}
         }
     }
     let raw = raw.unwrap_or_default();
-    let mut out = Map::new();
-    out.insert("apiVersion".into(), Value::String(api_version.clone()));
-    out.insert("kind".into(), Value::String(kind.clone()));
+    let type_field = |name: &str| {
+        out.get(name)
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    };
+    let (api_version, kind) = (type_field("apiVersion"), type_field("kind"));
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "Namespace") => namespace(raw, &mut out)?,
         ("v1", "Secret") => secret(raw, &mut out)?,

@@ -110,11 +110,7 @@ async fn hooks_default_before_the_schema_and_refuse_with_the_webhook_name() {
     assert_eq!(w1.data["spec"]["size"], 3);
     assert_eq!(updates.load(Ordering::SeqCst), 1);
     let refused = api
-        .patch(
-            "w1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"color": "green"}})),
-        )
+        .try_merge("w1", json!({"spec": {"color": "green"}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(refused).code, 422);
@@ -156,9 +152,8 @@ async fn hooks_of_other_kinds_do_not_run() {
             },
         );
     widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(widget("w", 1)))
-        .await
-        .unwrap();
+        .create_json(widget("w", 1))
+        .await;
     // Built-in kinds of the core group can be admitted too.
     let r = raw(
         &client,

@@ -95,6 +95,11 @@ fn fields_of<'a>(obj: &'a Value, manager: &str) -> &'a Value {
         .map_or(&Value::Null, |e| &e["fieldsV1"])
 }
 
+/// An apply by `manager`, unforced, to the main resource, that must succeed.
+async fn applied(client: &kube::Client, manager: &str, body: Value) -> Value {
+    apply(client, manager, false, body, false).await.unwrap()
+}
+
 async fn apply(
     client: &kube::Client,
     manager: &str,
@@ -127,7 +132,7 @@ async fn apply_creates_the_object_and_owns_what_it_names(server: Server) {
     config["metadata"]["labels"] = json!({"a": "1"});
     // Status sent to the main path is not the applier's (and dropped on create).
     config["status"] = json!({"replicas": 9});
-    let created = apply(&client, "mgr-a", false, config, false).await.unwrap();
+    let created = applied(&client, "mgr-a", config).await;
     assert_eq!(created["spec"]["ports"][0]["port"], 80);
     assert!(created.get("status").is_none(), "{created}");
     assert_eq!(
@@ -147,24 +152,21 @@ async fn apply_creates_the_object_and_owns_what_it_names(server: Server) {
     let rv = created["metadata"]["resourceVersion"].clone();
     let mut again = thing(created["spec"].clone());
     again["metadata"]["labels"] = json!({"a": "1"});
-    let same = apply(&client, "mgr-a", false, again, false).await.unwrap();
+    let same = applied(&client, "mgr-a", again).await;
     assert_eq!(same["metadata"]["resourceVersion"], rv);
 }
 
 async fn an_apply_that_changes_another_managers_fields_conflicts(server: Server) {
     let client = server.client();
     create_crd(&client, &thing_crd()).await;
-    apply(
+    applied(
         &client,
         "mgr-a",
-        false,
         thing(json!({"color": "red", "tags": ["x"], "items": ["a", "b"],
             "ports": [{"name": "http", "protocol": "TCP", "port": 80}],
             "granular": {"a": "A"}, "atomicStruct": {"a": "A"}})),
-        false,
     )
-    .await
-    .unwrap();
+    .await;
     let b = thing(json!({"color": "blue", "tags": ["w"], "items": ["c"],
         "ports": [{"name": "http", "protocol": "TCP", "port": 8080}],
         "granular": {"b": "B"}, "atomicStruct": {"b": "B"}}));
@@ -189,15 +191,7 @@ async fn an_apply_that_changes_another_managers_fields_conflicts(server: Server)
     assert_eq!(now.data["spec"]["color"], "red");
 
     // Applying the values another manager set is no conflict: both own the field.
-    let shared = apply(
-        &client,
-        "mgr-c",
-        false,
-        thing(json!({"color": "red"})),
-        false,
-    )
-    .await
-    .unwrap();
+    let shared = applied(&client, "mgr-c", thing(json!({"color": "red"}))).await;
     assert_eq!(
         fields_of(&shared, "mgr-c"),
         &json!({"f:spec": {"f:color": {}}})
@@ -226,38 +220,24 @@ async fn an_apply_that_changes_another_managers_fields_conflicts(server: Server)
 async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(server: Server) {
     let client = server.client();
     create_crd(&client, &thing_crd()).await;
-    apply(
+    applied(
         &client,
         "mgr-a",
-        false,
         thing(json!({"color": "red", "replicas": 1, "tags": ["x", "y1"],
             "granular": {"a": "A", "b": "B"}, "labels": {"k1": "v1", "k2": "v2"},
             "ports": [{"name": "http", "protocol": "TCP", "port": 80},
                 {"name": "dns", "protocol": "UDP", "port": 53}]})),
-        false,
     )
-    .await
-    .unwrap();
+    .await;
     // Another manager co-owns the color.
-    apply(
-        &client,
-        "mgr-b",
-        false,
-        thing(json!({"color": "red"})),
-        false,
-    )
-    .await
-    .unwrap();
-    let after = apply(
+    applied(&client, "mgr-b", thing(json!({"color": "red"}))).await;
+    let after = applied(
         &client,
         "mgr-a",
-        false,
         thing(json!({"replicas": 1, "tags": ["x"], "granular": {"a": "A"},
             "labels": {"k1": "v1"}, "ports": [{"name": "http", "protocol": "TCP", "port": 80}]})),
-        false,
     )
-    .await
-    .unwrap();
+    .await;
     assert_eq!(after["spec"]["color"], "red", "still mgr-b's");
     assert_eq!(after["spec"]["tags"], json!(["x"]));
     assert_eq!(after["spec"]["granular"], json!({"a": "A"}));
@@ -267,15 +247,7 @@ async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(se
         json!([{"name": "http", "protocol": "TCP", "port": 80}])
     );
     // Once nobody applies a struct's fields, the struct goes too.
-    let last = apply(
-        &client,
-        "mgr-a",
-        false,
-        thing(json!({"replicas": 1})),
-        false,
-    )
-    .await
-    .unwrap();
+    let last = applied(&client, "mgr-a", thing(json!({"replicas": 1}))).await;
     assert!(last["spec"].get("granular").is_none(), "{last}");
     assert!(last["spec"].get("ports").is_none(), "{last}");
     assert_eq!(last["spec"]["color"], "red");
@@ -284,15 +256,7 @@ async fn fields_a_manager_stops_applying_are_removed_unless_another_owns_them(se
 async fn apply_conflicts_with_update_managers_and_on_the_status_subresource(server: Server) {
     let client = server.client();
     create_crd(&client, &thing_crd()).await;
-    apply(
-        &client,
-        "mgr-a",
-        false,
-        thing(json!({"replicas": 1})),
-        false,
-    )
-    .await
-    .unwrap();
+    applied(&client, "mgr-a", thing(json!({"replicas": 1}))).await;
     // A merge patch is an update: its manager owns what it changed, taken from mgr-a.
     let r = raw(
         &client,
@@ -507,12 +471,7 @@ async fn kubectl_apply_server_side_on_a_configmap_and_a_capi_machine_deployment(
     assert_eq!(fields_of(&got, "team-b"), &json!({"f:data": {"f:a": {}}}));
 
     // CAPI's MachineDeployment, as CAPI installs its CRD.
-    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
-    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
-    create_crd(&client, &serde_saphyr::from_str::<Value>(&md).unwrap()).await;
+    create_crd(&client, &capi_machine_deployment_crd()).await;
     let deployment = |replicas: u32| {
         format!(
             "apiVersion: cluster.x-k8s.io/v1beta2\nkind: MachineDeployment\nmetadata:\n  name: workers\n  namespace: default\nspec:\n  clusterName: demo\n  replicas: {replicas}\n  selector:\n    matchLabels:\n      pool: workers\n  template:\n    metadata:\n      labels:\n        pool: workers\n    spec:\n      clusterName: demo\n      version: v1.33.0\n      bootstrap:\n        configRef:\n          apiGroup: bootstrap.cluster.x-k8s.io\n          kind: KubeadmConfigTemplate\n          name: workers\n      infrastructureRef:\n        apiGroup: infrastructure.cluster.x-k8s.io\n        kind: MicrovmMachineTemplate\n        name: workers\n"

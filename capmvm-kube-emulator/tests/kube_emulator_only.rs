@@ -4,7 +4,7 @@
 
 mod kube_support;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{
     Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
@@ -19,11 +19,7 @@ async fn a_slow_watcher_is_closed() {
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
 
     // A watcher that does not read: its buffer fills and the server closes it instead of growing.
-    let mut stalled = cms
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut stalled = cms.events(&WatchParams::default(), "0").await;
     let big = "x".repeat(64 * 1024);
     for i in 0..200 {
         cms.create(
@@ -79,20 +75,13 @@ async fn a_written_kubeconfig_serves_kube_rs() {
 #[tokio::test]
 async fn requests_are_counted_by_verb_and_resource() {
     use capmvm_kube_emulator::Verb;
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     emu.reset_counters();
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
     api.get("m").await.unwrap();
     api.list(&ListParams::default()).await.unwrap();
-    api.patch(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
-    )
-    .await
-    .unwrap();
+    api.merge("m", json!({"spec": {"vcpu": 3}})).await;
     api.patch_status(
         "m",
         &PatchParams::default(),
@@ -101,10 +90,8 @@ async fn requests_are_counted_by_verb_and_resource() {
     .await
     .unwrap();
     let _ = api
-        .watch(&WatchParams::default().timeout(1), "0")
+        .events(&WatchParams::default().timeout(1), "0")
         .await
-        .unwrap()
-        .boxed()
         .try_next()
         .await;
     api.delete("m", &DeleteParams::default()).await.unwrap();
@@ -179,8 +166,7 @@ async fn request_counters_fold_clients_beyond_the_cap_into_other() {
 /// encodes it in protobuf, which the emulator never writes).
 #[tokio::test]
 async fn protobuf_a_custom_resource_cannot_take_is_refused_with_a_json_status() {
-    let (_emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (_emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
     let r = raw(
@@ -213,30 +199,16 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
     let (_emu, client) =
         start_with(capmvm_kube_emulator::EmulatorOptions::default().history_limit(3)).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    let first = cms
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+    let first = cms.create_json(json!({"metadata": {"name": "c"}})).await;
     for i in 0..5 {
-        cms.patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
-        )
-        .await
-        .unwrap();
+        cms.merge("c", json!({"data": {"n": i.to_string()}})).await;
     }
     let mut s = cms
-        .watch(
+        .events(
             &WatchParams::default(),
             &first.metadata.resource_version.unwrap(),
         )
-        .await
-        .unwrap()
-        .boxed();
+        .await;
     match s.try_next().await.unwrap().unwrap() {
         WatchEvent::Error(e) => {
             assert_eq!(e.code, 410);
@@ -254,18 +226,8 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
         "the stream ends after the error"
     );
     // A recent resourceVersion is fine.
-    let now = cms
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut s = cms
-        .watch(&WatchParams::default().timeout(1), &now)
-        .await
-        .unwrap()
-        .boxed();
+    let now = cms.list_rv().await;
+    let mut s = cms.events(&WatchParams::default().timeout(1), &now).await;
     assert!(s.try_next().await.unwrap().is_none());
 }
 
@@ -273,8 +235,7 @@ async fn a_watch_older_than_the_history_gets_410_gone() {
 /// drops the connection without an answer): every path still answers with a Status, never a 5xx.
 #[tokio::test]
 async fn protobuf_bodies_never_break_the_server() {
-    let (_emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (_emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
     let paths = [
@@ -317,22 +278,12 @@ async fn a_continue_token_older_than_the_history_is_410() {
     let (emu, client) = start().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..6 {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": format!("c{i}")}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        cms.create_json(json!({"metadata": {"name": format!("c{i}")}}))
+            .await;
     }
     let first = cms.list(&ListParams::default().limit(2)).await.unwrap();
     for i in 0..10 {
-        cms.patch(
-            "c0",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"n": i.to_string()}})),
-        )
-        .await
-        .unwrap();
+        cms.merge("c0", json!({"data": {"n": i.to_string()}})).await;
     }
     // The history forgets what is older than now, as etcd's compaction does.
     emu.compact();
@@ -386,13 +337,6 @@ async fn without_update_tracking_only_apply_owns_fields() {
         "Apply failed with 1 conflict: conflict with \"team-a\": .data.b"
     );
     // A merge patch keeps the entries as they are.
-    let patched = cms
-        .patch(
-            "c",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"data": {"a": "2"}})),
-        )
-        .await
-        .unwrap();
+    let patched = cms.merge("c", json!({"data": {"a": "2"}})).await;
     assert_eq!(patched.metadata.managed_fields.unwrap().len(), 1);
 }

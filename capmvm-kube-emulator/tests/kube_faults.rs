@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use capmvm_kube_emulator::{EmulatorHandle, FaultKind, FaultRule, Verb};
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Client, ResourceExt};
 use kube_support::*;
@@ -36,17 +36,20 @@ fn rule(kind: FaultKind, verbs: &[Verb], resources: &[&str]) -> FaultRule {
         .unwrap()
 }
 
+/// A rule for these verbs on the project's machines.
+fn machine_rule(kind: FaultKind, verbs: &[Verb]) -> FaultRule {
+    rule(kind, verbs, &["microvmmachines"])
+}
+
 #[tokio::test]
 async fn an_internal_error_refuses_writes_and_stores_nothing() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     let m = create_machine(&client, "default", "m").await;
     let faults = emu.faults();
     faults
-        .set_rules([rule(
+        .set_rules([machine_rule(
             FaultKind::InternalError,
             &[Verb::Create, Verb::Patch, Verb::Delete],
-            &["microvmmachines"],
         )])
         .unwrap();
     let api = machines(&client, "default");
@@ -62,11 +65,7 @@ async fn an_internal_error_refuses_writes_and_stores_nothing() {
         s.message
     );
     let e = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(e).code, 500);
@@ -98,9 +97,7 @@ async fn an_internal_error_refuses_writes_and_stores_nothing() {
     );
     assert_eq!(counts.total(), 3);
     faults.clear();
-    api.create(&PostParams::default(), &dynamic(machine("m2")))
-        .await
-        .unwrap();
+    api.create_json(machine("m2")).await;
 }
 
 fn configmap(name: &str) -> ConfigMap {
@@ -115,8 +112,7 @@ fn configmap(name: &str) -> ConfigMap {
 
 #[tokio::test]
 async fn too_many_requests_carries_retry_after_and_kube_rs_waits_for_it() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m").await;
     let faults = emu.faults();
     faults
@@ -165,21 +161,16 @@ async fn too_many_requests_carries_retry_after_and_kube_rs_waits_for_it() {
 
 #[tokio::test]
 async fn a_conflict_on_a_write_stores_nothing() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     let m = create_machine(&client, "default", "m").await;
     let faults = emu.faults();
     // No verbs: a conflict applies to updates, patches and deletes only.
     faults
-        .set_rules([rule(FaultKind::Conflict, &[], &["microvmmachines"])])
+        .set_rules([machine_rule(FaultKind::Conflict, &[])])
         .unwrap();
     let api = machines(&client, "default");
     let e = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await
         .unwrap_err();
     let s = status_of(e);
@@ -205,18 +196,17 @@ async fn a_conflict_on_a_write_stores_nothing() {
 
 #[tokio::test]
 async fn a_timeout_stores_nothing_so_a_retried_create_succeeds() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     let faults = emu.faults();
     faults
-        .set_rules([rule(FaultKind::Timeout, &[Verb::Create], &["microvmmachines"]).times(1)])
+        .set_rules([machine_rule(FaultKind::Timeout, &[Verb::Create]).times(1)])
         .unwrap();
     let no_retry = client_without_retries(&emu);
-    let e = machines(&no_retry, "default")
-        .create(&PostParams::default(), &dynamic(machine("m")))
-        .await
-        .unwrap_err();
-    let s = status_of(e);
+    let s = status_of(
+        try_create_machine(&no_retry, "default", "m")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (504, "Timeout"));
     assert!(s.message.starts_with("Timeout: "), "{}", s.message);
     assert!(
@@ -230,12 +220,9 @@ async fn a_timeout_stores_nothing_so_a_retried_create_succeeds() {
     // kube-rs retries a 504: had the first attempt stored the object, the retry would be 409
     // AlreadyExists.
     faults
-        .set_rules([rule(FaultKind::Timeout, &[Verb::Create], &["microvmmachines"]).times(1)])
+        .set_rules([machine_rule(FaultKind::Timeout, &[Verb::Create]).times(1)])
         .unwrap();
-    let m = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(machine("m")))
-        .await
-        .unwrap();
+    let m = try_create_machine(&client, "default", "m").await.unwrap();
     assert_eq!(m.metadata.generation, Some(1));
     assert_eq!(
         faults
@@ -250,64 +237,40 @@ async fn a_timeout_stores_nothing_so_a_retried_create_succeeds() {
 /// cut after it was stored has changed the object although the client saw an error.
 #[tokio::test]
 async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     let faults = emu.faults();
     faults
-        .set_rules([rule(
-            FaultKind::CommittedTimeout,
-            &[Verb::Create],
-            &["microvmmachines"],
-        )
-        .times(1)])
+        .set_rules([machine_rule(FaultKind::CommittedTimeout, &[Verb::Create]).times(1)])
         .unwrap();
     let no_retry = client_without_retries(&emu);
-    let e = machines(&no_retry, "default")
-        .create(&PostParams::default(), &dynamic(machine("m")))
-        .await
-        .unwrap_err();
-    let s = status_of(e);
+    let s = status_of(
+        try_create_machine(&no_retry, "default", "m")
+            .await
+            .unwrap_err(),
+    );
     assert_eq!((s.code, s.reason.as_str()), (504, "Timeout"));
     let stored = machines(&client, "default").get("m").await.unwrap();
     assert_eq!(stored.metadata.generation, Some(1), "committed");
-    let again = machines(&no_retry, "default")
-        .create(&PostParams::default(), &dynamic(machine("m")))
+    let again = try_create_machine(&no_retry, "default", "m")
         .await
         .unwrap_err();
     assert_eq!(status_of(again).code, 409, "the retry finds it");
 
     faults
-        .set_rules([rule(
-            FaultKind::CommittedCut,
-            &[Verb::Patch],
-            &["microvmmachines"],
-        )
-        .times(1)])
+        .set_rules([machine_rule(FaultKind::CommittedCut, &[Verb::Patch]).times(1)])
         .unwrap();
     let cut = machines(&no_retry, "default")
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": 4}}))
         .await;
     assert!(cut.is_err(), "the reply was cut: {cut:?}");
     let now = machines(&client, "default").get("m").await.unwrap();
     assert_eq!(now.data["spec"]["vcpu"], 4, "committed");
     // A write the store refuses fails as itself: there was nothing to commit.
     faults
-        .set_rules([rule(
-            FaultKind::CommittedTimeout,
-            &[Verb::Patch],
-            &["microvmmachines"],
-        )])
+        .set_rules([machine_rule(FaultKind::CommittedTimeout, &[Verb::Patch])])
         .unwrap();
     let refused = machines(&no_retry, "default")
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": "many"}})),
-        )
+        .try_merge("m", json!({"spec": {"vcpu": "many"}}))
         .await
         .unwrap_err();
     assert_eq!(status_of(refused).code, 422);
@@ -333,12 +296,10 @@ async fn a_write_committed_then_failed_is_stored_though_the_client_sees_an_error
 
 #[tokio::test]
 async fn a_slow_answer_comes_late_and_right() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m").await;
     emu.faults()
-        .set_rules([rule(FaultKind::Slow, &[Verb::Get], &["microvmmachines"])
-            .delay(Duration::from_millis(300))])
+        .set_rules([machine_rule(FaultKind::Slow, &[Verb::Get]).delay(Duration::from_millis(300))])
         .unwrap();
     let api = machines(&client, "default");
     let started = Instant::now();
@@ -360,8 +321,7 @@ async fn a_slow_answer_comes_late_and_right() {
 
 #[tokio::test]
 async fn faults_can_be_kept_to_one_client() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m").await;
     emu.faults()
         .set_rules([FaultRule::new(FaultKind::InternalError).user_agent_prefix("capmvm-operator/")])
@@ -420,15 +380,12 @@ async fn get_json_text(emu: &EmulatorHandle, path: &str) -> String {
 
 #[tokio::test]
 async fn a_cut_watch_ends_after_some_events() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     for i in 0..3 {
         create_machine(&client, "default", &format!("m{i}")).await;
     }
     emu.faults()
-        .set_rules([rule(FaultKind::CutWatch, &[], &["microvmmachines"])
-            .cut_after(2)
-            .times(1)])
+        .set_rules([machine_rule(FaultKind::CutWatch, &[]).cut_after(2).times(1)])
         .unwrap();
     // On the wire: the events, then the connection drops without the chunked body's end.
     let path = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines?watch=true&resourceVersion=0";
@@ -443,9 +400,7 @@ async fn a_cut_watch_ends_after_some_events() {
     );
     // kube-rs takes the cut as the end of the stream (and its watcher watches again).
     emu.faults()
-        .set_rules([rule(FaultKind::CutWatch, &[], &["microvmmachines"])
-            .cut_after(2)
-            .times(1)])
+        .set_rules([machine_rule(FaultKind::CutWatch, &[]).cut_after(2).times(1)])
         .unwrap();
     let api = machines(&client, "default");
     let events: Vec<_> = tokio::time::timeout(
@@ -513,13 +468,12 @@ async fn watch_until_seen(
 
 #[tokio::test]
 async fn kube_runtime_watcher_recovers_from_cut_streams() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     create_machine(&client, "default", "m0").await;
     let faults = emu.faults();
     // Every watch is cut after one event, three times over.
     faults
-        .set_rules([rule(FaultKind::CutWatch, &[Verb::Watch], &["microvmmachines"]).times(3)])
+        .set_rules([machine_rule(FaultKind::CutWatch, &[Verb::Watch]).times(3)])
         .unwrap();
     let api = machines(&client, "default");
     let mut events = watcher(api.clone(), watcher::Config::default())
@@ -546,20 +500,17 @@ async fn kube_runtime_watcher_recovers_from_cut_streams() {
 
 #[tokio::test]
 async fn a_resumed_watch_gets_410_and_kube_runtime_relists() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
+    let (emu, client) = start_with_project_crds().await;
     let m = create_machine(&client, "default", "m0").await;
     let faults = emu.faults();
     faults
-        .set_rules([rule(FaultKind::Gone, &[], &["microvmmachines"]).times(2)])
+        .set_rules([machine_rule(FaultKind::Gone, &[]).times(2)])
         .unwrap();
     let api = machines(&client, "default");
     // A watch from "0" is not a resume: it is served.
     let first = api
-        .watch(&WatchParams::default().timeout(1), "0")
+        .events(&WatchParams::default().timeout(1), "0")
         .await
-        .unwrap()
-        .boxed()
         .try_next()
         .await
         .unwrap();
@@ -567,10 +518,8 @@ async fn a_resumed_watch_gets_410_and_kube_runtime_relists() {
     // A watch from a resourceVersion gets the ERROR event of a compacted history.
     let rv = m.resource_version().unwrap();
     let first = api
-        .watch(&WatchParams::default(), &rv)
+        .events(&WatchParams::default(), &rv)
         .await
-        .unwrap()
-        .boxed()
         .try_next()
         .await
         .unwrap();

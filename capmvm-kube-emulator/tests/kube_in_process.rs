@@ -10,7 +10,6 @@ use std::time::Duration;
 use capmvm_kube_emulator::{FaultRule, Verb};
 use futures::TryStreamExt as _;
 use kube::ResourceExt as _;
-use kube::api::{Patch, PatchParams, PostParams};
 use kube::runtime::watcher;
 use kube_support::*;
 use serde_json::json;
@@ -22,10 +21,7 @@ async fn an_in_process_client_shares_the_store_watches_and_errors_of_http_client
     let local = emu.in_process_client();
 
     // Written in process, read over HTTP, and the other way round.
-    let created = machines(&local, "default")
-        .create(&PostParams::default(), &dynamic(machine("a")))
-        .await
-        .unwrap();
+    let created = try_create_machine(&local, "default", "a").await.unwrap();
     let read = machines(&http, "default").get("a").await.unwrap();
     assert_eq!(read.uid(), created.uid());
     create_machine(&http, "default", "b").await;
@@ -50,13 +46,8 @@ async fn an_in_process_client_shares_the_store_watches_and_errors_of_http_client
         }
     }
     machines(&http, "default")
-        .patch(
-            "b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"seen": "yes"}}})),
-        )
-        .await
-        .unwrap();
+        .merge("b", json!({"metadata": {"labels": {"seen": "yes"}}}))
+        .await;
     let changed = tokio::time::timeout(Duration::from_secs(5), events.try_next())
         .await
         .expect("the watch event within 5 s")
@@ -70,8 +61,7 @@ async fn an_in_process_client_shares_the_store_watches_and_errors_of_http_client
     }
 
     // Errors are the server's Status answers: a create of an existing name is 409 AlreadyExists.
-    let err = machines(&local, "default")
-        .create(&PostParams::default(), &dynamic(machine("a")))
+    let err = try_create_machine(&local, "default", "a")
         .await
         .unwrap_err();
     let status = status_of(err);

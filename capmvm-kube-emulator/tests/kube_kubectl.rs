@@ -8,7 +8,7 @@
 mod kube_support;
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 use capmvm_kube_emulator::EmulatorHandle;
@@ -75,6 +75,13 @@ impl Kubectl {
         }
     }
 
+    /// Runs and expects failure; returns stderr.
+    fn fails(&self, args: &[&str], stdin: Option<&str>) -> String {
+        let out = self.run_stdin(args, stdin);
+        assert!(!out.status.success(), "kubectl {args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    }
+
     /// Runs and expects success without anything on stderr; returns stdout.
     fn ok(&self, args: &[&str]) -> String {
         let out = self.run(args);
@@ -113,6 +120,14 @@ impl Drop for Kubectl {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// An emulator with the project's CRDs installed, a client and a kubectl for it; `None` (the test
+/// skipped) as for `Kubectl::new`.
+async fn with_project_crds(name: &str) -> Option<(EmulatorHandle, kube::Client, Kubectl)> {
+    let (emu, client) = start_with_project_crds().await;
+    let k = Kubectl::new(&emu, name)?;
+    Some((emu, client, k))
 }
 
 /// The emulator's warning for a CRD converting through a webhook (a deliberate difference, README).
@@ -157,9 +172,7 @@ fn table(out: &str) -> Vec<Vec<String>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_discovers_builtin_and_custom_resources() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    let Some(k) = Kubectl::new(&emu, "discovery") else {
+    let Some((_emu, _client, k)) = with_project_crds("discovery").await else {
         return;
     };
     let out = k.ok(&["api-resources"]);
@@ -192,9 +205,7 @@ async fn kubectl_discovers_builtin_and_custom_resources() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_get_prints_the_printer_columns() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    let Some(k) = Kubectl::new(&emu, "get") else {
+    let Some((_emu, client, k)) = with_project_crds("get").await else {
         return;
     };
     create_machine(&client, "default", "m1").await;
@@ -275,9 +286,7 @@ async fn kubectl_get_prints_the_printer_columns() {
     let ns = table(&k.ok(&["get", "ns"]));
     assert_eq!(ns[0], vec!["NAME", "STATUS", "AGE"]);
     assert!(ns.iter().any(|r| r[0] == "kube-system" && r[1] == "Active"));
-    let missing = k.run(&["get", "mvmm", "nope"]);
-    assert!(!missing.status.success());
-    let stderr = String::from_utf8_lossy(&missing.stderr);
+    let stderr = k.fails(&["get", "mvmm", "nope"], None);
     assert!(
         stderr.contains("Error from server (NotFound): microvmmachines.infrastructure.cluster.x-k8s.io \"nope\" not found"),
         "{stderr}"
@@ -354,32 +363,24 @@ async fn kubectl_apply_creates_configures_and_leaves_unchanged() {
 
     // Server-side validation (kubectl's default is strict): an unknown field fails.
     let bad = MACHINE.replace("vcpu: 2", "vcpu: 2\n  bogus: 1");
-    let out = k.run_stdin(&["apply", "-f", "-"], Some(&bad));
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = k.fails(&["apply", "-f", "-"], Some(&bad));
     assert!(stderr.contains("unknown field \"spec.bogus\""), "{stderr}");
     // And a schema violation is reported with its field.
-    let out = k.run_stdin(
+    let stderr = k.fails(
         &["apply", "-f", "-"],
         Some(&MACHINE.replace("vcpu: 2", "vcpu: 100")),
     );
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("spec.vcpu: Invalid value: 100"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    let Some(k) = Kubectl::new(&emu, "patch") else {
+    let Some((_emu, client, k)) = with_project_crds("patch").await else {
         return;
     };
     create_machine(&client, "default", "m").await;
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let patch_m = |args: &[&str]| k.ok(&[&["patch", "mvmm", "m"], args].concat());
+    let out = patch_m(&[
         "--type",
         "merge",
         "-p",
@@ -389,10 +390,7 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
         out.trim(),
         "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
     );
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let out = patch_m(&[
         "--type",
         "json",
         "-p",
@@ -402,10 +400,7 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
         out.trim(),
         "microvmmachine.infrastructure.cluster.x-k8s.io/m patched"
     );
-    let out = k.ok(&[
-        "patch",
-        "mvmm",
-        "m",
+    let out = patch_m(&[
         "--subresource",
         "status",
         "--type",
@@ -419,25 +414,30 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
     assert_eq!(m.data["spec"]["vcpu"], 6);
     assert_eq!(m.data["status"]["host"], "h");
     // kubectl's default patch type is strategic, which custom resources refuse as a real server does.
-    let out = k.run(&["patch", "mvmm", "m", "-p", r#"{"spec":{"vcpu":3}}"#]);
-    assert!(!out.status.success());
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = k.fails(
+        &["patch", "mvmm", "m", "-p", r#"{"spec":{"vcpu":3}}"#],
+        None,
+    );
     assert!(
         stderr.contains("application/strategic-merge-patch+json is not supported"),
         "{stderr}"
     );
     // A failed JSON patch test.
-    let out = k.run(&[
-        "patch",
-        "mvmm",
-        "m",
-        "--type",
-        "json",
-        "-p",
-        r#"[{"op":"test","path":"/spec/vcpu","value":1}]"#,
-    ]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("test failed"));
+    assert!(
+        k.fails(
+            &[
+                "patch",
+                "mvmm",
+                "m",
+                "--type",
+                "json",
+                "-p",
+                r#"[{"op":"test","path":"/spec/vcpu","value":1}]"#,
+            ],
+            None
+        )
+        .contains("test failed")
+    );
     // Strategic merge on a built-in.
     k.ok(&[
         "create",
@@ -456,9 +456,7 @@ async fn kubectl_patch_merge_and_json_and_strategic_is_415_on_custom_resources()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_wait_for_a_condition_and_delete() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    let Some(k) = Kubectl::new(&emu, "wait") else {
+    let Some((_emu, client, k)) = with_project_crds("wait").await else {
         return;
     };
     create_machine(&client, "default", "m").await;
@@ -491,13 +489,11 @@ async fn kubectl_wait_for_a_condition_and_delete() {
 
     // A finalizer holds the deletion; `kubectl delete --wait=false` returns, `wait --for=delete` waits.
     machines(&client, "default")
-        .patch(
+        .merge(
             "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+            json!({"metadata": {"finalizers": ["example.com/hold"]}}),
         )
-        .await
-        .unwrap();
+        .await;
     let out = k.ok(&["delete", "mvmm", "m", "--wait=false"]);
     assert_eq!(
         out.trim(),
@@ -506,14 +502,7 @@ async fn kubectl_wait_for_a_condition_and_delete() {
     let client3 = client.clone();
     let release = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(500)).await;
-        machines(&client3, "default")
-            .patch(
-                "m",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-            )
-            .await
-            .unwrap();
+        machines(&client3, "default").release_finalizers("m").await;
     });
     let out = k.ok(&["wait", "--for=delete", "mvmm/m", "--timeout=30s"]);
     assert!(out.contains("condition met"), "{out}");
@@ -532,9 +521,7 @@ async fn kubectl_wait_for_a_condition_and_delete() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_explain_reads_the_openapi_v3_documents() {
-    let (emu, client) = start().await;
-    install_project_crds(&client).await;
-    let Some(k) = Kubectl::new(&emu, "explain") else {
+    let Some((_emu, _client, k)) = with_project_crds("explain").await else {
         return;
     };
     let out = k.ok(&["explain", "mvmm.spec.kernel"]);
@@ -634,6 +621,37 @@ regarding: {kind: MicrovmMachine, name: m1, namespace: demo}
 /// A `capmvm-kube-emulator` child process, killed if a test fails before it ends.
 struct ChildGuard(std::process::Child);
 
+impl ChildGuard {
+    /// Starts the command on a free port, writing its kubeconfig to `kubeconfig`, with `args` after
+    /// the port.
+    fn spawn(args: &[&str], kubeconfig: &std::path::Path, stdout: Stdio, stderr: Stdio) -> Self {
+        Self(
+            Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
+                .args(["--port", "0"])
+                .args(args)
+                .arg("--kubeconfig")
+                .arg(kubeconfig)
+                .stdin(Stdio::null())
+                .stdout(stdout)
+                .stderr(stderr)
+                .spawn()
+                .expect("capmvm-kube-emulator starts"),
+        )
+    }
+
+    /// Sends the signal named `signal` (`TERM`, `INT`) and expects a clean exit within 20 s.
+    fn stop_cleanly(&mut self, signal: &str) {
+        let sent = Command::new("kill")
+            .args([&format!("-{signal}"), &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let status = wait_exit(&mut self.0, Duration::from_secs(20))
+            .unwrap_or_else(|| panic!("exits on SIG{signal}"));
+        assert!(status.success(), "{status}");
+    }
+}
+
 impl Drop for ChildGuard {
     fn drop(&mut self) {
         let _ = self.0.kill();
@@ -665,16 +683,7 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     use std::io::BufRead as _;
     let dir = command_dir("serve");
     let kubeconfig = dir.join("kubeconfig");
-    let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
-            .args(["--port", "0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .expect("capmvm-kube-emulator starts"),
-    );
+    let mut child = ChildGuard::spawn(&[], &kubeconfig, Stdio::piped(), Stdio::inherit());
     // The command prints the URL (with the port it was given for `--port 0`), then the kubeconfig path.
     let stdout = child.0.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
@@ -743,13 +752,7 @@ fn the_kube_command_serves_kubectl_through_the_kubeconfig_it_writes() {
     }
 
     // SIGTERM stops it cleanly.
-    let term = Command::new("kill")
-        .args(["-TERM", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(term.success());
-    let status = wait_exit(&mut child.0, Duration::from_secs(20)).expect("exits on SIGTERM");
-    assert!(status.success(), "{status}");
+    child.stop_cleanly("TERM");
 }
 
 /// A Ctrl-C (SIGINT) sent as soon as the command prints its URL stops it cleanly: its handlers are in
@@ -760,16 +763,7 @@ fn the_kube_command_stops_cleanly_on_sigint_right_after_its_url() {
     use std::io::BufRead as _;
     let dir = command_dir("sigint");
     let kubeconfig = dir.join("kubeconfig");
-    let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
-            .args(["--port", "0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("capmvm-kube-emulator starts"),
-    );
+    let mut child = ChildGuard::spawn(&[], &kubeconfig, Stdio::piped(), Stdio::null());
     let stdout = child.0.stdout.take().unwrap();
     let mut lines = std::io::BufReader::new(stdout).lines();
     let first = lines
@@ -777,15 +771,9 @@ fn the_kube_command_stops_cleanly_on_sigint_right_after_its_url() {
         .expect("a line")
         .expect("capmvm-kube-emulator reports where it serves");
     assert!(first.starts_with("Kubernetes API emulator at "), "{first}");
-    let int = Command::new("kill")
-        .args(["-INT", &child.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(int.success());
     // Drain the rest so the command never blocks on a full pipe.
     std::thread::spawn(move || for _ in lines {});
-    let status = wait_exit(&mut child.0, Duration::from_secs(20)).expect("exits on SIGINT");
-    assert!(status.success(), "{status}");
+    child.stop_cleanly("INT");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -793,15 +781,11 @@ fn the_kube_command_stops_cleanly_on_sigint_right_after_its_url() {
 fn the_kube_command_refuses_a_non_loopback_address_without_the_opt_in() {
     let dir = command_dir("refuse");
     let kubeconfig = dir.join("kubeconfig");
-    let mut child = ChildGuard(
-        Command::new(env!("CARGO_BIN_EXE_capmvm-kube-emulator"))
-            .args(["--port", "0", "--address", "0.0.0.0", "--kubeconfig"])
-            .arg(&kubeconfig)
-            .stdin(std::process::Stdio::null())
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .expect("capmvm-kube-emulator starts"),
+    let mut child = ChildGuard::spawn(
+        &["--address", "0.0.0.0"],
+        &kubeconfig,
+        Stdio::null(),
+        Stdio::piped(),
     );
     let status = wait_exit(&mut child.0, Duration::from_secs(60))
         .expect("refuses instead of serving unauthenticated HTTP beyond loopback");

@@ -50,12 +50,7 @@ async fn the_watcher_follows_changes_and_relists_after_410_gone() {
     assert_eq!(initial.len(), 3);
     // A live change.
     create_machine(&client, "default", "live").await;
-    match tokio::time::timeout(Duration::from_secs(5), events.try_next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap()
-    {
+    match next_event(&mut events).await {
         watcher::Event::Apply(o) => assert_eq!(o.name_any(), "live"),
         other => panic!("unexpected {other:?}"),
     }
@@ -69,9 +64,7 @@ async fn the_watcher_follows_changes_and_relists_after_410_gone() {
     let big = "x".repeat(200 * 1024);
     for i in 0..80 {
         let patch = json!({"metadata": {"annotations": {"big": format!("{i}{big}")}}, "spec": {"vcpu": 1 + (i % 60)}});
-        api.patch("m0", &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap();
+        api.merge("m0", patch).await;
     }
     api.delete("m1", &DeleteParams::default()).await.unwrap();
     create_machine(&client, "default", "after").await;
@@ -127,12 +120,7 @@ async fn the_watcher_follows_changes_and_relists_after_410_gone() {
     // And it keeps following changes.
     api.delete("after", &DeleteParams::default()).await.unwrap();
     loop {
-        match tokio::time::timeout(Duration::from_secs(5), events.try_next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-        {
+        match next_event(&mut events).await {
             watcher::Event::Delete(o) => {
                 assert_eq!(o.name_any(), "after");
                 break;
@@ -268,11 +256,9 @@ async fn a_controller_reconciles_every_object_and_reacts_to_owned_objects(server
     assert!(ctx.reconciles.load(Ordering::Relaxed) > before);
     // Deleting an owner garbage-collects its Secret.
     api.delete("c5", &DeleteParams::default()).await.unwrap();
-    eventually("the owned Secret was garbage collected", || {
-        let secrets = secrets.clone();
-        async move { secrets.get_opt("c5").await.unwrap().is_none() }
-    })
-    .await;
+    secrets
+        .eventually_gone("the owned Secret was garbage collected", "c5")
+        .await;
     handle.abort();
 }
 

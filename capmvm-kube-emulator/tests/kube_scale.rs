@@ -5,9 +5,7 @@
 
 mod kube_support;
 
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams};
 use kube_support::servers::Server;
 use kube_support::*;
 use serde_json::{Value, json};
@@ -51,13 +49,9 @@ fn pools(client: &kube::Client) -> Api<DynamicObject> {
 
 async fn pool(client: &kube::Client, replicas: i64) -> DynamicObject {
     let api = pools(client);
-    api.create(
-        &PostParams::default(),
-        &dynamic(json!({"apiVersion": "test.example.com/v1", "kind": "Pool",
-            "metadata": {"name": "p"}, "spec": {"replicas": replicas, "size": "m"}})),
-    )
-    .await
-    .unwrap();
+    api.create_json(json!({"apiVersion": "test.example.com/v1", "kind": "Pool",
+            "metadata": {"name": "p"}, "spec": {"replicas": replicas, "size": "m"}}))
+        .await;
     api.patch_status(
         "p",
         &PatchParams::default(),
@@ -68,6 +62,30 @@ async fn pool(client: &kube::Client, replicas: i64) -> DynamicObject {
 }
 
 const SCALE: &str = "/apis/test.example.com/v1/namespaces/default/pools/p/scale";
+
+/// A merge patch of p's scale, as `kubectl scale` sends it.
+async fn patch_scale(client: &kube::Client, patch: &[u8]) -> Raw {
+    raw(
+        client,
+        "PATCH",
+        SCALE,
+        Some("application/merge-patch+json"),
+        patch,
+    )
+    .await
+}
+
+/// A PUT of p's scale.
+async fn put_scale(client: &kube::Client, scale: &Value) -> Raw {
+    raw(
+        client,
+        "PUT",
+        SCALE,
+        Some("application/json"),
+        scale.to_string().as_bytes(),
+    )
+    .await
+}
 
 async fn discovery_lists_the_scale_subresource(server: Server) {
     let client = server.client();
@@ -84,13 +102,7 @@ async fn discovery_lists_the_scale_subresource(server: Server) {
     assert_eq!(scale["kind"], "Scale");
     assert_eq!(scale["verbs"], json!(["get", "patch", "update"]));
     // CAPI's MachineDeployment declares it too.
-    // shared/ sits beside the repository (CI exports CAPMVM_SHARED_DIR when it is elsewhere).
-    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
-        .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("../shared"));
-    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
-    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
-    create_crd(&client, &serde_saphyr::from_str::<Value>(&md).unwrap()).await;
+    create_crd(&client, &capi_machine_deployment_crd()).await;
     let doc = get_json(&client, "/apis/cluster.x-k8s.io/v1beta2").await;
     assert!(
         doc["resources"]
@@ -119,14 +131,7 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
     assert_eq!(s["status"], json!({"replicas": 1, "selector": "pool=p"}));
 
     // A merge patch (what `kubectl scale` sends) writes spec.replicas and bumps generation.
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":5}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":5}}"#).await;
     assert_eq!(r.status, 200, "{}", r.text);
     assert_eq!(r.body["spec"]["replicas"], 5);
     let obj = pools(&client).get("p").await.unwrap();
@@ -140,14 +145,7 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
     // PUT with the current resourceVersion; a stale one is 409 and changes nothing.
     let mut s = get_json(&client, SCALE).await;
     s["spec"]["replicas"] = json!(7);
-    let r = raw(
-        &client,
-        "PUT",
-        SCALE,
-        Some("application/json"),
-        s.to_string().as_bytes(),
-    )
-    .await;
+    let r = put_scale(&client, &s).await;
     assert_eq!(
         (r.status, &r.body["spec"]["replicas"]),
         (200, &json!(7)),
@@ -155,34 +153,13 @@ async fn scale_reads_and_writes_through_to_the_object(server: Server) {
         r.text
     );
     s["spec"]["replicas"] = json!(8);
-    let r = raw(
-        &client,
-        "PUT",
-        SCALE,
-        Some("application/json"),
-        s.to_string().as_bytes(),
-    )
-    .await;
+    let r = put_scale(&client, &s).await;
     assert_status(&r, 409, "Conflict");
     // Negative replicas are refused as a real server refuses them; the CRD's schema still applies.
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":-1}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":-1}}"#).await;
     assert_status(&r, 422, "Invalid");
     assert_eq!(r.body["details"]["causes"][0]["field"], "spec.replicas");
-    let r = raw(
-        &client,
-        "PATCH",
-        SCALE,
-        Some("application/merge-patch+json"),
-        br#"{"spec":{"replicas":11}}"#,
-    )
-    .await;
+    let r = patch_scale(&client, br#"{"spec":{"replicas":11}}"#).await;
     assert_status(&r, 422, "Invalid");
     assert_eq!(
         pools(&client).get("p").await.unwrap().data["spec"]["replicas"],

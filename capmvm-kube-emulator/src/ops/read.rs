@@ -197,6 +197,16 @@ pub(crate) enum WatchStart {
 /// indefinitely", as its API documentation says), except with `sendInitialEvents`, where the initial
 /// state must be at least that fresh: the watch cache waits up to [`FRESHNESS_WAIT`] for it, then
 /// fails with "Too large resource version".
+/// A watch's ListOptions refused for a field the options forbid.
+fn forbidden_watch_option(field: &str, detail: &str) -> ApiError {
+    ApiError::invalid(
+        "ListOptions",
+        "meta.k8s.io",
+        "",
+        &[FieldError::forbidden(field, detail)],
+    )
+}
+
 pub(crate) async fn watch(
     shared: &Shared,
     def: &ResourceDef,
@@ -206,36 +216,21 @@ pub(crate) async fn watch(
     let rv = opts.resource_version.as_deref().unwrap_or("");
     if opts.send_initial_events {
         if opts.resource_version_match.as_deref() != Some("NotOlderThan") {
-            return Err(ApiError::invalid(
-                "ListOptions",
-                "meta.k8s.io",
-                "",
-                &[FieldError::forbidden(
-                    "resourceVersionMatch",
-                    "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
-                )],
+            return Err(forbidden_watch_option(
+                "resourceVersionMatch",
+                "sendInitialEvents requires setting resourceVersionMatch to NotOlderThan",
             ));
         }
         if !opts.bookmarks {
-            return Err(ApiError::invalid(
-                "ListOptions",
-                "meta.k8s.io",
-                "",
-                &[FieldError::forbidden(
-                    "allowWatchBookmarks",
-                    "sendInitialEvents requires setting allowWatchBookmarks to true",
-                )],
+            return Err(forbidden_watch_option(
+                "allowWatchBookmarks",
+                "sendInitialEvents requires setting allowWatchBookmarks to true",
             ));
         }
     } else if opts.resource_version_match.is_some() {
-        return Err(ApiError::invalid(
-            "ListOptions",
-            "meta.k8s.io",
-            "",
-            &[FieldError::forbidden(
-                "resourceVersionMatch",
-                "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
-            )],
+        return Err(forbidden_watch_option(
+            "resourceVersionMatch",
+            "resourceVersionMatch is forbidden for watch unless sendInitialEvents is provided",
         ));
     }
     let wanted = if rv.is_empty() || rv == "0" {

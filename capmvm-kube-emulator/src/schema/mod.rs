@@ -62,6 +62,27 @@ fn f64_of(v: Option<&Value>) -> Option<f64> {
     v.and_then(Value::as_f64)
 }
 
+/// A boolean keyword, false when absent.
+fn flag(m: &Map<String, Value>, key: &str) -> bool {
+    m.get(key).and_then(Value::as_bool).unwrap_or(false)
+}
+
+fn text(m: &Map<String, Value>, key: &str) -> Option<String> {
+    m.get(key).and_then(Value::as_str).map(str::to_string)
+}
+
+/// A keyword listing names, empty when absent; entries that are not strings are skipped.
+fn names(m: &Map<String, Value>, key: &str) -> Vec<String> {
+    m.get(key)
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(|r| r.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
 fn u64_of(v: Option<&Value>) -> Option<u64> {
     v.and_then(|x| {
         x.as_u64()
@@ -98,27 +119,13 @@ impl Schema {
                 .and_then(Value::as_str)
                 .filter(|t| !t.is_empty())
                 .map(str::to_string),
-            nullable: m.get("nullable").and_then(Value::as_bool).unwrap_or(false),
-            required: m
-                .get("required")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|r| r.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            nullable: flag(m, "nullable"),
+            required: names(m, "required"),
             enumeration: m.get("enum").and_then(Value::as_array).cloned(),
             minimum: f64_of(m.get("minimum")),
             maximum: f64_of(m.get("maximum")),
-            exclusive_minimum: m
-                .get("exclusiveMinimum")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            exclusive_maximum: m
-                .get("exclusiveMaximum")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
+            exclusive_minimum: flag(m, "exclusiveMinimum"),
+            exclusive_maximum: flag(m, "exclusiveMaximum"),
             multiple_of: f64_of(m.get("multipleOf")),
             min_length: u64_of(m.get("minLength")),
             max_length: u64_of(m.get("maxLength")),
@@ -126,33 +133,13 @@ impl Schema {
             max_items: u64_of(m.get("maxItems")),
             min_properties: u64_of(m.get("minProperties")),
             max_properties: u64_of(m.get("maxProperties")),
-            format: m.get("format").and_then(Value::as_str).map(str::to_string),
+            format: text(m, "format"),
             default: m.get("default").cloned(),
-            preserve_unknown: m
-                .get("x-kubernetes-preserve-unknown-fields")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            int_or_string: m
-                .get("x-kubernetes-int-or-string")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            embedded: m
-                .get("x-kubernetes-embedded-resource")
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-            list_type: m
-                .get("x-kubernetes-list-type")
-                .and_then(Value::as_str)
-                .map(str::to_string),
-            list_map_keys: m
-                .get("x-kubernetes-list-map-keys")
-                .and_then(Value::as_array)
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|r| r.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
+            preserve_unknown: flag(m, "x-kubernetes-preserve-unknown-fields"),
+            int_or_string: flag(m, "x-kubernetes-int-or-string"),
+            embedded: flag(m, "x-kubernetes-embedded-resource"),
+            list_type: text(m, "x-kubernetes-list-type"),
+            list_map_keys: names(m, "x-kubernetes-list-map-keys"),
             map_atomic: m.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic"),
             ..Self::default()
         };

@@ -9,18 +9,13 @@ async fn finalizers_hold_deletion_until_removed(server: Server) {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    let created = api
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let created = api.create_json(m).await;
     let mut events = api
-        .watch(
+        .events(
             &WatchParams::default().fields("metadata.name=m"),
             &created.metadata.resource_version.clone().unwrap(),
         )
-        .await
-        .unwrap()
-        .boxed();
+        .await;
 
     let deleted = api.delete("m", &DeleteParams::default()).await.unwrap();
     let pending = deleted
@@ -49,27 +44,15 @@ async fn finalizers_hold_deletion_until_removed(server: Server) {
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
     assert_eq!(s.details.unwrap().causes[0].reason, "FieldValueForbidden");
     // Other writes are still allowed.
-    api.patch(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-    )
-    .await
-    .unwrap();
+    api.merge("m", json!({"metadata": {"labels": {"x": "y"}}}))
+        .await;
     assert!(matches!(
         events.try_next().await.unwrap().unwrap(),
         WatchEvent::Modified(_)
     ));
 
     // Removing the last finalizer removes the object.
-    let out = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    let out = api.release_finalizers("m").await;
     assert!(out.finalizers().is_empty());
     assert!(matches!(
         events.try_next().await.unwrap().unwrap(),
@@ -81,16 +64,24 @@ async fn finalizers_hold_deletion_until_removed(server: Server) {
 /// Removing the last finalizer deletes the object without storing that write: the DELETED event
 /// carries the object as last stored (marked for deletion, the finalizer just removed still on it),
 /// for custom resources and built-in kinds alike, while the writer gets back what it wrote.
+/// The object of the DELETED event that ends a watch, after any MODIFIED ones.
+async fn deleted_after_modifications<K: std::fmt::Debug>(events: &mut Events<K>) -> K {
+    loop {
+        match events.try_next().await.unwrap().unwrap() {
+            WatchEvent::Modified(_) => {}
+            WatchEvent::Deleted(o) => break o,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 async fn the_deleted_event_carries_the_last_stored_state(server: Server) {
     let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["metadata"]["finalizers"] = json!(["example.com/a", "example.com/b"]);
-    let created = api
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let created = api.create_json(m).await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let cm = cms
         .create(
@@ -104,48 +95,26 @@ async fn the_deleted_event_carries_the_last_stored_state(server: Server) {
         .await
         .unwrap();
     let mut events = api
-        .watch(
+        .events(
             &WatchParams::default().fields("metadata.name=m"),
             &created.metadata.resource_version.clone().unwrap(),
         )
-        .await
-        .unwrap()
-        .boxed();
+        .await;
     let mut cm_events = cms
-        .watch(
+        .events(
             &WatchParams::default().fields("metadata.name=c"),
             &cm.metadata.resource_version.clone().unwrap(),
         )
-        .await
-        .unwrap()
-        .boxed();
+        .await;
 
     api.delete("m", &DeleteParams::default()).await.unwrap();
     // One finalizer of two removed: stored, MODIFIED.
     let one_left = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/b"]}})),
-        )
-        .await
-        .unwrap();
-    let out = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+        .merge("m", json!({"metadata": {"finalizers": ["example.com/b"]}}))
+        .await;
+    let out = api.release_finalizers("m").await;
     assert!(out.finalizers().is_empty(), "the writer gets what it wrote");
-    let last_stored = loop {
-        match events.try_next().await.unwrap().unwrap() {
-            WatchEvent::Modified(_) => {}
-            WatchEvent::Deleted(o) => break o,
-            other => panic!("unexpected {other:?}"),
-        }
-    };
+    let last_stored = deleted_after_modifications(&mut events).await;
     assert!(last_stored.metadata.deletion_timestamp.is_some());
     assert_eq!(last_stored.finalizers(), ["example.com/b"]);
     assert!(
@@ -154,20 +123,8 @@ async fn the_deleted_event_carries_the_last_stored_state(server: Server) {
     );
 
     cms.delete("c", &DeleteParams::default()).await.unwrap();
-    cms.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-    )
-    .await
-    .unwrap();
-    let last_stored = loop {
-        match cm_events.try_next().await.unwrap().unwrap() {
-            WatchEvent::Modified(_) => {}
-            WatchEvent::Deleted(o) => break o,
-            other => panic!("unexpected {other:?}"),
-        }
-    };
+    cms.release_finalizers("c").await;
+    let last_stored = deleted_after_modifications(&mut cm_events).await;
     assert!(last_stored.metadata.deletion_timestamp.is_some());
     assert_eq!(last_stored.finalizers(), ["example.com/hold"]);
     assert_eq!(status_of(cms.get("c").await.unwrap_err()).code, 404);
@@ -226,12 +183,7 @@ async fn delete_without_finalizers_removes_at_once_and_answers_success(server: S
     .unwrap();
     // Built-ins answer an immediate deletion with a Success Status.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    cms.create_json(json!({"metadata": {"name": "c"}})).await;
     let out = cms.delete("c", &DeleteParams::default()).await.unwrap();
     assert!(
         out.right()
@@ -248,21 +200,14 @@ async fn a_delete_without_finalizers_removes_the_object_unmarked(server: Server)
     let created = create_machine(&client, "default", "m").await;
     assert_eq!(created.metadata.generation, Some(1));
     let mut events = api
-        .watch(
+        .events(
             &WatchParams::default(),
             &created.metadata.resource_version.clone().unwrap(),
         )
-        .await
-        .unwrap()
-        .boxed();
+        .await;
     let out = api.delete("m", &DeleteParams::default()).await.unwrap();
     assert!(out.is_right(), "answered with a Success Status: {out:?}");
-    match tokio::time::timeout(Duration::from_secs(5), events.try_next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap()
-    {
+    match next_event(&mut events).await {
         WatchEvent::Deleted(o) => {
             assert!(o.metadata.deletion_timestamp.is_none(), "{o:?}");
             assert!(o.metadata.deletion_grace_period_seconds.is_none());
@@ -412,22 +357,13 @@ async fn garbage_collection_deletes_dependents_of_removed_owners(server: Server)
     // Its own finalizers are respected.
     let held = secrets.get("held").await.unwrap();
     assert!(held.metadata.deletion_timestamp.is_some());
-    secrets
-        .patch(
-            "held",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
+    secrets.release_finalizers("held").await;
     assert!(secrets.get_opt("held").await.unwrap().is_none());
     // An object created with an owner that does not exist is collected.
     secrets.create(&PostParams::default(), &dep("orphan", vec![json!({"apiVersion": "v1", "kind": "Secret", "name": "ghost", "uid": "no-such-uid"})], vec![])).await.unwrap();
-    eventually("dependent of a missing owner collected", || {
-        let secrets = secrets.clone();
-        async move { secrets.get_opt("orphan").await.unwrap().is_none() }
-    })
-    .await;
+    secrets
+        .eventually_gone("dependent of a missing owner collected", "orphan")
+        .await;
     // Orphan propagation keeps dependents and drops their references.
     let o2 = create_machine(&client, "default", "owner2").await;
     secrets
@@ -438,11 +374,8 @@ async fn garbage_collection_deletes_dependents_of_removed_owners(server: Server)
         .await
         .unwrap();
     api.delete("owner2", &DeleteParams::orphan()).await.unwrap();
-    eventually("owner2 removed after orphaning", || {
-        let api = api.clone();
-        async move { api.get_opt("owner2").await.unwrap().is_none() }
-    })
-    .await;
+    api.eventually_gone("owner2 removed after orphaning", "owner2")
+        .await;
     assert!(
         secrets
             .get("kept")
@@ -474,19 +407,9 @@ async fn garbage_collection_deletes_dependents_of_removed_owners(server: Server)
             .contains(&"foregroundDeletion".to_string()),
         "owner waits for its blocking dependent"
     );
-    secrets
-        .patch(
-            "blocker",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
-    eventually("owner3 removed once its dependent is gone", || {
-        let api = api.clone();
-        async move { api.get_opt("owner3").await.unwrap().is_none() }
-    })
-    .await;
+    secrets.release_finalizers("blocker").await;
+    api.eventually_gone("owner3 removed once its dependent is gone", "owner3")
+        .await;
 }
 
 async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
@@ -494,27 +417,16 @@ async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
     install_project_crds(&client).await;
     server.start_controllers().await;
     let nss: Api<Namespace> = Api::all(client.clone());
-    nss.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "doomed"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    nss.create_json(json!({"metadata": {"name": "doomed"}}))
+        .await;
     create_machine(&client, "doomed", "a").await;
     let mut held = machine("b");
     held["metadata"]["finalizers"] = json!(["example.com/hold"]);
-    machines(&client, "doomed")
-        .create(&PostParams::default(), &dynamic(held))
-        .await
-        .unwrap();
+    machines(&client, "doomed").create_json(held).await;
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "doomed");
     secrets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "s"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        .create_json(json!({"metadata": {"name": "s"}}))
+        .await;
 
     let out = nss
         .delete("doomed", &DeleteParams::default())
@@ -533,15 +445,10 @@ async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
         }
     })
     .await;
-    eventually("the secret deleted too", || {
-        let secrets = secrets.clone();
-        async move { secrets.get_opt("s").await.unwrap().is_none() }
-    })
-    .await;
+    secrets.eventually_gone("the secret deleted too", "s").await;
     // New content is refused while it terminates.
     let s = status_of(
-        machines(&client, "doomed")
-            .create(&PostParams::default(), &dynamic(machine("c")))
+        try_create_machine(&client, "doomed", "c")
             .await
             .unwrap_err(),
     );
@@ -550,19 +457,8 @@ async fn deleting_a_namespace_removes_what_is_in_it(server: Server) {
         nss.get_opt("doomed").await.unwrap().is_some(),
         "held by b's finalizer"
     );
-    machines(&client, "doomed")
-        .patch(
-            "b",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
-        )
-        .await
-        .unwrap();
-    eventually("namespace removed", || {
-        let nss = nss.clone();
-        async move { nss.get_opt("doomed").await.unwrap().is_none() }
-    })
-    .await;
+    machines(&client, "doomed").release_finalizers("b").await;
+    nss.eventually_gone("namespace removed", "doomed").await;
     // The built-in namespaces cannot be deleted.
     assert_eq!(
         status_of(

@@ -249,9 +249,8 @@ async fn a_created_crd_is_served_at_once_and_deleting_it_stops_serving(server: S
 
     // Served immediately, with its names, scope, status subresource and schema.
     widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(widget("w1", 3)))
-        .await
-        .unwrap();
+        .create_json(widget("w1", 3))
+        .await;
     let list = get_json(&client, "/apis/test.example.com/v1").await;
     let res = list["resources"].as_array().unwrap();
     let w = res.iter().find(|r| r["name"] == "widgets").unwrap();
@@ -601,9 +600,8 @@ async fn unknown_fields_are_found_in_the_whole_body_before_the_status_rules(serv
         strict_create.text
     );
     widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(widget("w", 2)))
-        .await
-        .unwrap();
+        .create_json(widget("w", 2))
+        .await;
 
     // `status` sent to the main path.
     let main = raw(

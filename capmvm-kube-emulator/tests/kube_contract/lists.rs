@@ -14,9 +14,7 @@ async fn label_and_field_selectors(server: Server) {
     ] {
         let mut m = machine(name);
         m["metadata"]["labels"] = labels;
-        api.create(&PostParams::default(), &dynamic(m))
-            .await
-            .unwrap();
+        api.create_json(m).await;
     }
     let names = |sel: &'static str| {
         let api = api.clone();
@@ -80,14 +78,10 @@ async fn label_and_field_selectors(server: Server) {
     assert_eq!(s.code, 400);
     // Built-in field selectors (Secret type).
     let secrets: Api<Secret> = Api::namespaced(client.clone(), "default");
-    secrets.create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "tls"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})).unwrap()).await.unwrap();
+    secrets.create_json(json!({"metadata": {"name": "tls"}, "type": "kubernetes.io/tls", "data": {"tls.crt": "", "tls.key": ""}})).await;
     secrets
-        .create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": "plain"}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        .create_json(json!({"metadata": {"name": "plain"}}))
+        .await;
     assert_eq!(
         secrets
             .list(&ListParams::default().fields("type=kubernetes.io/tls"))
@@ -103,12 +97,8 @@ async fn limit_and_continue_paginate_consistently(server: Server) {
     let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for i in 0..25 {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": format!("c{i:02}")}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        cms.create_json(json!({"metadata": {"name": format!("c{i:02}")}}))
+            .await;
     }
     let first = cms.list(&ListParams::default().limit(10)).await.unwrap();
     assert_eq!(first.items.len(), 10);
@@ -116,19 +106,8 @@ async fn limit_and_continue_paginate_consistently(server: Server) {
     let list_rv = first.metadata.resource_version.clone().unwrap();
     // Changes after the first page do not show in the rest of the list.
     cms.delete("c15", &DeleteParams::default()).await.unwrap();
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "c99"}})).unwrap(),
-    )
-    .await
-    .unwrap();
-    cms.patch(
-        "c20",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"changed": "yes"}})),
-    )
-    .await
-    .unwrap();
+    cms.create_json(json!({"metadata": {"name": "c99"}})).await;
+    cms.merge("c20", json!({"data": {"changed": "yes"}})).await;
     let mut names: Vec<String> = first
         .items
         .iter()

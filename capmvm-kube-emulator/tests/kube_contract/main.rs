@@ -19,7 +19,7 @@ mod writes;
 
 use std::time::Duration;
 
-use futures::{StreamExt, TryStreamExt};
+use futures::TryStreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
 use kube::ResourceExt;

@@ -19,13 +19,8 @@ async fn one_global_strictly_increasing_resource_version(server: Server) {
         "one counter across resources"
     );
     let patched = machines(&client, "default")
-        .patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-        )
-        .await
-        .unwrap();
+        .merge("a", json!({"metadata": {"labels": {"x": "y"}}}))
+        .await;
     assert!(rv_of(&patched) > rv_of(&b));
     let list = machines(&client, "default")
         .list(&ListParams::default())
@@ -39,13 +34,8 @@ async fn one_global_strictly_increasing_resource_version(server: Server) {
     );
     // A write that changes nothing does not get a new revision.
     let same = machines(&client, "default")
-        .patch(
-            "a",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}})),
-        )
-        .await
-        .unwrap();
+        .merge("a", json!({"metadata": {"labels": {"x": "y"}}}))
+        .await;
     assert_eq!(rv_of(&same), rv_of(&patched));
 }
 
@@ -60,18 +50,14 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
 
     let mut generated = machine("ignored");
     generated["metadata"] = json!({"generateName": "worker-"});
-    let g = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(generated))
-        .await
-        .unwrap();
+    let g = machines(&client, "default").create_json(generated).await;
     let name = g.metadata.name.unwrap();
     assert!(
         name.starts_with("worker-") && name.len() == "worker-".len() + 5,
         "{name}"
     );
 
-    let dup = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(machine("m1")))
+    let dup = try_create_machine(&client, "default", "m1")
         .await
         .unwrap_err();
     let s = status_of(dup);
@@ -81,8 +67,7 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
         "microvmmachines.infrastructure.cluster.x-k8s.io \"m1\" already exists"
     );
 
-    let missing = machines(&client, "nowhere")
-        .create(&PostParams::default(), &dynamic(machine("m2")))
+    let missing = try_create_machine(&client, "nowhere", "m2")
         .await
         .unwrap_err();
     let s = status_of(missing);
@@ -110,8 +95,7 @@ async fn create_fills_system_fields_and_rejects_duplicates_and_missing_namespace
         .unwrap_err();
     let s = status_of(e);
     assert_eq!((s.code, s.reason.as_str()), (422, "Invalid"));
-    let e = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(machine("Bad_Name")))
+    let e = try_create_machine(&client, "default", "Bad_Name")
         .await
         .unwrap_err();
     assert_eq!(status_of(e).code, 422);
@@ -170,8 +154,7 @@ async fn names_are_dns_subdomains_and_namespaces_dns_labels(server: Server) {
     assert!(g.name_any().starts_with(&long[..58]));
 
     let too_long = "a".repeat(254);
-    let e = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(machine(&too_long)))
+    let e = try_create_machine(&client, "default", &too_long)
         .await
         .unwrap_err();
     assert_invalid_name(e, &too_long, "must be no more than 253 characters");
@@ -182,8 +165,7 @@ async fn names_are_dns_subdomains_and_namespaces_dns_labels(server: Server) {
         .await
         .unwrap_err();
     assert_invalid_name(e, &too_long, "must be no more than 253 characters");
-    let e = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(machine("Worker-1")))
+    let e = try_create_machine(&client, "default", "Worker-1")
         .await
         .unwrap_err();
     assert_invalid_name(e, "Worker-1", "a lowercase RFC 1123 subdomain");
@@ -222,9 +204,7 @@ async fn generation_changes_only_when_spec_changes(server: Server) {
     let client = server.client();
     create_crd(&client, &widget_crd()).await;
     let api = widgets(&client, "default");
-    api.create(&PostParams::default(), &dynamic(widget("w", 1)))
-        .await
-        .unwrap();
+    api.create_json(widget("w", 1)).await;
     let pp = PatchParams::default();
     let labels = api
         .patch(
@@ -262,14 +242,7 @@ async fn writes_with_a_stale_resource_version_conflict(server: Server) {
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     let first = create_machine(&client, "default", "m").await;
-    let second = api
-        .patch(
-            "m",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"vcpu": 4}})),
-        )
-        .await
-        .unwrap();
+    let second = api.merge("m", json!({"spec": {"vcpu": 4}})).await;
 
     // PUT with the old resourceVersion.
     let mut stale = first.clone();
@@ -306,19 +279,12 @@ async fn writes_with_a_stale_resource_version_conflict(server: Server) {
     let old_rv = first.metadata.resource_version.clone().unwrap();
     let patch =
         json!({"metadata": {"resourceVersion": old_rv}, "spec": {"providerID": "microvm://h/1"}});
-    let s = status_of(
-        api.patch("m", &PatchParams::default(), &Patch::Merge(patch))
-            .await
-            .unwrap_err(),
-    );
+    let s = status_of(api.try_merge("m", patch).await.unwrap_err());
     assert_eq!((s.code, s.reason.as_str()), (409, "Conflict"));
     let cur_rv = replaced.metadata.resource_version.clone().unwrap();
     let patch =
         json!({"metadata": {"resourceVersion": cur_rv}, "spec": {"providerID": "microvm://h/1"}});
-    let ok = api
-        .patch("m", &PatchParams::default(), &Patch::Merge(patch))
-        .await
-        .unwrap();
+    let ok = api.merge("m", patch).await;
     assert_eq!(ok.data["spec"]["providerID"], "microvm://h/1");
     // Built-ins allow unconditional updates.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
@@ -343,174 +309,172 @@ async fn errors_are_status_objects_with_matching_http_codes(server: Server) {
     install_project_crds(&client).await;
     create_machine(&client, "default", "m").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/namespaces/default/microvmmachines";
-    let cases: Vec<(Raw, u16, &str)> = vec![
+    // (client, method, path, content type, body, the status's code and reason)
+    type Case<'a> = (
+        &'a kube::Client,
+        &'a str,
+        String,
+        Option<&'a str>,
+        &'a [u8],
+        u16,
+        &'a str,
+    );
+    let requests: Vec<Case<'_>> = vec![
         (
-            raw(&client, "GET", &format!("{base}/none"), None, b"").await,
+            &client,
+            "GET",
+            format!("{base}/none"),
+            None,
+            b"",
             404,
             "NotFound",
         ),
         (
-            raw(
-                &client,
-                "POST",
-                base,
-                Some("application/json"),
-                b"{not json",
-            )
-            .await,
+            &client,
+            "POST",
+            base.to_string(),
+            Some("application/json"),
+            b"{not json",
             400,
             "BadRequest",
         ),
         (
-            raw(&client, "POST", base, Some("application/json"), b"[]").await,
+            &client,
+            "POST",
+            base.to_string(),
+            Some("application/json"),
+            b"[]",
             400,
             "BadRequest",
         ),
         // The custom resource handler takes a POST to a named path as a create, and a PUT to the
         // collection as an update without a name.
         (
-            raw(
-                &client,
-                "POST",
-                &format!("{base}/m"),
-                Some("application/json"),
-                b"{}",
-            )
-            .await,
+            &client,
+            "POST",
+            format!("{base}/m"),
+            Some("application/json"),
+            b"{}",
             400,
             "BadRequest",
         ),
         (
-            raw(&client, "PUT", base, Some("application/json"), b"{}").await,
+            &client,
+            "PUT",
+            base.to_string(),
+            Some("application/json"),
+            b"{}",
             400,
             "BadRequest",
         ),
         (
-            raw(
-                &client,
-                "PUT",
-                "/api/v1/namespaces/default/configmaps",
-                Some("application/json"),
-                b"{}",
-            )
-            .await,
+            &client,
+            "PUT",
+            "/api/v1/namespaces/default/configmaps".to_string(),
+            Some("application/json"),
+            b"{}",
             405,
             "MethodNotAllowed",
         ),
         (
-            raw(
-                &client,
-                "PATCH",
-                &format!("{base}/m"),
-                Some("application/strategic-merge-patch+json"),
-                b"{}",
-            )
-            .await,
+            &client,
+            "PATCH",
+            format!("{base}/m"),
+            Some("application/strategic-merge-patch+json"),
+            b"{}",
             415,
             "UnsupportedMediaType",
         ),
         (
-            raw(
-                &client,
-                "PATCH",
-                &format!("{base}/m"),
-                Some("text/plain"),
-                b"{}",
-            )
-            .await,
+            &client,
+            "PATCH",
+            format!("{base}/m"),
+            Some("text/plain"),
+            b"{}",
             415,
             "UnsupportedMediaType",
         ),
         (
-            raw(
-                &client,
-                "PATCH",
-                &format!("{base}/m"),
-                Some("application/merge-patch+json"),
-                br#"{"spec":{"vcpu":0}}"#,
-            )
-            .await,
+            &client,
+            "PATCH",
+            format!("{base}/m"),
+            Some("application/merge-patch+json"),
+            br#"{"spec":{"vcpu":0}}"#,
             422,
             "Invalid",
         ),
         (
-            raw(
-                &client,
-                "GET",
-                &format!("{base}?labelSelector=a%20in%20b"),
-                None,
-                b"",
-            )
-            .await,
+            &client,
+            "GET",
+            format!("{base}?labelSelector=a%20in%20b"),
+            None,
+            b"",
             400,
             "BadRequest",
         ),
         (
-            raw(
-                &client,
-                "GET",
-                &format!("{base}?fieldSelector=spec.vcpu%3D1"),
-                None,
-                b"",
-            )
-            .await,
+            &client,
+            "GET",
+            format!("{base}?fieldSelector=spec.vcpu%3D1"),
+            None,
+            b"",
             400,
             "BadRequest",
         ),
         (
-            raw(&client, "GET", &format!("{base}?limit=abc"), None, b"").await,
+            &client,
+            "GET",
+            format!("{base}?limit=abc"),
+            None,
+            b"",
             400,
             "BadRequest",
         ),
         (
-            raw(
-                &client,
-                "GET",
-                &format!("{base}?continue=bm90LWpzb24"),
-                None,
-                b"",
-            )
-            .await,
+            &client,
+            "GET",
+            format!("{base}?continue=bm90LWpzb24"),
+            None,
+            b"",
             400,
             "BadRequest",
         ),
         (
-            raw(
-                &no_retry,
-                "GET",
-                &format!("{base}?resourceVersion=999999&resourceVersionMatch=NotOlderThan"),
-                None,
-                b"",
-            )
-            .await,
+            &no_retry,
+            "GET",
+            format!("{base}?resourceVersion=999999&resourceVersionMatch=NotOlderThan"),
+            None,
+            b"",
             504,
             "Timeout",
         ),
         (
-            raw(
-                &client,
-                "PATCH",
-                &format!("{base}/m"),
-                Some("application/json-patch+json"),
-                br#"[{"op":"explode"}]"#,
-            )
-            .await,
+            &client,
+            "PATCH",
+            format!("{base}/m"),
+            Some("application/json-patch+json"),
+            br#"[{"op":"explode"}]"#,
             422,
             "Invalid",
         ),
         (
-            raw(
-                &client,
-                "DELETE",
-                &format!("{base}/m"),
-                Some("application/json"),
-                br#"{"propagationPolicy":"Sideways"}"#,
-            )
-            .await,
+            &client,
+            "DELETE",
+            format!("{base}/m"),
+            Some("application/json"),
+            br#"{"propagationPolicy":"Sideways"}"#,
             422,
             "Invalid",
         ),
     ];
+    let mut cases: Vec<(Raw, u16, &str)> = Vec::new();
+    for (c, method, path, content_type, body, code, reason) in requests {
+        cases.push((
+            raw(c, method, &path, content_type, body).await,
+            code,
+            reason,
+        ));
+    }
     for (r, code, reason) in &cases {
         assert_status(r, *code, reason);
     }

@@ -113,10 +113,7 @@ async fn schema_validation_reports_422_with_field_paths(server: Server) {
     // A nullable field may be null.
     let mut w = widget("ok", 1);
     w["spec"]["nullableNote"] = Value::Null;
-    let ok = api
-        .create(&PostParams::default(), &dynamic(w))
-        .await
-        .unwrap();
+    let ok = api.create_json(w).await;
     assert!(ok.data["spec"]["nullableNote"].is_null());
 }
 
@@ -445,24 +442,16 @@ async fn a_microvm_machine_template_is_immutable(server: Server) {
     );
     let spec = machine("unused")["spec"].clone();
     let created = templates
-        .create(
-            &PostParams::default(),
-            &dynamic(json!({
-                "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
-                "kind": "MicrovmMachineTemplate",
-                "metadata": {"name": "t"},
-                "spec": {"template": {"spec": spec}}
-            })),
-        )
-        .await
-        .unwrap();
+        .create_json(json!({
+            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+            "kind": "MicrovmMachineTemplate",
+            "metadata": {"name": "t"},
+            "spec": {"template": {"spec": spec}}
+        }))
+        .await;
     let s = status_of(
         templates
-            .patch(
-                "t",
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"template": {"spec": {"vcpu": 4}}}})),
-            )
+            .try_merge("t", json!({"spec": {"template": {"spec": {"vcpu": 4}}}}))
             .await
             .unwrap_err(),
     );
@@ -483,13 +472,7 @@ async fn a_microvm_machine_template_is_immutable(server: Server) {
     );
     // The same template again, and a change of its labels, are accepted.
     let relabelled = templates
-        .patch(
-            "t",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}, "spec": {"template": {"spec": {"vcpu": 2}}}})),
-        )
-        .await
-        .unwrap();
+        .merge("t", json!({"metadata": {"labels": {"a": "b"}}, "spec": {"template": {"spec": {"vcpu": 2}}}})).await;
     assert_eq!(relabelled.data["spec"], created.data["spec"]);
 }
 
@@ -504,10 +487,7 @@ async fn defaults_are_applied_and_unknown_fields_pruned(server: Server) {
     w["spec"]["color"] = Value::Null;
     w["topLevelJunk"] = json!(1);
     w["metadata"]["unknownMeta"] = json!("x");
-    let out = api
-        .create(&PostParams::default(), &dynamic(w))
-        .await
-        .unwrap();
+    let out = api.create_json(w).await;
     let spec = &out.data["spec"];
     assert_eq!(spec["color"], "red", "defaulted (also from null)");
     assert_eq!(
@@ -530,10 +510,7 @@ async fn defaults_are_applied_and_unknown_fields_pruned(server: Server) {
     install_project_crds(&client).await;
     let mut m = machine("m");
     m["spec"]["forgotten"] = json!(true);
-    let m = machines(&client, "default")
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let m = machines(&client, "default").create_json(m).await;
     assert_eq!(m.data["spec"]["networkInterfaces"][0]["type"], "tap");
     assert!(m.data["spec"].get("forgotten").is_none());
 }

@@ -8,10 +8,7 @@ async fn tables_carry_the_printer_columns(server: Server) {
     let mut w = widget("w", 4);
     w["metadata"]["labels"] = json!({"example.com/owner": "team-a"});
     w["spec"]["color"] = json!("blue");
-    widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(w))
-        .await
-        .unwrap();
+    widgets(&client, "default").create_json(w).await;
     widgets(&client, "default")
         .patch_status("w", &PatchParams::default(), &Patch::Merge(json!({"status": {"conditions": [{"type": "Paused", "status": "False"}, {"type": "Ready", "status": "True"}]}})))
         .await
@@ -52,9 +49,8 @@ async fn tables_carry_the_printer_columns(server: Server) {
     assert_eq!(t["rows"][0]["object"]["kind"], "PartialObjectMetadata");
     // One object as a Table, and a missing value is null.
     widgets(&client, "default")
-        .create(&PostParams::default(), &dynamic(widget("bare", 1)))
-        .await
-        .unwrap();
+        .create_json(widget("bare", 1))
+        .await;
     let one = raw_with(
         &client,
         "GET",

@@ -3,40 +3,27 @@
 
 use super::*;
 
+/// The bookmark's `k8s.io/initial-events-end` annotation ("true" on the one ending the initial state).
+fn initial_events_end(b: &kube::core::watch::Bookmark) -> Option<&str> {
+    b.metadata
+        .annotations
+        .get("k8s.io/initial-events-end")
+        .map(String::as_str)
+}
+
 async fn watch_streams_added_modified_deleted_and_bookmarks(server: Server) {
     let client = server.client();
     install_project_crds(&client).await;
     let api = machines(&client, "default");
-    let start_rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    let mut stream = api
-        .watch(&WatchParams::default(), &start_rv)
-        .await
-        .unwrap()
-        .boxed();
+    let start_rv = api.list_rv().await;
+    let mut stream = api.events(&WatchParams::default(), &start_rv).await;
     create_machine(&client, "default", "m").await;
-    api.patch(
-        "m",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"vcpu": 3}})),
-    )
-    .await
-    .unwrap();
+    api.merge("m", json!({"spec": {"vcpu": 3}})).await;
     api.delete("m", &DeleteParams::default()).await.unwrap();
     let mut seen = Vec::new();
     let mut last_rv = 0;
     while seen.len() < 3 {
-        match tokio::time::timeout(Duration::from_secs(5), stream.try_next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-        {
+        match next_event(&mut stream).await {
             WatchEvent::Added(o) => seen.push(("ADDED", o.data["spec"]["vcpu"].clone())),
             WatchEvent::Modified(o) => seen.push(("MODIFIED", o.data["spec"]["vcpu"].clone())),
             WatchEvent::Deleted(o) => {
@@ -58,37 +45,14 @@ async fn watch_streams_added_modified_deleted_and_bookmarks(server: Server) {
     // A watch that starts with the current state (here none) and allows bookmarks (kube-rs asks for
     // them) marks the end of that state with a bookmark at a revision that covers every change so far
     // (periodic bookmarks come every minute, on both servers).
-    let mut fresh = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
-    let b = match tokio::time::timeout(Duration::from_secs(5), fresh.try_next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap()
-    {
+    let mut fresh = api.events(&WatchParams::default(), "0").await;
+    let b = match next_event(&mut fresh).await {
         WatchEvent::Bookmark(b) => b,
         other => panic!("expected the initial-events-end bookmark, got {other:?}"),
     };
     assert_eq!(b.types.kind, "MicrovmMachine");
-    assert_eq!(
-        b.metadata
-            .annotations
-            .get("k8s.io/initial-events-end")
-            .map(String::as_str),
-        Some("true")
-    );
-    let list_rv: u64 = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap()
-        .parse()
-        .unwrap();
+    assert_eq!(initial_events_end(&b), Some("true"));
+    let list_rv: u64 = api.list_rv().await.parse().unwrap();
     let bookmark_rv: u64 = b.metadata.resource_version.parse().unwrap();
     assert!(
         bookmark_rv >= last_rv && bookmark_rv <= list_rv,
@@ -116,23 +80,13 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
     let api = machines(&client, "default");
     let a = create_machine(&client, "default", "a").await;
     create_machine(&client, "default", "b").await;
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"spec": {"vcpu": 5}})),
-    )
-    .await
-    .unwrap();
+    api.merge("a", json!({"spec": {"vcpu": 5}})).await;
     api.delete("b", &DeleteParams::default()).await.unwrap();
 
     let collect = |rv: String, n: usize| {
         let api = api.clone();
         async move {
-            let mut s = api
-                .watch(&WatchParams::default().timeout(2), &rv)
-                .await
-                .unwrap()
-                .boxed();
+            let mut s = api.events(&WatchParams::default().timeout(2), &rv).await;
             let mut out = Vec::new();
             while out.len() < n {
                 match s.try_next().await.unwrap() {
@@ -159,11 +113,7 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
     );
     // From "0": the current objects as ADDED, then changes.
     assert_eq!(collect("0".into(), 1).await, vec!["ADDED a"]);
-    let mut s = api
-        .watch(&WatchParams::default(), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut s = api.events(&WatchParams::default(), "0").await;
     assert!(matches!(
         s.try_next().await.unwrap(),
         Some(WatchEvent::Added(_))
@@ -178,19 +128,13 @@ async fn watch_from_a_resource_version_replays_in_order_and_from_zero_lists_firs
     );
     // sendInitialEvents: the current objects, then a bookmark marking their end.
     let wp = WatchParams::default().initial_events();
-    let mut s = api.watch(&wp, "").await.unwrap().boxed();
+    let mut s = api.events(&wp, "").await;
     let mut added = 0;
     loop {
         match s.try_next().await.unwrap().unwrap() {
             WatchEvent::Added(_) => added += 1,
             WatchEvent::Bookmark(b) => {
-                assert_eq!(
-                    b.metadata
-                        .annotations
-                        .get("k8s.io/initial-events-end")
-                        .map(String::as_str),
-                    Some("true")
-                );
+                assert_eq!(initial_events_end(&b), Some("true"));
                 break;
             }
             other => panic!("{other:?}"),
@@ -204,55 +148,22 @@ async fn a_watch_with_a_selector_sees_objects_enter_and_leave(server: Server) {
     install_project_crds(&client).await;
     let api = machines(&client, "default");
     create_machine(&client, "default", "m").await;
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = api.list_rv().await;
     let mut s = api
-        .watch(&WatchParams::default().labels("role=worker"), &rv)
-        .await
-        .unwrap()
-        .boxed();
-    let pp = PatchParams::default();
-    api.patch(
-        "m",
-        &pp,
-        &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}})),
-    )
-    .await
-    .unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 4}})))
-        .await
-        .unwrap();
+        .events(&WatchParams::default().labels("role=worker"), &rv)
+        .await;
+    api.merge("m", json!({"metadata": {"labels": {"role": "worker"}}}))
+        .await;
+    api.merge("m", json!({"spec": {"vcpu": 4}})).await;
     let left = api
-        .patch(
-            "m",
-            &pp,
-            &Patch::Merge(json!({"metadata": {"labels": {"role": "cp"}}})),
-        )
-        .await
-        .unwrap();
-    api.patch("m", &pp, &Patch::Merge(json!({"spec": {"vcpu": 5}})))
-        .await
-        .unwrap();
-    api.patch(
-        "m",
-        &pp,
-        &Patch::Merge(json!({"metadata": {"labels": {"role": "worker"}}})),
-    )
-    .await
-    .unwrap();
+        .merge("m", json!({"metadata": {"labels": {"role": "cp"}}}))
+        .await;
+    api.merge("m", json!({"spec": {"vcpu": 5}})).await;
+    api.merge("m", json!({"metadata": {"labels": {"role": "worker"}}}))
+        .await;
     let mut seen = Vec::new();
     for _ in 0..4 {
-        match tokio::time::timeout(Duration::from_secs(5), s.try_next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-        {
+        match next_event(&mut s).await {
             WatchEvent::Added(o) => seen.push(format!("ADDED {}", o.data["spec"]["vcpu"])),
             WatchEvent::Modified(o) => seen.push(format!("MODIFIED {}", o.data["spec"]["vcpu"])),
             WatchEvent::Deleted(o) => {
@@ -302,13 +213,7 @@ async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
     create_machine(&client, "default", "m").await;
     create_machine(&client, "default", "n").await;
     let base = "/apis/infrastructure.cluster.x-k8s.io/v1alpha2";
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = api.list_rv().await;
     let lines = |r: &Raw| -> Vec<(String, String)> {
         r.text
             .lines()
@@ -329,40 +234,27 @@ async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
         emu.reset_counters();
     }
 
+    // A GET of m's watch path from this resourceVersion, for two seconds, in the background.
+    let watch_m = |from: String| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            raw(
+                &client,
+                "GET",
+                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion={from}&timeoutSeconds=2"),
+                None,
+                b"",
+            )
+            .await
+        })
+    };
     // From "0": the object as ADDED, then its changes; the other object is not seen.
-    let watch = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            raw(
-                &client,
-                "GET",
-                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion=0&timeoutSeconds=2"),
-                None,
-                b"",
-            )
-            .await
-        })
-    };
+    let watch = watch_m("0".to_string());
     // From a resourceVersion: only the changes after it.
-    let from_rv = {
-        let client = client.clone();
-        tokio::spawn(async move {
-            raw(
-                &client,
-                "GET",
-                &format!("{base}/watch/namespaces/default/microvmmachines/m?resourceVersion={rv}&timeoutSeconds=2"),
-                None,
-                b"",
-            )
-            .await
-        })
-    };
+    let from_rv = watch_m(rv);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let pp = PatchParams::default();
     for name in ["n", "m"] {
-        api.patch(name, &pp, &Patch::Merge(json!({"spec": {"vcpu": 3}})))
-            .await
-            .unwrap();
+        api.merge(name, json!({"spec": {"vcpu": 3}})).await;
     }
     let watch = watch.await.unwrap();
     assert_eq!(watch.status, 200, "{}", watch.text);
@@ -386,12 +278,7 @@ async fn a_watch_on_a_named_path_watches_that_object_only(server: Server) {
     // The legacy core path.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     for name in ["c", "d"] {
-        cms.create(
-            &PostParams::default(),
-            &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-        )
-        .await
-        .unwrap();
+        cms.create_json(json!({"metadata": {"name": name}})).await;
     }
     let core = raw(
         &client,
@@ -442,35 +329,19 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
     let create = |name: String| {
         let cms = cms.clone();
         async move {
-            let c = cms
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({"metadata": {"name": name}})).unwrap(),
-                )
-                .await
-                .unwrap();
+            let c = cms.create_json(json!({"metadata": {"name": name}})).await;
             c.metadata.resource_version.unwrap().parse::<u64>().unwrap()
         }
     };
-    let now: u64 = cms
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap()
-        .parse()
-        .unwrap();
+    let now: u64 = cms.list_rv().await.parse().unwrap();
 
     // A watch from a future resourceVersion starts and sends only the changes after it (a real server
     // "may wait indefinitely" for it): not the ones on the way there. (A real server writes too, its
     // own leases: which of these creates come after it depends on them.)
     let future = now + 2;
     let mut s = cms
-        .watch(&WatchParams::default(), &future.to_string())
-        .await
-        .unwrap()
-        .boxed();
+        .events(&WatchParams::default(), &future.to_string())
+        .await;
     let mut created = Vec::new();
     for i in 1..=3 {
         created.push((format!("c{i}"), create(format!("c{i}")).await));
@@ -480,12 +351,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
         .find(|(_, rv)| *rv > future)
         .map(|(n, _)| n.clone());
     assert!(first_after.is_some(), "{created:?}");
-    match tokio::time::timeout(Duration::from_secs(5), s.try_next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap()
-    {
+    match next_event(&mut s).await {
         WatchEvent::Added(o) => assert_eq!(o.metadata.name, first_after, "{created:?}"),
         other => panic!("expected ADDED {first_after:?}, got {other:?}"),
     }
@@ -498,13 +364,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
         let cms = cms.clone();
         tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let late = cms
-                .create(
-                    &PostParams::default(),
-                    &serde_json::from_value(json!({"metadata": {"name": "late"}})).unwrap(),
-                )
-                .await
-                .unwrap();
+            let late = cms.create_json(json!({"metadata": {"name": "late"}})).await;
             late.metadata
                 .resource_version
                 .unwrap()
@@ -532,15 +392,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
     } else {
         assert!(waited >= Duration::from_millis(400), "{waited:?}");
     }
-    let now = cms
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap()
-        .parse::<u64>()
-        .unwrap();
+    let now = cms.list_rv().await.parse::<u64>().unwrap();
 
     // ...and then, as a GET does, fails with the real server's "Too large resource version"; a
     // watch with sendInitialEvents (whose initial state must be that fresh) fails the same way, as an
@@ -598,12 +450,7 @@ async fn reads_from_a_resource_version_not_reached_yet(server: Server) {
 async fn boolean_parameters_are_false_only_for_false_or_zero(server: Server) {
     let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
-    cms.create(
-        &PostParams::default(),
-        &serde_json::from_value(json!({"metadata": {"name": "c"}})).unwrap(),
-    )
-    .await
-    .unwrap();
+    cms.create_json(json!({"metadata": {"name": "c"}})).await;
     let base = "/api/v1/namespaces/default/configmaps";
     for list in [
         "watch=false",
@@ -666,11 +513,7 @@ async fn watch_timeout_ends_cleanly(server: Server) {
     let client = server.client();
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), "default");
     let started = std::time::Instant::now();
-    let mut s = cms
-        .watch(&WatchParams::default().timeout(1), "0")
-        .await
-        .unwrap()
-        .boxed();
+    let mut s = cms.events(&WatchParams::default().timeout(1), "0").await;
     // Nothing exists: only the bookmark that ends the (empty) initial state, then the end.
     let first = s.try_next().await.unwrap();
     assert!(matches!(first, Some(WatchEvent::Bookmark(_))), "{first:?}");

@@ -9,10 +9,7 @@ async fn status_subresource_separates_spec_and_status_writes(server: Server) {
     let api = machines(&client, "default");
     let mut m = machine("m");
     m["status"] = json!({"host": "ignored-on-create"});
-    let created = api
-        .create(&PostParams::default(), &dynamic(m))
-        .await
-        .unwrap();
+    let created = api.create_json(m).await;
     assert!(
         created.data.get("status").is_none(),
         "status is dropped on create"

@@ -10,11 +10,23 @@ use kube::Client;
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, PostParams};
 use serde_json::{Value, json};
 
+mod api_ext;
 pub mod servers;
+
+// Not every suite uses each of them.
+#[allow(unused_imports)]
+pub use api_ext::{ApiExt, Events, next_event};
 
 /// Starts an emulator with default options and returns it with a client.
 pub async fn start() -> (EmulatorHandle, Client) {
     start_with(EmulatorOptions::default()).await
+}
+
+/// Starts an emulator with default options and the project's CRDs installed.
+pub async fn start_with_project_crds() -> (EmulatorHandle, Client) {
+    let (emulator, client) = start().await;
+    install_project_crds(&client).await;
+    (emulator, client)
 }
 
 pub async fn start_with(options: EmulatorOptions) -> (EmulatorHandle, Client) {
@@ -50,6 +62,17 @@ pub fn project_crds() -> Vec<Value> {
                 .expect("CRD YAML")
         })
         .collect()
+}
+
+/// CAPI's MachineDeployment CRD (v1.14.0), as CAPI installs it: from shared/, which sits beside the
+/// repository (CI exports CAPMVM_SHARED_DIR when it is elsewhere).
+pub fn capi_machine_deployment_crd() -> Value {
+    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let md = shared.join("capi-crds/v1.14.0/cluster.x-k8s.io_machinedeployments.yaml");
+    let md = std::fs::read_to_string(&md).unwrap_or_else(|e| panic!("{}: {e}", md.display()));
+    serde_saphyr::from_str(&md).unwrap()
 }
 
 pub fn crd_api(client: &Client) -> Api<DynamicObject> {
@@ -151,10 +174,20 @@ pub fn dynamic(v: Value) -> DynamicObject {
 }
 
 pub async fn create_machine(client: &Client, ns: &str, name: &str) -> DynamicObject {
+    try_create_machine(client, ns, name)
+        .await
+        .expect("create machine")
+}
+
+/// Creates `machine(name)`, returning what the server answered (for creates expected to fail).
+pub async fn try_create_machine(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> kube::Result<DynamicObject> {
     machines(client, ns)
         .create(&PostParams::default(), &dynamic(machine(name)))
         .await
-        .expect("create machine")
 }
 
 /// A CRD whose schema uses every keyword the emulator validates: `widgets.test.example.com`.
