@@ -79,12 +79,7 @@ const CONVERSION_HINT: &str = " (if it names the conversion webhook: the operato
 pub async fn migrate_storage(client: &kube::Client) -> Result<Report, MigrateError> {
     let crds: Api<CustomResourceDefinition> = Api::all(client.clone());
     for (_, plural) in MIGRATED {
-        let name = format!("{plural}.{GROUP}");
-        let crd = crds.get(&name).await.map_err(|source| MigrateError::Api {
-            what: format!("reading CRD {name}"),
-            source,
-            hint: "",
-        })?;
+        let crd = read_crd(&crds, plural).await?;
         check_crd(&crd)?;
     }
     let left = go_webhooks(client).await?;
@@ -141,12 +136,8 @@ pub async fn migrate_storage(client: &kube::Client) -> Result<Report, MigrateErr
     }
 
     for (_, plural) in MIGRATED {
-        let name = format!("{plural}.{GROUP}");
-        let crd = crds.get(&name).await.map_err(|source| MigrateError::Api {
-            what: format!("reading CRD {name}"),
-            source,
-            hint: "",
-        })?;
+        let crd = read_crd(&crds, plural).await?;
+        let name = crd.name_any();
         let stored = crd
             .status
             .as_ref()
@@ -188,6 +179,19 @@ fn check_crd(crd: &CustomResourceDefinition) -> Result<(), MigrateError> {
         Some(problem) => Err(MigrateError::CrdNotReady { crd: name, problem }),
         None => Ok(()),
     }
+}
+
+/// Our CRD of `plural`.
+async fn read_crd(
+    crds: &Api<CustomResourceDefinition>,
+    plural: &str,
+) -> Result<CustomResourceDefinition, MigrateError> {
+    let name = format!("{plural}.{GROUP}");
+    crds.get(&name).await.map_err(|source| MigrateError::Api {
+        what: format!("reading CRD {name}"),
+        source,
+        hint: "",
+    })
 }
 
 /// The admission webhook configurations that still send our kinds to the Go provider's paths.

@@ -13,8 +13,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod real_support;
+
 use std::collections::{BTreeMap, BTreeSet};
-use std::path::PathBuf;
 use std::time::Duration;
 
 use capmvm_api::conversion::{V1ALPHA2_FIELDS_ANNOTATION, convert_object};
@@ -24,32 +25,20 @@ use capmvm_flintlock::{Method, MicrovmState};
 use capmvm_sim::real::go_provider::{self, GoProvider};
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
-use capmvm_sim::world::{DEMO_CLUSTER, WorldOptions, wait_for};
+use capmvm_sim::world::{DEMO_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
 use capmvm_upstream::audit::AuditEvent;
 use capmvm_upstream::capi::Provider;
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
 use kube::{Api, ResourceExt};
+use real_support::options;
 use serde_json::{Value, json};
 
 const WAIT: Duration = Duration::from_secs(240);
 const POLL: Duration = Duration::from_millis(500);
 const NS: &str = "default";
 const CLUSTER: &str = "moving";
-
-fn options() -> WorldOptions {
-    let mut o = WorldOptions::new(
-        3,
-        Duration::from_millis(500),
-        PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
-    );
-    o.operator_flags = vec![
-        "--host-poll-interval=2s".into(),
-        "--host-poll-interval-busy=200ms".into(),
-    ];
-    o
-}
 
 fn resource(version: &str, kind: &str, plural: &str) -> ApiResource {
     let group = if kind.starts_with("Microvm") {

@@ -9,8 +9,9 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod real_support;
+
 use std::collections::BTreeSet;
-use std::path::PathBuf;
 use std::time::Duration;
 
 use capmvm_api::MicrovmMachine;
@@ -19,10 +20,11 @@ use capmvm_api::keys::{DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
 use capmvm_flintlock::{Method, MicrovmState};
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
-use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, WorldOptions, wait_for};
+use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use real_support::options;
 use serde_json::json;
 
 const WAIT: Duration = Duration::from_secs(180);
@@ -31,19 +33,6 @@ const POLL: Duration = Duration::from_millis(500);
 /// One real stack at a time: each is an etcd, two kube-apiservers and four controllers, and the
 /// machine has two cores.
 static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
-
-fn options() -> WorldOptions {
-    let mut o = WorldOptions::new(
-        3,
-        Duration::from_millis(500),
-        PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")),
-    );
-    o.operator_flags = vec![
-        "--host-poll-interval=2s".into(),
-        "--host-poll-interval-busy=200ms".into(),
-    ];
-    o
-}
 
 /// A real stack with its operator running, or `None` (the test skipped) without the binaries.
 async fn real_stack(test: &str) -> Option<RealStack> {
