@@ -157,6 +157,27 @@ pub struct MicrovmHost {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 256))]
     pub failure_domain: Option<String>,
+
+    /// Labels of the host (`disk: nvme`, `rack: r1`), matched by machines' `hostSelector`.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+
+    /// Maintenance of the host. `Cordon`: no new microVM is placed on it, those there keep running.
+    /// `Evacuate`: cordoned, and its microVMs are replaced elsewhere: a pool replaces its instances
+    /// within its rolling-update limits; a MachineDeployment's machines report `Ready=False`
+    /// (`HostEvacuating`), which CAPI mirrors as the Machine's `InfrastructureReady`, for a
+    /// MachineHealthCheck to remediate (see docs/host-maintenance.md). Unset: in service.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maintenance: Option<HostMaintenance>,
+}
+
+/// `maintenance` of a host.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum HostMaintenance {
+    /// No new microVM is placed on the host; those there keep running.
+    Cordon,
+    /// Cordoned, and its microVMs are replaced elsewhere.
+    Evacuate,
 }
 
 impl MicrovmHost {
@@ -171,6 +192,29 @@ impl MicrovmHost {
     /// How the host is named in messages: its name, else its endpoint.
     pub fn display_name(&self) -> &str {
         self.name.as_deref().unwrap_or(&self.endpoint)
+    }
+
+    /// Whether new microVMs may be placed here (not cordoned, not evacuating).
+    pub fn schedulable(&self) -> bool {
+        self.maintenance.is_none()
+    }
+
+    /// Whether the host's microVMs are to be replaced elsewhere.
+    pub fn evacuating(&self) -> bool {
+        self.maintenance == Some(HostMaintenance::Evacuate)
+    }
+
+    /// A host at `endpoint`, named, in its own failure domain, control planes allowed, no labels,
+    /// in service.
+    pub fn new(name: Option<&str>, endpoint: &str) -> Self {
+        Self {
+            name: name.map(str::to_string),
+            endpoint: endpoint.to_string(),
+            controlplane_allowed: true,
+            failure_domain: None,
+            labels: BTreeMap::new(),
+            maintenance: None,
+        }
     }
 }
 
@@ -196,10 +240,54 @@ pub struct MicrovmClusterStatus {
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["name"]))]
     pub failure_domains: Vec<FailureDomain>,
 
+    /// Every host of the static pool: its state and how many of the cluster's microVMs it runs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 1000))]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["endpoint"]))]
+    pub hosts: Vec<HostStatus>,
+
     /// Conditions: Ready, Paused, HostsReachable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
+}
+
+/// One host as the provider last saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct HostStatus {
+    /// The host's name, else its endpoint.
+    #[schemars(length(max = 256))]
+    pub name: String,
+    /// Its endpoint.
+    #[schemars(length(max = 256))]
+    pub endpoint: String,
+    /// `Ready` (answers, takes new microVMs), `Cordoned`, `Evacuating`, `Unreachable` (does not
+    /// answer, refuses the credentials, or they are missing) or `Unknown` (not observed yet).
+    /// Maintenance wins over reachability: a cordoned host that does not answer is `Cordoned`.
+    pub state: HostState,
+    /// Why it is unreachable, when it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 1024))]
+    pub reason: Option<String>,
+    /// The cluster's microVMs on the host (as last listed; deleting ones included).
+    pub microvms: i32,
+}
+
+/// `status.hosts[].state`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum HostState {
+    /// Answers and takes new microVMs.
+    Ready,
+    /// Takes no new microVM.
+    Cordoned,
+    /// Takes no new microVM; its microVMs are being replaced elsewhere.
+    Evacuating,
+    /// Does not answer, or cannot be called (credentials refused or missing).
+    Unreachable,
+    /// Not observed yet.
+    #[default]
+    Unknown,
 }
 
 /// The CAPI v1beta2 initialization block.

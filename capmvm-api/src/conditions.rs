@@ -74,6 +74,11 @@ pub mod reasons {
     pub const INVALID_BOOTSTRAP_FORMAT: &str = "InvalidBootstrapFormat";
     /// No host can take the machine (failure domain, control-plane permission, reachability).
     pub const NO_ELIGIBLE_HOST: &str = "NoEligibleHost";
+    /// The machine's `hostSelector` matches no usable host; it is placed nowhere else.
+    pub const NO_MATCHING_HOST: &str = "NoMatchingHost";
+    /// The machine's host is being evacuated (`maintenance: Evacuate`): its microVM keeps running
+    /// until CAPI replaces the Machine (a MachineHealthCheck on `InfrastructureReady=False`).
+    pub const HOST_EVACUATING: &str = "HostEvacuating";
     /// The host the machine lives on (or was placed on) does not answer.
     pub const HOST_UNREACHABLE: &str = "HostUnreachable";
 

@@ -22,6 +22,7 @@ pub mod cluster;
 pub mod conditions;
 pub mod conversion;
 pub mod endpoint;
+pub mod host_selection;
 pub mod keys;
 pub mod machine;
 pub mod pool;
@@ -32,8 +33,9 @@ pub mod v1alpha1;
 pub mod validation;
 
 pub use cluster::{
-    ApiEndpoint, FailureDomain, Initialization, MicrovmCluster, MicrovmClusterSpec,
-    MicrovmClusterStatus, MicrovmHost, Placement, Proxy, SshPublicKey, StaticPoolPlacement,
+    ApiEndpoint, FailureDomain, HostMaintenance, HostState, HostStatus, Initialization,
+    MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus, MicrovmHost, Placement, Proxy,
+    SshPublicKey, StaticPoolPlacement,
 };
 pub use endpoint::{EndpointError, HostEndpoint};
 pub use machine::{

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
 use kube::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -116,6 +116,12 @@ pub struct MicrovmMachineSpec {
     /// SSH users and keys for this machine; when set they replace the MicrovmCluster's.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ssh_public_keys: Vec<SshPublicKey>,
+
+    /// Only hosts whose `labels` match may run this microVM (a standard label selector). A machine
+    /// no usable host matches waits, `Ready=False` with reason `NoMatchingHost`, and is never placed
+    /// elsewhere. Unset: any host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_selector: Option<LabelSelector>,
 
     /// Set by the provider: `microvm://<host endpoint>/<flintlock uid>`.
     #[serde(

@@ -17,6 +17,7 @@ use regex::Regex;
 
 use crate::cluster::{MicrovmCluster, MicrovmClusterSpec, SshPublicKey};
 use crate::endpoint::HostEndpoint;
+use crate::host_selection;
 use crate::machine::{
     IfaceType, MAX_MEMORY_MB, MAX_VCPU, MIN_MEMORY_MB, MIN_VCPU, MicrovmMachine,
     MicrovmMachineSpec, VmmProvider, Volume,
@@ -267,6 +268,15 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
                         "must be 1 to 256 characters long",
                     );
                 }
+                for (key, value) in &host.labels {
+                    let at = format!("{hpath}.labels[{key}]");
+                    if let Some(why) = host_selection::label_key_problem(key) {
+                        errs.add(at.clone(), why);
+                    }
+                    if let Some(why) = host_selection::label_value_problem(value) {
+                        errs.add(at, why);
+                    }
+                }
             }
             // A host without failureDomain is its own domain, named by its name or endpoint; two
             // such hosts must not share that name (one's name spelling the other's endpoint).
@@ -341,6 +351,12 @@ pub fn validate_cluster_spec(spec: &MicrovmClusterSpec) -> Result<(), Validation
 
 fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
     let is_ch = spec.provider == Some(VmmProvider::Cloudhypervisor);
+
+    if let Some(selector) = &spec.host_selector {
+        for (at, why) in host_selection::selector_problems(selector, &format!("{path}.hostSelector")) {
+            errs.add(at, why);
+        }
+    }
 
     if !(MIN_VCPU..=MAX_VCPU).contains(&spec.vcpu) {
         errs.add(

@@ -36,12 +36,13 @@ fn flintlock_providers_only(spec: &mut v1alpha1::MicrovmMachineSpec) {
     }
 }
 
-/// Drops the gateways and nameservers, which v1alpha1 cannot hold.
+/// Drops the gateways, nameservers and host selector, which v1alpha1 cannot hold.
 fn without_gateways(spec: &mut MicrovmMachineSpec) {
     for nic in &mut spec.network_interfaces {
         nic.gateway = None;
         nic.nameservers.clear();
     }
+    spec.host_selector = None;
 }
 
 /// The initialization v1alpha1's `ready` can say: none, or provisioned.
@@ -185,9 +186,13 @@ proptest! {
         if let Some(pool) = new.spec.placement.static_pool.as_mut() {
             for h in &mut pool.hosts {
                 h.failure_domain = h.name.is_some().then(|| h.endpoint.clone());
+                // Host labels and maintenance are v1alpha2's alone.
+                h.labels.clear();
+                h.maintenance = None;
             }
         }
         if let Some(s) = new.status.as_mut() {
+            s.hosts.clear();
             s.initialization = expressible_initialization(s.initialization.as_ref());
             let domains: BTreeMap<String, FailureDomain> = s
                 .failure_domains
@@ -251,6 +256,44 @@ fn an_edit_at_v1alpha1_keeps_what_only_v1alpha2_can_say() {
         None,
         "the kept fields are consumed"
     );
+}
+
+/// Host selection is v1alpha2's alone: a script that edits a machine at v1alpha1 (its vCPUs) keeps
+/// the machine's hostSelector, and one that edits a cluster (adds a host) keeps the other hosts'
+/// labels and maintenance.
+#[test]
+fn an_edit_at_v1alpha1_keeps_host_selection() {
+    let mut new = machine_v2();
+    new.spec.host_selector = Some(serde_json::from_value(json!({"matchLabels": {"disk": "nvme"}})).unwrap());
+    let mut old = machine_to_v1alpha1(&new).unwrap();
+    old.spec.vcpu = 4;
+    let back = machine_to_v1alpha2(&old).unwrap();
+    assert_eq!(back.spec.vcpu, 4);
+    assert_eq!(back.spec.host_selector, new.spec.host_selector);
+
+    let cluster: capmvm_api::MicrovmCluster = serde_json::from_value(json!({
+        "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
+        "kind": "MicrovmCluster",
+        "metadata": {"name": "demo", "namespace": "default"},
+        "spec": {"placement": {"staticPool": {"hosts": [
+            {"name": "a", "endpoint": "10.0.0.5:9090", "labels": {"disk": "nvme"}, "maintenance": "Cordon"},
+        ]}}},
+    }))
+    .unwrap();
+    let mut old = cluster_to_v1alpha1(&cluster).unwrap();
+    let pool = old.spec.placement.static_pool.as_mut().unwrap();
+    pool.hosts.push(v1alpha1::MicrovmHost {
+        name: "b".into(),
+        endpoint: "10.0.0.6:9090".into(),
+        controlplane_allowed: true,
+    });
+    let back = cluster_to_v1alpha2(&old).unwrap();
+    let hosts = &back.spec.placement.static_pool.as_ref().unwrap().hosts;
+    assert_eq!(hosts.len(), 2);
+    assert_eq!(hosts[0].labels["disk"], "nvme");
+    assert_eq!(hosts[0].maintenance, Some(capmvm_api::HostMaintenance::Cordon));
+    assert!(hosts[1].labels.is_empty());
+    assert_eq!(hosts[1].maintenance, None);
 }
 
 /// The Go provider's Machines were placed in failure domains named by host endpoints; a named host

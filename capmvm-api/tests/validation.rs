@@ -36,16 +36,15 @@ fn valid_machine() -> MicrovmMachineSpec {
         }],
         labels: Default::default(),
         ssh_public_keys: vec![],
+        host_selector: None,
         provider_id: None,
     }
 }
 
 fn host(name: &str, endpoint: &str, fd: Option<&str>) -> MicrovmHost {
     MicrovmHost {
-        name: Some(name.into()),
-        endpoint: endpoint.into(),
-        controlplane_allowed: true,
         failure_domain: fd.map(Into::into),
+        ..MicrovmHost::new(Some(name), endpoint)
     }
 }
 

@@ -14,7 +14,8 @@ use std::time::Duration;
 use capmvm_api::conditions::{reasons, types};
 use capmvm_api::keys::{CLUSTER_FINALIZER, MANAGED_BY_ANNOTATION};
 use capmvm_api::{
-    FailureDomain, HostEndpoint, Initialization, MicrovmCluster, MicrovmClusterStatus, validation,
+    FailureDomain, HostEndpoint, HostMaintenance, HostState, HostStatus, Initialization,
+    MicrovmCluster, MicrovmClusterStatus, validation,
 };
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt;
@@ -193,6 +194,7 @@ impl ClusterDecision<'_> {
         }
         self.failure_domains();
         self.hosts();
+        self.host_statuses(&cluster_name);
         self.orphaned_microvms();
     }
 
@@ -346,6 +348,55 @@ impl ClusterDecision<'_> {
         self.status.initialization = Some(Initialization {
             provisioned: Some(true),
         });
+    }
+
+    /// `status.hosts`: each host's state (maintenance first, then what the host observer saw) and
+    /// how many of this cluster's microVMs it runs. A microVM whose meta-data names no cluster (made
+    /// before the name was written) counts for every cluster listing it.
+    fn host_statuses(&mut self, cluster_name: &str) {
+        let statuses = self
+            .pool_hosts()
+            .iter()
+            .map(|host| {
+                let key = host
+                    .endpoint
+                    .parse::<HostEndpoint>()
+                    .map(|e| e.to_string())
+                    .unwrap_or_default();
+                let facts = self.obs.hosts.get(&key);
+                let unreachable = facts.and_then(|f| {
+                    f.credentials_problem.clone().or(match &f.reachability {
+                        Reachability::Unreachable(why) => Some(why.clone()),
+                        Reachability::Refused(why) => Some(format!("credentials refused: {why}")),
+                        Reachability::Reachable | Reachability::Unknown => None,
+                    })
+                });
+                let observed =
+                    facts.is_some_and(|f| !matches!(f.reachability, Reachability::Unknown));
+                let state = match (host.maintenance, &unreachable) {
+                    (Some(HostMaintenance::Evacuate), _) => HostState::Evacuating,
+                    (Some(HostMaintenance::Cordon), _) => HostState::Cordoned,
+                    (None, Some(_)) => HostState::Unreachable,
+                    (None, None) if observed => HostState::Ready,
+                    (None, None) => HostState::Unknown,
+                };
+                let microvms = self
+                    .obs
+                    .microvms
+                    .iter()
+                    .filter(|hv| hv.host == key)
+                    .filter(|hv| hv.vm.cluster.as_deref().is_none_or(|c| c == cluster_name))
+                    .count();
+                HostStatus {
+                    name: host.display_name().to_string(),
+                    endpoint: host.endpoint.clone(),
+                    state,
+                    reason: unreachable,
+                    microvms: i32::try_from(microvms).unwrap_or(i32::MAX),
+                }
+            })
+            .collect();
+        self.status.hosts = statuses;
     }
 
     /// Reachability and credentials of every host, on `HostsReachable` and `Ready`.

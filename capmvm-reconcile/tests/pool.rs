@@ -124,6 +124,7 @@ impl World {
                 provider_id: None,
                 failure_domain: None,
                 delete_annotated: false,
+                host: None,
             });
         }
         for d in &plan.delete_machines {

@@ -37,7 +37,7 @@ pub fn cluster_to_v1alpha1(
 }
 
 /// `kept` is the `v1alpha2` spec this object had when it was read at `v1alpha1` and then changed:
-/// the hosts it still lists (by endpoint) keep the failure domain they had.
+/// the hosts it still lists (by endpoint) keep the failure domain, labels and maintenance they had.
 fn spec_up(
     old: &v1alpha1::MicrovmClusterSpec,
     kept: Option<&MicrovmClusterSpec>,
@@ -87,6 +87,8 @@ fn host_up(old: &v1alpha1::MicrovmHost, kept: Option<&MicrovmHost>) -> MicrovmHo
         endpoint: old.endpoint.clone(),
         controlplane_allowed: old.controlplane_allowed,
         failure_domain,
+        labels: kept.map(|k| k.labels.clone()).unwrap_or_default(),
+        maintenance: kept.and_then(|k| k.maintenance),
     }
 }
 
@@ -147,6 +149,8 @@ fn status_up(old: &v1alpha1::MicrovmClusterStatus) -> MicrovmClusterStatus {
                 attributes: fd.attributes.clone(),
             })
             .collect(),
+        // v1alpha1 has no per-host status; the controller writes it anew at v1alpha2.
+        hosts: Vec::new(),
         conditions: conditions::up(&old.conditions),
     }
 }

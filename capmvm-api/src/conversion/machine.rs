@@ -69,6 +69,8 @@ pub(super) fn spec_up(
             .collect(),
         labels: old.labels.clone(),
         ssh_public_keys: old.ssh_public_keys.iter().map(key_up).collect(),
+        // v1alpha1 has no host selection: a spec edited there keeps the selector it had.
+        host_selector: kept.and_then(|k| k.host_selector.clone()),
         provider_id: old.provider_id.clone(),
     }
 }

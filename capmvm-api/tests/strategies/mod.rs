@@ -10,7 +10,9 @@ use capmvm_api::{
     MicrovmMachineSpec, MicrovmMachineStatus, MicrovmMachineTemplate, MicrovmMachineTemplateSpec,
     MicrovmMachineTemplateStatus, NodeInfo, v1alpha1,
 };
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition, LabelSelector, LabelSelectorRequirement, ObjectMeta, Time,
+};
 use k8s_openapi::jiff::Timestamp;
 use proptest::collection::{btree_map, vec};
 use proptest::option;
@@ -438,7 +440,7 @@ fn v2_machine_spec() -> impl Strategy<Value = MicrovmMachineSpec> {
         nics,
         map(),
         v2_keys(),
-        some_word(),
+        (some_word(), option::of(host_selector())),
     )
         .prop_map(
             |(
@@ -452,7 +454,7 @@ fn v2_machine_spec() -> impl Strategy<Value = MicrovmMachineSpec> {
                 network_interfaces,
                 labels,
                 ssh_public_keys,
-                provider_id,
+                (provider_id, host_selector),
             )| MicrovmMachineSpec {
                 provider,
                 vcpu,
@@ -465,9 +467,32 @@ fn v2_machine_spec() -> impl Strategy<Value = MicrovmMachineSpec> {
                 network_interfaces,
                 labels,
                 ssh_public_keys,
+                host_selector,
                 provider_id,
             },
         )
+}
+
+/// A selector of labels and set-based requirements, as `hostSelector` holds.
+fn host_selector() -> impl Strategy<Value = LabelSelector> {
+    let requirement = (
+        word(),
+        prop_oneof![Just("In"), Just("NotIn"), Just("Exists")],
+        vec(word(), 0..3),
+    )
+        .prop_map(|(key, operator, values)| LabelSelectorRequirement {
+            key,
+            operator: operator.to_string(),
+            values: (!values.is_empty()).then_some(values),
+        });
+    (
+        map().prop_map(|m| (!m.is_empty()).then_some(m)),
+        option::of(vec(requirement, 1..3)),
+    )
+        .prop_map(|(match_labels, match_expressions)| LabelSelector {
+            match_labels,
+            match_expressions,
+        })
 }
 
 fn v2_machine_status() -> impl Strategy<Value = MicrovmMachineStatus> {
@@ -514,14 +539,29 @@ pub(crate) fn v2_machine() -> impl Strategy<Value = MicrovmMachine> {
 
 pub(crate) fn v2_cluster() -> impl Strategy<Value = MicrovmCluster> {
     let hosts = vec(
-        (some_word(), word(), any::<bool>(), some_word()).prop_map(
-            |(name, endpoint, controlplane_allowed, failure_domain)| MicrovmHost {
-                name,
-                endpoint,
-                controlplane_allowed,
-                failure_domain,
-            },
-        ),
+        (
+            some_word(),
+            word(),
+            any::<bool>(),
+            some_word(),
+            map(),
+            option::of(prop_oneof![
+                Just(api::HostMaintenance::Cordon),
+                Just(api::HostMaintenance::Evacuate)
+            ]),
+        )
+            .prop_map(
+                |(name, endpoint, controlplane_allowed, failure_domain, labels, maintenance)| {
+                    MicrovmHost {
+                        name,
+                        endpoint,
+                        controlplane_allowed,
+                        failure_domain,
+                        labels,
+                        maintenance,
+                    }
+                },
+            ),
         1..4,
     );
     let spec = (
@@ -569,11 +609,13 @@ pub(crate) fn v2_cluster() -> impl Strategy<Value = MicrovmCluster> {
             0..3,
         ),
         v2_conditions(),
+        vec(host_status(), 0..3),
     )
         .prop_map(
-            |(initialization, failure_domains, conditions)| MicrovmClusterStatus {
+            |(initialization, failure_domains, conditions, hosts)| MicrovmClusterStatus {
                 initialization,
                 failure_domains,
+                hosts,
                 conditions,
             },
         );
@@ -582,6 +624,27 @@ pub(crate) fn v2_cluster() -> impl Strategy<Value = MicrovmCluster> {
         spec,
         status,
     })
+}
+
+fn host_status() -> impl Strategy<Value = api::HostStatus> {
+    (
+        word(),
+        word(),
+        prop_oneof![
+            Just(api::HostState::Ready),
+            Just(api::HostState::Cordoned),
+            Just(api::HostState::Unreachable),
+        ],
+        option::of(text()),
+        0i32..50,
+    )
+        .prop_map(|(name, endpoint, state, reason, microvms)| api::HostStatus {
+            name,
+            endpoint,
+            state,
+            reason,
+            microvms,
+        })
 }
 
 pub(crate) fn v2_template() -> impl Strategy<Value = MicrovmMachineTemplate> {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use capmvm_api::capi::{CAPI_GROUP, Machine};
 use capmvm_api::keys::{
-    DELETE_MACHINE_ANNOTATION, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER,
+    DELETE_MACHINE_ANNOTATION, HOST_ANNOTATION, POOL_FAILURE_DOMAIN_ANNOTATION, POOL_FINALIZER,
     TEMPLATE_HASH_ANNOTATION,
 };
 use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachinePool};
@@ -172,6 +172,7 @@ fn observe_instance(ctx: &Ctx, ns: &str, m: &MicrovmMachine) -> ObservedInstance
         provider_id: m.spec.provider_id.clone(),
         failure_domain: m.annotations().get(POOL_FAILURE_DOMAIN_ANNOTATION).cloned(),
         delete_annotated: m.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
+        host: m.annotations().get(HOST_ANNOTATION).cloned(),
         name,
     }
 }

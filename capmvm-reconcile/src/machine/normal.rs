@@ -235,8 +235,14 @@ impl Decision<'_> {
             machine_key: &key,
             failure_domain: self.failure_domain(),
             control_plane: self.obs.owner.as_ref().is_some_and(|o| o.control_plane),
+            host_selector: self.machine.spec.host_selector.as_ref(),
         };
         match placement::choose(pool, &self.obs.hosts, &request) {
+            // Waits for a host or a label to be added: the MicrovmCluster's new generation wakes it.
+            Err(no_host) if no_host.no_matching_host => {
+                self.not_ready(reasons::NO_MATCHING_HOST, no_host.message);
+                Requeue::Await
+            }
             Err(no_host) if no_host.only_credentials => {
                 self.not_ready(reasons::MISSING_CREDENTIALS, no_host.message);
                 // No watch fires when a Secret appears: look again soon.
@@ -356,7 +362,19 @@ impl Decision<'_> {
                 self.status.initialization = Some(Initialization {
                     provisioned: Some(true),
                 });
-                self.condition(types::READY, Status::True, reasons::READY, "");
+                match evacuating_host(infra, host) {
+                    // A pool replaces its own instances within its rolling-update limits; any other
+                    // machine says so on Ready, which CAPI mirrors as the Machine's
+                    // InfrastructureReady for a MachineHealthCheck to remediate. The microVM runs on.
+                    Some(name) if instance_pool(self.machine).is_none() => self.not_ready(
+                        reasons::HOST_EVACUATING,
+                        format!(
+                            "host {name} ({host}) is being evacuated; microVM {} keeps running until Cluster API replaces this Machine (a MachineHealthCheck with unhealthyMachineConditions InfrastructureReady=False remediates it)",
+                            vm.uid
+                        ),
+                    ),
+                    _ => self.condition(types::READY, Status::True, reasons::READY, ""),
+                }
                 Requeue::Await
             }
             VmState::Failed => {
@@ -391,4 +409,18 @@ impl Decision<'_> {
             }
         }
     }
+}
+
+/// The display name of `host` when the MicrovmCluster lists it under `maintenance: Evacuate`.
+fn evacuating_host<'a>(infra: &'a MicrovmCluster, host: &HostEndpoint) -> Option<&'a str> {
+    let key = host.to_string();
+    infra
+        .spec
+        .placement
+        .static_pool
+        .as_ref()?
+        .hosts
+        .iter()
+        .find(|h| h.evacuating() && h.endpoint.parse::<HostEndpoint>().is_ok_and(|e| e.to_string() == key))
+        .map(|h| h.display_name())
 }

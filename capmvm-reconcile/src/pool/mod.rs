@@ -218,6 +218,9 @@ fn scale_and_roll(
             reason,
         });
     };
+    // An instance on a host being evacuated is replaced like an outdated one: within the pool's
+    // maxSurge and maxUnavailable, so evacuation never takes more capacity than a roll would.
+    let evacuating = evacuating_hosts(obs.infra_cluster.as_deref());
     let live: Vec<Candidate<'_>> = obs
         .instances
         .iter()
@@ -225,6 +228,10 @@ fn scale_and_roll(
         .map(|instance| Candidate {
             instance,
             up_to_date: instance.template_hash.as_deref() == Some(current),
+            evacuating: instance
+                .host
+                .as_ref()
+                .is_some_and(|h| evacuating.contains(h)),
         })
         .collect();
 
@@ -241,7 +248,9 @@ fn scale_and_roll(
         }
     }
     let policy = obs.pool.spec.strategy.delete_policy();
-    let (mut new, mut old): (Vec<_>, Vec<_>) = healthy.into_iter().partition(|c| c.up_to_date);
+    let (mut new, mut old): (Vec<_>, Vec<_>) = healthy
+        .into_iter()
+        .partition(|c| c.up_to_date && !c.evacuating);
     sort_victims(&mut new, policy);
     sort_victims(&mut old, policy);
     let mut available = i32_len(new.iter().chain(&old).filter(|c| c.ready()).count());
@@ -277,7 +286,12 @@ fn scale_and_roll(
             available -= 1;
         }
         progress.rolled.push(c.instance.name.clone());
-        delete(plan, c, DeletionReason::Outdated);
+        let reason = if c.up_to_date {
+            DeletionReason::HostEvacuating
+        } else {
+            DeletionReason::Outdated
+        };
+        delete(plan, c, reason);
     }
     progress.outdated = old.len();
 
@@ -290,6 +304,21 @@ fn scale_and_roll(
     progress.max_surge = max_surge;
     progress.max_unavailable = max_unavailable;
     progress
+}
+
+/// The canonical endpoints of the MicrovmCluster's hosts under `maintenance: Evacuate`.
+fn evacuating_hosts(infra: Option<&MicrovmCluster>) -> BTreeSet<String> {
+    infra
+        .and_then(|c| c.spec.placement.static_pool.as_ref())
+        .map(|pool| {
+            pool.hosts
+                .iter()
+                .filter(|h| h.evacuating())
+                .filter_map(|h| h.endpoint.parse::<capmvm_api::HostEndpoint>().ok())
+                .map(|e| e.to_string())
+                .collect()
+        })
+        .unwrap_or_default()
 }
 
 /// Why an instance must be replaced, if it must.

@@ -52,6 +52,8 @@ pub struct ObservedInstance {
     pub failure_domain: Option<String>,
     /// The instance itself carries `cluster.x-k8s.io/delete-machine` (copied down from its Machine).
     pub delete_annotated: bool,
+    /// The host recorded for its microVM (canonical endpoint), once placed.
+    pub host: Option<String>,
 }
 
 /// What the pool reads from an instance's Machine.

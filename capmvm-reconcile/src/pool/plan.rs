@@ -82,6 +82,8 @@ pub enum DeletionReason {
     ScaleDown,
     /// It was made from an older template.
     Outdated,
+    /// Its host is being evacuated (`maintenance: Evacuate`).
+    HostEvacuating,
     /// The pool is being deleted.
     PoolDeleted,
 }
@@ -95,6 +97,7 @@ impl DeletionReason {
             Self::Remediated => "a MachineHealthCheck asked for its remediation",
             Self::ScaleDown => "scale down",
             Self::Outdated => "made from an older template",
+            Self::HostEvacuating => "its host is being evacuated",
             Self::PoolDeleted => "the pool is being deleted",
         }
     }

@@ -12,7 +12,10 @@ use super::observe::{InstanceHealth, ObservedInstance};
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Candidate<'a> {
     pub(super) instance: &'a ObservedInstance,
+    /// Made from the current template.
     pub(super) up_to_date: bool,
+    /// On a host being evacuated: replaced like an outdated instance.
+    pub(super) evacuating: bool,
 }
 
 impl Candidate<'_> {
@@ -42,7 +45,7 @@ fn victim_order(a: &Candidate<'_>, b: &Candidate<'_>, policy: DeletePolicy) -> O
     (!a.delete_requested())
         .cmp(&!b.delete_requested())
         .then(a.ready().cmp(&b.ready()))
-        .then(a.up_to_date.cmp(&b.up_to_date))
+        .then((a.up_to_date && !a.evacuating).cmp(&(b.up_to_date && !b.evacuating)))
         .then_with(|| {
             let (a, b) = (a.instance, b.instance);
             match policy {

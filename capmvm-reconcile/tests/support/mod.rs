@@ -55,6 +55,7 @@ pub fn machine_spec() -> MicrovmMachineSpec {
         }],
         labels: BTreeMap::new(),
         ssh_public_keys: vec![],
+        host_selector: None,
         provider_id: None,
     }
 }
@@ -142,22 +143,19 @@ pub fn microvm_cluster() -> MicrovmCluster {
                 static_pool: Some(StaticPoolPlacement {
                     hosts: vec![
                         MicrovmHost {
-                            name: Some("host-a".into()),
-                            endpoint: HOSTS[0].into(),
                             controlplane_allowed: true,
                             failure_domain: Some("r1".into()),
+                            ..MicrovmHost::new(Some("host-a"), HOSTS[0])
                         },
                         MicrovmHost {
-                            name: Some("host-b".into()),
-                            endpoint: HOSTS[1].into(),
                             controlplane_allowed: false,
                             failure_domain: Some("r1".into()),
+                            ..MicrovmHost::new(Some("host-b"), HOSTS[1])
                         },
                         MicrovmHost {
-                            name: Some("host-c".into()),
-                            endpoint: HOSTS[2].into(),
                             controlplane_allowed: true,
                             failure_domain: None,
+                            ..MicrovmHost::new(Some("host-c"), HOSTS[2])
                         },
                     ],
                     basic_auth_secret: None,
