@@ -724,3 +724,39 @@ fn pool_template_errors_are_prefixed_and_strategy_is_checked() {
         vec![]
     );
 }
+
+/// Host labels and `hostSelector` follow Kubernetes' label syntax; each mistake names its field.
+#[test]
+fn host_labels_and_selectors_are_checked() {
+    let selector = |json: serde_json::Value| Some(serde_json::from_value(json).unwrap());
+    machine_error(
+        |m| m.host_selector = selector(serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "In"}]})),
+        "spec.hostSelector.matchExpressions[0].values",
+        "must not be empty for operator In",
+    );
+    machine_error(
+        |m| m.host_selector = selector(serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "Like", "values": ["x"]}]})),
+        "spec.hostSelector.matchExpressions[0].operator",
+        "use In, NotIn, Exists or DoesNotExist",
+    );
+    machine_error(
+        |m| m.host_selector = selector(serde_json::json!({"matchLabels": {"disk": "not ok"}})),
+        "spec.hostSelector.matchLabels[disk]",
+        "label value",
+    );
+    let mut ok = valid_machine();
+    ok.host_selector = selector(serde_json::json!({
+        "matchLabels": {"topology.example.com/rack": "r1"},
+        "matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}],
+    }));
+    assert!(validate_machine_spec(&ok).is_ok());
+
+    let mut cluster = valid_cluster();
+    let hosts = &mut cluster.placement.static_pool.as_mut().unwrap().hosts;
+    hosts[0].labels.insert("Disk Type".into(), "nvme".into());
+    assert_error_at(
+        validate_cluster_spec(&cluster),
+        "spec.placement.staticPool.hosts[0].labels[Disk Type]",
+        "label key",
+    );
+}

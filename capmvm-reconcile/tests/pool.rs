@@ -694,3 +694,48 @@ fn the_status_is_written_at_most_once_a_second_and_the_last_state_always() {
     w.obs.last_status_write = Some(written_at + std::time::Duration::from_secs(3600));
     assert!(decide_pool(&w.obs, soon).status.is_some());
 }
+
+/// An instance on a host under `maintenance: Evacuate` is replaced like an outdated one: a surge
+/// instance first, the old one's Machine deleted only once the new one is ready, so the pool never
+/// has fewer ready instances than desired; instances on other hosts are left alone.
+#[test]
+fn evacuation_replaces_only_the_hosts_instances_within_the_roll_limits() {
+    let mut w = World::new(3, 1, 0, DeletePolicy::Oldest);
+    w.converge();
+    let names = w.names_by_age();
+    w.instance_mut(&names[0]).host = Some(support::HOSTS[0].to_string());
+    w.instance_mut(&names[1]).host = Some(support::HOSTS[1].to_string());
+    w.instance_mut(&names[2]).host = Some(support::HOSTS[1].to_string());
+    let plan = w.step();
+    assert!(plan.create_instances.is_empty(), "nothing to do before maintenance");
+    assert!(plan.delete_machines.is_empty());
+
+    let mut mc = support::microvm_cluster();
+    mc.spec.placement.static_pool.as_mut().unwrap().hosts[0].maintenance =
+        Some(HostMaintenance::Evacuate);
+    w.obs.infra_cluster = Some(std::sync::Arc::new(mc));
+
+    let mut deleted_all = Vec::new();
+    for _ in 0..20 {
+        let plan = w.step();
+        assert!(w.ready_live() >= 3, "never below the desired ready count");
+        deleted_all.extend(deleted(&plan));
+        let on_host = w
+            .obs
+            .instances
+            .iter()
+            .any(|i| i.host.as_deref() == Some(support::HOSTS[0]));
+        if !on_host && w.obs.instances.len() == 3 && w.ready_live() == 3 {
+            break;
+        }
+        w.advance(|_| true);
+    }
+    assert_eq!(
+        deleted_all,
+        [(names[0].clone(), DeletionReason::HostEvacuating)],
+        "exactly the evacuated host's instance, once"
+    );
+    assert!(w.obs.instances.iter().all(|i| i.host.as_deref() != Some(support::HOSTS[0])));
+    assert!(w.obs.instances.iter().any(|i| i.name == names[1]));
+    assert!(w.obs.instances.iter().any(|i| i.name == names[2]));
+}
