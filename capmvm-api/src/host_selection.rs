@@ -78,7 +78,10 @@ pub fn selector_problems(selector: &LabelSelector, path: &str) -> Vec<(String, S
         match req.operator.as_str() {
             "In" | "NotIn" if values.is_empty() => problems.push((
                 format!("{at}.values"),
-                format!("must not be empty for operator {}; list the label values to match", req.operator),
+                format!(
+                    "must not be empty for operator {}; list the label values to match",
+                    req.operator
+                ),
             )),
             "Exists" | "DoesNotExist" if !values.is_empty() => problems.push((
                 format!("{at}.values"),
@@ -134,7 +137,9 @@ fn is_label_name(s: &str) -> bool {
     let bytes = s.as_bytes();
     !s.is_empty()
         && s.len() <= 63
-        && bytes.iter().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
         && bytes.first().is_some_and(u8::is_ascii_alphanumeric)
         && bytes.last().is_some_and(u8::is_ascii_alphanumeric)
 }
@@ -145,7 +150,8 @@ fn is_dns_subdomain(s: &str) -> bool {
         && s.split('.').all(|part| {
             let b = part.as_bytes();
             !b.is_empty()
-                && b.iter().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
+                && b.iter()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == b'-')
                 && b.first().is_some_and(u8::is_ascii_alphanumeric)
                 && b.last().is_some_and(u8::is_ascii_alphanumeric)
         })
@@ -173,7 +179,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     fn req(key: &str, op: &str, values: &[&str]) -> LabelSelectorRequirement {
@@ -189,15 +198,69 @@ mod tests {
         let host = labels(&[("zone", "a"), ("disk", "nvme")]);
         let cases: Vec<(LabelSelector, bool)> = vec![
             (LabelSelector::default(), true),
-            (LabelSelector { match_labels: Some(labels(&[("zone", "a")])), ..Default::default() }, true),
-            (LabelSelector { match_labels: Some(labels(&[("zone", "b")])), ..Default::default() }, false),
-            (LabelSelector { match_expressions: Some(vec![req("zone", "In", &["a", "b"])]), ..Default::default() }, true),
-            (LabelSelector { match_expressions: Some(vec![req("zone", "NotIn", &["a"])]), ..Default::default() }, false),
-            (LabelSelector { match_expressions: Some(vec![req("gpu", "NotIn", &["x"])]), ..Default::default() }, true),
-            (LabelSelector { match_expressions: Some(vec![req("disk", "Exists", &[])]), ..Default::default() }, true),
-            (LabelSelector { match_expressions: Some(vec![req("gpu", "DoesNotExist", &[])]), ..Default::default() }, true),
-            (LabelSelector { match_expressions: Some(vec![req("gpu", "Exists", &[])]), ..Default::default() }, false),
-            (LabelSelector { match_expressions: Some(vec![req("zone", "Gt", &["1"])]), ..Default::default() }, false),
+            (
+                LabelSelector {
+                    match_labels: Some(labels(&[("zone", "a")])),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_labels: Some(labels(&[("zone", "b")])),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("zone", "In", &["a", "b"])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("zone", "NotIn", &["a"])]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("gpu", "NotIn", &["x"])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("disk", "Exists", &[])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("gpu", "DoesNotExist", &[])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("gpu", "Exists", &[])]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("zone", "Gt", &["1"])]),
+                    ..Default::default()
+                },
+                false,
+            ),
             (
                 LabelSelector {
                     match_labels: Some(labels(&[("zone", "a")])),
@@ -215,7 +278,10 @@ mod tests {
     fn describe_reads_like_kubectl() {
         let selector = LabelSelector {
             match_labels: Some(labels(&[("role", "db")])),
-            match_expressions: Some(vec![req("zone", "In", &["a", "b"]), req("gpu", "DoesNotExist", &[])]),
+            match_expressions: Some(vec![
+                req("zone", "In", &["a", "b"]),
+                req("gpu", "DoesNotExist", &[]),
+            ]),
         };
         assert_eq!(describe(&selector), "role=db,zone in (a,b),!gpu");
         assert_eq!(describe(&LabelSelector::default()), "<everything>");
@@ -242,7 +308,11 @@ mod tests {
                 "spec.hostSelector.matchExpressions[2].operator",
             ]
         );
-        assert!(problems[3].1.contains("use In, NotIn, Exists or DoesNotExist"));
+        assert!(
+            problems[3]
+                .1
+                .contains("use In, NotIn, Exists or DoesNotExist")
+        );
     }
 
     #[test]

@@ -353,7 +353,9 @@ fn machine_spec(spec: &MicrovmMachineSpec, path: &str, errs: &mut Errors) {
     let is_ch = spec.provider == Some(VmmProvider::Cloudhypervisor);
 
     if let Some(selector) = &spec.host_selector {
-        for (at, why) in host_selection::selector_problems(selector, &format!("{path}.hostSelector")) {
+        for (at, why) in
+            host_selection::selector_problems(selector, &format!("{path}.hostSelector"))
+        {
             errs.add(at, why);
         }
     }

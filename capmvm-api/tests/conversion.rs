@@ -264,7 +264,8 @@ fn an_edit_at_v1alpha1_keeps_what_only_v1alpha2_can_say() {
 #[test]
 fn an_edit_at_v1alpha1_keeps_host_selection() {
     let mut new = machine_v2();
-    new.spec.host_selector = Some(serde_json::from_value(json!({"matchLabels": {"disk": "nvme"}})).unwrap());
+    new.spec.host_selector =
+        Some(serde_json::from_value(json!({"matchLabels": {"disk": "nvme"}})).unwrap());
     let mut old = machine_to_v1alpha1(&new).unwrap();
     old.spec.vcpu = 4;
     let back = machine_to_v1alpha2(&old).unwrap();
@@ -291,7 +292,10 @@ fn an_edit_at_v1alpha1_keeps_host_selection() {
     let hosts = &back.spec.placement.static_pool.as_ref().unwrap().hosts;
     assert_eq!(hosts.len(), 2);
     assert_eq!(hosts[0].labels["disk"], "nvme");
-    assert_eq!(hosts[0].maintenance, Some(capmvm_api::HostMaintenance::Cordon));
+    assert_eq!(
+        hosts[0].maintenance,
+        Some(capmvm_api::HostMaintenance::Cordon)
+    );
     assert!(hosts[1].labels.is_empty());
     assert_eq!(hosts[1].maintenance, None);
 }

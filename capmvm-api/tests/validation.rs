@@ -730,12 +730,20 @@ fn pool_template_errors_are_prefixed_and_strategy_is_checked() {
 fn host_labels_and_selectors_are_checked() {
     let selector = |json: serde_json::Value| Some(serde_json::from_value(json).unwrap());
     machine_error(
-        |m| m.host_selector = selector(serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "In"}]})),
+        |m| {
+            m.host_selector = selector(
+                serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "In"}]}),
+            )
+        },
         "spec.hostSelector.matchExpressions[0].values",
         "must not be empty for operator In",
     );
     machine_error(
-        |m| m.host_selector = selector(serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "Like", "values": ["x"]}]})),
+        |m| {
+            m.host_selector = selector(
+                serde_json::json!({"matchExpressions": [{"key": "disk", "operator": "Like", "values": ["x"]}]}),
+            )
+        },
         "spec.hostSelector.matchExpressions[0].operator",
         "use In, NotIn, Exists or DoesNotExist",
     );

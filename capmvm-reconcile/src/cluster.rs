@@ -330,9 +330,13 @@ impl ClusterDecision<'_> {
             .unwrap_or_default()
     }
 
+    /// One failure domain per group of hosts in service. A domain whose every host is cordoned or
+    /// evacuating is left out: CAPI (a MachineSet, KubeadmControlPlane) and our pools put new
+    /// machines in the domain with the fewest, which would be exactly the one being emptied, where
+    /// no host takes them. Machines already there keep their domain.
     fn failure_domains(&mut self) {
         let mut domains: BTreeMap<&str, bool> = BTreeMap::new();
-        for host in self.pool_hosts() {
+        for host in self.pool_hosts().iter().filter(|h| h.schedulable()) {
             *domains.entry(host.failure_domain_name()).or_insert(false) |=
                 host.controlplane_allowed;
         }

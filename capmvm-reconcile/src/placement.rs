@@ -107,10 +107,13 @@ pub fn choose(
             continue;
         };
         if let Some(maintenance) = host.maintenance {
-            problems.push(format!("{name}: {} for maintenance", match maintenance {
-                capmvm_api::HostMaintenance::Cordon => "cordoned",
-                capmvm_api::HostMaintenance::Evacuate => "being evacuated",
-            }));
+            problems.push(format!(
+                "{name}: {} for maintenance",
+                match maintenance {
+                    capmvm_api::HostMaintenance::Cordon => "cordoned",
+                    capmvm_api::HostMaintenance::Evacuate => "being evacuated",
+                }
+            ));
             continue;
         }
         if request.control_plane && !host.controlplane_allowed {
@@ -322,14 +325,22 @@ mod tests {
 
     fn labelled(host: MicrovmHost, pairs: &[(&str, &str)]) -> MicrovmHost {
         MicrovmHost {
-            labels: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            labels: pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
             ..host
         }
     }
 
     fn selector(pairs: &[(&str, &str)]) -> LabelSelector {
         LabelSelector {
-            match_labels: Some(pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()),
+            match_labels: Some(
+                pairs
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
             match_expressions: None,
         }
     }
@@ -369,32 +380,127 @@ mod tests {
         let nvme = selector(&[("disk", "nvme")]);
         let hdd = selector(&[("disk", "hdd")]);
         let ssd = selector(&[("disk", "ssd")]);
-        type Row<'a> = (StaticPoolPlacement, Option<&'a str>, bool, Option<&'a LabelSelector>, Result<&'a [&'a str], &'a [&'a str]>);
+        type Row<'a> = (
+            StaticPoolPlacement,
+            Option<&'a str>,
+            bool,
+            Option<&'a LabelSelector>,
+            Result<&'a [&'a str], &'a [&'a str]>,
+        );
         let rows: Vec<Row<'_>> = vec![
             // No selector: every host.
-            (labelled_pool(), None, false, None, Ok(&["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090"])),
+            (
+                labelled_pool(),
+                None,
+                false,
+                None,
+                Ok(&["10.0.0.1:9090", "10.0.0.2:9090", "10.0.0.3:9090"]),
+            ),
             // The selector narrows, and still spreads over what it matches.
-            (labelled_pool(), None, false, Some(&nvme), Ok(&["10.0.0.1:9090", "10.0.0.2:9090"])),
-            (labelled_pool(), None, false, Some(&hdd), Ok(&["10.0.0.3:9090"])),
+            (
+                labelled_pool(),
+                None,
+                false,
+                Some(&nvme),
+                Ok(&["10.0.0.1:9090", "10.0.0.2:9090"]),
+            ),
+            (
+                labelled_pool(),
+                None,
+                false,
+                Some(&hdd),
+                Ok(&["10.0.0.3:9090"]),
+            ),
             // Control planes: b matches but refuses them.
-            (labelled_pool(), None, true, Some(&nvme), Ok(&["10.0.0.1:9090"])),
+            (
+                labelled_pool(),
+                None,
+                true,
+                Some(&nvme),
+                Ok(&["10.0.0.1:9090"]),
+            ),
             // Failure domain and selector together.
-            (labelled_pool(), Some("c"), false, Some(&hdd), Ok(&["10.0.0.3:9090"])),
-            (labelled_pool(), Some("c"), false, Some(&nvme), Err(&["NoMatch", "disk=nvme", "0 of 1 considered match", "c: labels disk=hdd do not match"])),
+            (
+                labelled_pool(),
+                Some("c"),
+                false,
+                Some(&hdd),
+                Ok(&["10.0.0.3:9090"]),
+            ),
+            (
+                labelled_pool(),
+                Some("c"),
+                false,
+                Some(&nvme),
+                Err(&[
+                    "NoMatch",
+                    "disk=nvme",
+                    "0 of 1 considered match",
+                    "c: labels disk=hdd do not match",
+                ]),
+            ),
             // Matching nothing: never anywhere else, every host named with its labels.
-            (labelled_pool(), None, false, Some(&ssd), Err(&["NoMatch", "disk=ssd", "0 of 3 considered match", "a: labels disk=nvme do not match", "c: labels disk=hdd do not match"])),
+            (
+                labelled_pool(),
+                None,
+                false,
+                Some(&ssd),
+                Err(&[
+                    "NoMatch",
+                    "disk=ssd",
+                    "0 of 3 considered match",
+                    "a: labels disk=nvme do not match",
+                    "c: labels disk=hdd do not match",
+                ]),
+            ),
             // Cordoned and evacuating hosts take nothing new, selector or not.
-            (with_maintenance(labelled_pool(), 2, Cordon), None, false, None, Ok(&["10.0.0.1:9090", "10.0.0.2:9090"])),
-            (with_maintenance(labelled_pool(), 0, Evacuate), None, true, None, Ok(&["10.0.0.3:9090"])),
-            (with_maintenance(labelled_pool(), 0, Evacuate), Some("r1"), true, None, Err(&["a: being evacuated for maintenance", "b: control planes not allowed"])),
-            (with_maintenance(labelled_pool(), 2, Cordon), None, false, Some(&hdd), Err(&["NoMatch", "1 of 3 considered match", "c: cordoned for maintenance"])),
+            (
+                with_maintenance(labelled_pool(), 2, Cordon),
+                None,
+                false,
+                None,
+                Ok(&["10.0.0.1:9090", "10.0.0.2:9090"]),
+            ),
+            (
+                with_maintenance(labelled_pool(), 0, Evacuate),
+                None,
+                true,
+                None,
+                Ok(&["10.0.0.3:9090"]),
+            ),
+            (
+                with_maintenance(labelled_pool(), 0, Evacuate),
+                Some("r1"),
+                true,
+                None,
+                Err(&[
+                    "a: being evacuated for maintenance",
+                    "b: control planes not allowed",
+                ]),
+            ),
+            (
+                with_maintenance(labelled_pool(), 2, Cordon),
+                None,
+                false,
+                Some(&hdd),
+                Err(&[
+                    "NoMatch",
+                    "1 of 3 considered match",
+                    "c: cordoned for maintenance",
+                ]),
+            ),
         ];
         for (i, (pool, fd, cp, sel, want)) in rows.into_iter().enumerate() {
             let mut landed = std::collections::BTreeSet::new();
             let mut refusal = None;
             for m in 0..40 {
                 let key = format!("default/m{m}");
-                let request = Request { machine_key: &key, failure_domain: fd, control_plane: cp, host_selector: sel };
+                let request = Request {
+                    machine_key: &key,
+                    failure_domain: fd,
+                    control_plane: cp,
+                    host_selector: sel,
+                };
                 match choose(&pool, &idle(), &request) {
                     Ok(p) => {
                         landed.insert(p.host.to_string());
@@ -405,7 +511,11 @@ mod tests {
             match want {
                 Ok(hosts) => {
                     assert!(refusal.is_none(), "row {i}: refused: {refusal:?}");
-                    assert_eq!(landed.iter().map(String::as_str).collect::<Vec<_>>(), hosts, "row {i}");
+                    assert_eq!(
+                        landed.iter().map(String::as_str).collect::<Vec<_>>(),
+                        hosts,
+                        "row {i}"
+                    );
                 }
                 Err(words) => {
                     assert!(landed.is_empty(), "row {i}: placed on {landed:?}");
@@ -414,7 +524,11 @@ mod tests {
                         if *word == "NoMatch" {
                             assert!(no.no_matching_host, "row {i}: {no:?}");
                         } else {
-                            assert!(no.message.contains(word), "row {i}: {word:?} not in {}", no.message);
+                            assert!(
+                                no.message.contains(word),
+                                "row {i}: {word:?} not in {}",
+                                no.message
+                            );
                         }
                     }
                 }
@@ -425,10 +539,18 @@ mod tests {
     #[test]
     fn a_label_added_later_lets_the_machine_proceed() {
         let ssd = selector(&[("disk", "ssd")]);
-        let request = Request { machine_key: "default/m1", failure_domain: None, control_plane: false, host_selector: Some(&ssd) };
+        let request = Request {
+            machine_key: "default/m1",
+            failure_domain: None,
+            control_plane: false,
+            host_selector: Some(&ssd),
+        };
         let mut pool = labelled_pool();
         assert!(choose(&pool, &idle(), &request).is_err());
         pool.hosts[1].labels.insert("disk".into(), "ssd".into());
-        assert_eq!(choose(&pool, &idle(), &request).unwrap().host.to_string(), "10.0.0.2:9090");
+        assert_eq!(
+            choose(&pool, &idle(), &request).unwrap().host.to_string(),
+            "10.0.0.2:9090"
+        );
     }
 }

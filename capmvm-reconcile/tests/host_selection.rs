@@ -70,7 +70,11 @@ fn no_matching_host_waits_names_the_selector_and_the_hosts_then_proceeds_when_la
             "{message}"
         );
     }
-    assert_eq!(plan.requeue, Requeue::Await, "the MicrovmCluster's change wakes it");
+    assert_eq!(
+        plan.requeue,
+        Requeue::Await,
+        "the MicrovmCluster's change wakes it"
+    );
 
     // A label added to a host (a new MicrovmCluster generation) lets it proceed, no restart.
     bend_host(&mut obs, 0, &[("disk", "nvme")], None);
@@ -81,13 +85,21 @@ fn no_matching_host_waits_names_the_selector_and_the_hosts_then_proceeds_when_la
 #[test]
 fn a_matching_host_in_maintenance_is_no_match_for_a_selector() {
     let mut obs = observed();
-    bend_host(&mut obs, 2, &[("disk", "nvme")], Some(HostMaintenance::Cordon));
+    bend_host(
+        &mut obs,
+        2,
+        &[("disk", "nvme")],
+        Some(HostMaintenance::Cordon),
+    );
     obs.machine.spec.host_selector = Some(selector("disk", "nvme"));
     let plan = decide(&obs, now());
     assert!(plan.record_host.is_none());
     let message = expect_condition(ready(&plan), ("False", reasons::NO_MATCHING_HOST));
     assert!(message.contains("1 of 3 considered match"), "{message}");
-    assert!(message.contains("host-c: cordoned for maintenance"), "{message}");
+    assert!(
+        message.contains("host-c: cordoned for maintenance"),
+        "{message}"
+    );
 }
 
 #[test]
@@ -183,4 +195,32 @@ fn the_cluster_reports_each_hosts_state_and_microvm_count() {
     );
     assert_eq!(hosts[2].reason.as_deref(), Some("connection refused"));
     assert_eq!(hosts[0].endpoint, HOSTS[0]);
+}
+
+/// CAPI and pools put a new machine in the failure domain with the fewest machines: a domain whose
+/// every host is in maintenance must not be offered, or replacements would be sent to the host
+/// being emptied. A domain with one host still in service stays.
+#[test]
+fn failure_domains_whose_hosts_are_all_in_maintenance_are_not_offered() {
+    let domains = |obs: &ObservedCluster| -> Vec<String> {
+        decide_cluster(obs, now())
+            .status
+            .unwrap()
+            .failure_domains
+            .into_iter()
+            .map(|d| d.name)
+            .collect()
+    };
+    let mut obs = observed_cluster();
+    assert_eq!(domains(&obs), ["host-c", "r1"]);
+    static_pool(&mut obs).hosts[0].maintenance = Some(HostMaintenance::Evacuate);
+    assert_eq!(
+        domains(&obs),
+        ["host-c", "r1"],
+        "host-b keeps r1 in service"
+    );
+    static_pool(&mut obs).hosts[1].maintenance = Some(HostMaintenance::Cordon);
+    assert_eq!(domains(&obs), ["host-c"]);
+    static_pool(&mut obs).hosts[0].maintenance = None;
+    assert_eq!(domains(&obs), ["host-c", "r1"]);
 }

@@ -707,7 +707,10 @@ fn evacuation_replaces_only_the_hosts_instances_within_the_roll_limits() {
     w.instance_mut(&names[1]).host = Some(support::HOSTS[1].to_string());
     w.instance_mut(&names[2]).host = Some(support::HOSTS[1].to_string());
     let plan = w.step();
-    assert!(plan.create_instances.is_empty(), "nothing to do before maintenance");
+    assert!(
+        plan.create_instances.is_empty(),
+        "nothing to do before maintenance"
+    );
     assert!(plan.delete_machines.is_empty());
 
     let mut mc = support::microvm_cluster();
@@ -735,7 +738,12 @@ fn evacuation_replaces_only_the_hosts_instances_within_the_roll_limits() {
         [(names[0].clone(), DeletionReason::HostEvacuating)],
         "exactly the evacuated host's instance, once"
     );
-    assert!(w.obs.instances.iter().all(|i| i.host.as_deref() != Some(support::HOSTS[0])));
+    assert!(
+        w.obs
+            .instances
+            .iter()
+            .all(|i| i.host.as_deref() != Some(support::HOSTS[0]))
+    );
     assert!(w.obs.instances.iter().any(|i| i.name == names[1]));
     assert!(w.obs.instances.iter().any(|i| i.name == names[2]));
 }

@@ -611,14 +611,14 @@ pub(crate) fn v2_cluster() -> impl Strategy<Value = MicrovmCluster> {
         v2_conditions(),
         vec(host_status(), 0..3),
     )
-        .prop_map(
-            |(initialization, failure_domains, conditions, hosts)| MicrovmClusterStatus {
+        .prop_map(|(initialization, failure_domains, conditions, hosts)| {
+            MicrovmClusterStatus {
                 initialization,
                 failure_domains,
                 hosts,
                 conditions,
-            },
-        );
+            }
+        });
     (metadata(), spec, option::of(status)).prop_map(|(metadata, spec, status)| MicrovmCluster {
         metadata,
         spec,
@@ -638,13 +638,15 @@ fn host_status() -> impl Strategy<Value = api::HostStatus> {
         option::of(text()),
         0i32..50,
     )
-        .prop_map(|(name, endpoint, state, reason, microvms)| api::HostStatus {
-            name,
-            endpoint,
-            state,
-            reason,
-            microvms,
-        })
+        .prop_map(
+            |(name, endpoint, state, reason, microvms)| api::HostStatus {
+                name,
+                endpoint,
+                state,
+                reason,
+                microvms,
+            },
+        )
 }
 
 pub(crate) fn v2_template() -> impl Strategy<Value = MicrovmMachineTemplate> {

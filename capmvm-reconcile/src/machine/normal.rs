@@ -421,6 +421,11 @@ fn evacuating_host<'a>(infra: &'a MicrovmCluster, host: &HostEndpoint) -> Option
         .as_ref()?
         .hosts
         .iter()
-        .find(|h| h.evacuating() && h.endpoint.parse::<HostEndpoint>().is_ok_and(|e| e.to_string() == key))
+        .find(|h| {
+            h.evacuating()
+                && h.endpoint
+                    .parse::<HostEndpoint>()
+                    .is_ok_and(|e| e.to_string() == key)
+        })
         .map(|h| h.display_name())
 }

@@ -414,15 +414,40 @@ pub fn cluster_name(pool: &MicrovmMachinePool, machine_pool: Option<&MachinePool
 }
 
 /// The MachinePool's failure domains, or all of the cluster's when it names none.
+/// The domains new instances spread over: the MachinePool's, else the cluster's; without those whose
+/// every host is cordoned or evacuating (read from the spec: the cluster's status may not show the
+/// maintenance yet), unless that leaves none.
 fn failure_domains(named: Vec<String>, infra: &MicrovmCluster) -> Vec<String> {
-    if !named.is_empty() {
-        return named;
-    }
-    infra
-        .status
+    let domains: Vec<String> = if named.is_empty() {
+        infra
+            .status
+            .as_ref()
+            .map(|s| s.failure_domains.iter().map(|d| d.name.clone()).collect())
+            .unwrap_or_default()
+    } else {
+        named
+    };
+    let hosts = infra
+        .spec
+        .placement
+        .static_pool
         .as_ref()
-        .map(|s| s.failure_domains.iter().map(|d| d.name.clone()).collect())
-        .unwrap_or_default()
+        .map(|p| p.hosts.as_slice())
+        .unwrap_or_default();
+    let in_service: Vec<String> = domains
+        .iter()
+        .filter(|d| {
+            hosts
+                .iter()
+                .any(|h| h.schedulable() && h.failure_domain_name() == d.as_str())
+        })
+        .cloned()
+        .collect();
+    if in_service.is_empty() {
+        domains
+    } else {
+        in_service
+    }
 }
 
 fn instances_per_domain(obs: &ObservedPool, domains: &[String]) -> BTreeMap<String, usize> {
