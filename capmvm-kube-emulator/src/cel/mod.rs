@@ -235,7 +235,10 @@ fn evaluation_error(e: &cel::ExecutionError) -> String {
         E::DivisionByZero(_) => "division by zero".to_string(),
         E::RemainderByZero(_) => "modulus by zero".to_string(),
         E::Overflow(..) => "integer overflow".to_string(),
-        E::NoSuchOverload(o) => format!("no such overload: {o}"),
+        // cel-go says no more at run time.
+        E::NoSuchOverload(_) | E::ValuesNotComparable(..) | E::UnsupportedBinaryOperator(..) => {
+            "no such overload".to_string()
+        }
         E::UndeclaredReference(name) => format!(
             "{name}: not supported by the emulator's CEL evaluator (it type-checks as on a real server)"
         ),
@@ -315,22 +318,23 @@ pub(crate) fn check(
             Ok(other) => errs.push(FieldError::invalid_shown(
                 field,
                 &shown,
-                &format!("rule result is not a boolean: {other:?} evaluating rule: {}", rule.named()),
-            )),
-            Err(e @ cel::ExecutionError::NoSuchOverload(_)) => errs.push(FieldError::invalid_shown(
-                field,
-                &shown,
                 &format!(
-                    "'{}': call arguments did not match a supported operator, function or macro signature for rule: {}",
-                    evaluation_error(&e),
+                    "rule result is not a boolean: {other:?} evaluating rule: {}",
                     rule.named()
                 ),
             )),
-            Err(e) => errs.push(FieldError::invalid_shown(
-                field,
-                &shown,
-                &format!("{} evaluating rule: {}", evaluation_error(&e), rule.named()),
-            )),
+            Err(e) => {
+                let error = evaluation_error(&e);
+                let detail = if error.starts_with("no such overload") {
+                    format!(
+                        "'{error}': call arguments did not match a supported operator, function or macro signature for rule: {}",
+                        rule.named()
+                    )
+                } else {
+                    format!("{error} evaluating rule: {}", rule.named())
+                };
+                errs.push(FieldError::invalid_shown(field, &shown, &detail));
+            }
         }
     }
 }

@@ -304,6 +304,155 @@ async fn a_rule_that_cannot_be_evaluated_is_an_error_not_a_skip(server: Server) 
     assert_eq!(r.status, 201, "{}", r.text);
 }
 
+/// More of what the checker refuses: `has()` and `oldSelf` of undeclared fields, `null` for a string,
+/// list items' object types, member calls on the wrong type, several errors in one rule, the implicit
+/// metadata of the root, an object that keeps unknown fields, a messageExpression that does not check.
+async fn more_rules_the_real_server_refuses(server: Server) {
+    let client = server.client();
+    let mut properties = sizes();
+    properties["free"] = json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let rules = json!([
+        {"rule": "has(self.nope)"},
+        {"rule": "oldSelf.nope == 1"},
+        {"rule": "self.name == null"},
+        {"rule": "self.args[0] == 'x'"},
+        {"rule": "self.args.exists(a, a.nope == 'x')"},
+        {"rule": "self.min.size() > 0"},
+        {"rule": "self.min > 'a' || self.nope"},
+        {"rule": "self.free.anything == 'x'"},
+        {"rule": "self.min > 0", "messageExpression": "'min is ' + self.nope"}
+    ]);
+    let mut crd = crd_with("mores", "More", properties, rules);
+    crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] =
+        json!([{"rule": "has(self.metadata.labels)"}]);
+    let r = raw(
+        &client,
+        "POST",
+        CRDS,
+        Some("application/json"),
+        crd.to_string().as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    let at = |i: usize| format!("{AT}.x-kubernetes-validations[{i}]");
+    let failed = |i: usize, rule: &str, detail: &str| {
+        format!(
+            "{}.rule: Invalid value: {}: compilation failed: {detail}",
+            at(i),
+            shown(rule, "", "")
+        )
+    };
+    let mut expected = vec![
+        failed(
+            0,
+            "has(self.nope)",
+            "ERROR: <input>:1:4: undefined field 'nope'\n | has(self.nope)\n | ...^",
+        ),
+        failed(
+            1,
+            "oldSelf.nope == 1",
+            "ERROR: <input>:1:8: undefined field 'nope'\n | oldSelf.nope == 1\n | .......^",
+        ),
+        failed(
+            2,
+            "self.name == null",
+            "ERROR: <input>:1:11: found no matching overload for '_==_' applied to '(string, null)'\n | self.name == null\n | ..........^",
+        ),
+        failed(
+            3,
+            "self.args[0] == 'x'",
+            "ERROR: <input>:1:14: found no matching overload for '_==_' applied to '(selfType.args.@idx, string)'\n | self.args[0] == 'x'\n | .............^",
+        ),
+        failed(
+            4,
+            "self.args.exists(a, a.nope == 'x')",
+            "ERROR: <input>:1:22: undefined field 'nope'\n | self.args.exists(a, a.nope == 'x')\n | .....................^",
+        ),
+        failed(
+            5,
+            "self.min.size() > 0",
+            "ERROR: <input>:1:14: found no matching overload for 'size' applied to 'int.()'\n | self.min.size() > 0\n | .............^",
+        ),
+        failed(
+            6,
+            "self.min > 'a' || self.nope",
+            "ERROR: <input>:1:10: found no matching overload for '_>_' applied to '(int, string)'\n | self.min > 'a' || self.nope\n | .........^\nERROR: <input>:1:23: undefined field 'nope'\n | self.min > 'a' || self.nope\n | ......................^",
+        ),
+        failed(
+            7,
+            "self.free.anything == 'x'",
+            "ERROR: <input>:1:10: undefined field 'anything'\n | self.free.anything == 'x'\n | .........^",
+        ),
+        format!(
+            "{}.messageExpression: Invalid value: {}: messageExpression compilation failed: ERROR: <input>:1:17: undefined field 'nope'\n | 'min is ' + self.nope\n | ................^",
+            at(8),
+            shown("self.min > 0", "", "'min is ' + self.nope")
+        ),
+        format!(
+            "spec.validation.openAPIV3Schema.x-kubernetes-validations[0].rule: Invalid value: {}: compilation failed: ERROR: <input>:1:4: undefined field 'labels'\n | has(self.metadata.labels)\n | ...^",
+            shown("has(self.metadata.labels)", "", "")
+        ),
+    ];
+    expected.sort();
+    assert_eq!(causes(&r), expected, "{}", r.text);
+}
+
+/// Rules the real server accepts, from the libraries it declares (strings, lists, sets, optionals,
+/// type names), and an int-or-string compared as an int: checked when evaluated, an error then.
+async fn rules_the_real_server_accepts_and_how_they_evaluate(server: Server) {
+    let client = server.client();
+    let mut properties = sizes();
+    properties["port"] = json!({"x-kubernetes-int-or-string": true});
+    let rules = json!([
+        {"rule": "!has(self.name) || self.name.lowerAscii().split('-').size() <= 2", "message": "at most one dash"},
+        {"rule": "!has(self.args) || self.args.all(a, a.name in ['a', 'b', 'c'])", "message": "args are a, b or c"},
+        // Type-checked here; not evaluated below (the emulator does not evaluate the sets library).
+        {"rule": "!has(self.ratio) || sets.contains([1.0, 2.0], [self.ratio])", "message": "ratio is 1 or 2"},
+        {"rule": "self.?name.orValue('x') != '' && type(self.min) == int", "message": "name set"},
+        {"rule": "!has(self.port) || self.port > 0", "message": "port must be positive"}
+    ]);
+    create_crd(&client, &crd_with("accepts", "Accept", properties, rules)).await;
+    let path = "/apis/test.example.com/v1/namespaces/default/accepts";
+    let post = |name: &str, spec: Value| {
+        json!({"apiVersion": "test.example.com/v1", "kind": "Accept", "metadata": {"name": name}, "spec": spec})
+            .to_string()
+    };
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        post(
+            "ok",
+            json!({"min": 1, "name": "A-b", "args": [{"name": "a"}], "port": 80}),
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        post(
+            "bad",
+            json!({"min": 1, "name": "a-b-c", "args": [{"name": "d"}], "port": "http"}),
+        )
+        .as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    assert_eq!(
+        causes(&r),
+        [
+            "spec: Invalid value: \"object\": 'no such overload': call arguments did not match a supported operator, function or macro signature for rule: port must be positive",
+            "spec: Invalid value: args are a, b or c",
+            "spec: Invalid value: at most one dash",
+        ]
+    );
+}
+
 /// Every CRD the project and the simulation install type-checks: ours and CAPI v1.14's.
 async fn every_crd_we_and_capi_install_is_accepted(server: Server) {
     let client = server.client();
@@ -326,5 +475,7 @@ crate::on_both_servers!(
     rules_with_mismatched_types_are_refused_with_the_crd,
     rules_see_declared_types_escaped_names_and_the_object_name,
     a_rule_that_cannot_be_evaluated_is_an_error_not_a_skip,
+    more_rules_the_real_server_refuses,
+    rules_the_real_server_accepts_and_how_they_evaluate,
     every_crd_we_and_capi_install_is_accepted,
 );
