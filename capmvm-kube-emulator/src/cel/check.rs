@@ -349,7 +349,7 @@ impl Checker {
             }
             Ty::Type(Some(p)) => Ty::Type(Some(Box::new(self.instantiate(p, fresh)))),
             Ty::Opaque(n, p) => {
-                Ty::Opaque(*n, p.iter().map(|x| self.instantiate(x, fresh)).collect())
+                Ty::Opaque(n, p.iter().map(|x| self.instantiate(x, fresh)).collect())
             }
             other => other.clone(),
         }

@@ -283,9 +283,7 @@ static FUNCTIONS: LazyLock<HashMap<&'static str, Vec<Overload>>> = LazyLock::new
     d.member("prefixLength", [CIDR], Int);
     d.global("quantity", [Str], QUANTITY);
     d.global("isQuantity", [Str], Bool);
-    for f in ["isInteger"] {
-        d.member(f, [QUANTITY], Bool);
-    }
+    d.member("isInteger", [QUANTITY], Bool);
     d.member("asInteger", [QUANTITY], Int);
     d.member("asApproximateFloat", [QUANTITY], Double);
     d.member("sign", [QUANTITY], Int);

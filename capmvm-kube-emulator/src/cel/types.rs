@@ -194,7 +194,7 @@ impl Mapping {
             Ty::Map(k, v) => Ty::map(self.substitute(k, to_dyn), self.substitute(v, to_dyn)),
             Ty::Type(Some(p)) => Ty::Type(Some(Box::new(self.substitute(p, to_dyn)))),
             Ty::Opaque(n, p) => {
-                Ty::Opaque(*n, p.iter().map(|x| self.substitute(x, to_dyn)).collect())
+                Ty::Opaque(n, p.iter().map(|x| self.substitute(x, to_dyn)).collect())
             }
             other => other.clone(),
         }

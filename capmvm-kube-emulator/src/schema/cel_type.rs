@@ -5,7 +5,7 @@
 //! resource) always has `apiVersion`, `kind` and `metadata.name`/`metadata.generateName`.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use base64::Engine as _;
 use serde_json::Value;
@@ -78,49 +78,49 @@ pub(super) fn self_type_name() -> String {
     format!("selfType{nanos}")
 }
 
+/// The `apiVersion` and `kind` every resource's root has for rules.
+static IMPLICIT_STRING: LazyLock<Schema> = LazyLock::new(|| Schema {
+    ty: Some("string".into()),
+    ..Schema::default()
+});
+
+/// The `metadata` every resource's root has for rules: its name and generateName only.
+static IMPLICIT_METADATA: LazyLock<Schema> = LazyLock::new(|| Schema {
+    ty: Some("object".into()),
+    properties: Some(BTreeMap::from([
+        ("name".to_string(), IMPLICIT_STRING.clone()),
+        ("generateName".to_string(), IMPLICIT_STRING.clone()),
+    ])),
+    ..Schema::default()
+});
+
 impl Schema {
     fn is_typed_as(&self, t: &str) -> bool {
         self.ty.as_deref() == Some(t)
     }
 
-    /// The declared properties as rules see them; a resource's root gets its implicit ones.
-    fn cel_properties(&self, resource_root: bool) -> Vec<(String, Schema)> {
-        let mut props: BTreeMap<String, Schema> = self.properties.clone().unwrap_or_default();
+    /// The declared properties as rules see them, with their escaped names; a resource's root
+    /// gets its implicit ones (borrowed: values are converted on every write).
+    fn cel_properties(&self, resource_root: bool) -> Vec<(&str, String, &Schema)> {
+        let declared = self.properties.iter().flatten();
+        let mut props: BTreeMap<&str, &Schema> = declared.map(|(k, s)| (k.as_str(), s)).collect();
         if resource_root {
+            let typed = |k: &str, t: &str| props.get(k).is_some_and(|s| s.is_typed_as(t));
             let meta_declared = props.get("metadata").is_some_and(|m| {
                 m.is_typed_as("object")
                     && m.property("name").is_some_and(|n| n.is_typed_as("string"))
                     && m.property("generateName")
                         .is_some_and(|n| n.is_typed_as("string"))
             });
-            let complete = meta_declared
-                && props.get("kind").is_some_and(|k| k.is_typed_as("string"))
-                && props
-                    .get("apiVersion")
-                    .is_some_and(|k| k.is_typed_as("string"));
-            if !complete {
-                let string = || Schema {
-                    ty: Some("string".into()),
-                    ..Schema::default()
-                };
-                props.insert("kind".into(), string());
-                props.insert("apiVersion".into(), string());
-                props.insert(
-                    "metadata".into(),
-                    Schema {
-                        ty: Some("object".into()),
-                        properties: Some(BTreeMap::from([
-                            ("name".to_string(), string()),
-                            ("generateName".to_string(), string()),
-                        ])),
-                        ..Schema::default()
-                    },
-                );
+            if !(meta_declared && typed("kind", "string") && typed("apiVersion", "string")) {
+                props.insert("kind", &IMPLICIT_STRING);
+                props.insert("apiVersion", &IMPLICIT_STRING);
+                props.insert("metadata", &IMPLICIT_METADATA);
             }
         }
         props
             .into_iter()
-            .filter_map(|(k, s)| escape(&k).map(|_| (k, s)))
+            .filter_map(|(k, s)| escape(k).map(|e| (k, e, s)))
             .collect()
     }
 
@@ -143,8 +143,7 @@ impl Schema {
                     return Some(Ty::map(Ty::String, v));
                 }
                 let mut fields = BTreeMap::new();
-                for (k, s) in self.cel_properties(resource_root) {
-                    let Some(escaped) = escape(&k) else { continue };
+                for (_, escaped, s) in self.cel_properties(resource_root) {
                     if let Some(t) = s.cel_type(s.embedded, &format!("{name}.{escaped}")) {
                         fields.insert(escaped, t);
                     }
@@ -211,8 +210,8 @@ impl Schema {
                         );
                     }
                 } else {
-                    for (k, s) in self.cel_properties(resource_root) {
-                        let (Some(x), Some(escaped)) = (m.get(&k), escape(&k)) else {
+                    for (k, escaped, s) in self.cel_properties(resource_root) {
+                        let Some(x) = m.get(k) else {
                             continue;
                         };
                         if s.ty.is_none() && !s.int_or_string {

@@ -418,6 +418,19 @@ impl Schema {
         self.properties.as_ref().is_some_and(|p| p.contains_key(k))
     }
 }
+/// Ratcheting on update: whether error `e` of the new object `obj` stands, the value at its field
+/// having changed from `old` (an error on a field whose value did not change is not reported, as
+/// the real server does since 1.30).
+pub(crate) fn still_an_error(e: &FieldError, obj: &Value, old: &Value) -> bool {
+    let path = if e.field == "body" {
+        ""
+    } else {
+        e.field.as_str()
+    };
+    let now = value_at(obj, path);
+    now.is_none() || now != value_at(old, path)
+}
+
 /// The value at a field path such as `spec.hosts[0].endpoint`, used to ratchet validation on update:
 /// an error on a field whose value did not change is not reported (as the real server does since 1.30).
 pub(crate) fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {

@@ -242,6 +242,19 @@ mod tests {
     }
 
     #[test]
+    fn an_error_ratcheted_away_does_not_keep_rules_from_running() {
+        let s = schema();
+        // `zone: c` was stored before the enum existed and is unchanged: not an error, and not a
+        // reason to skip the rules either.
+        let before = json!({"spec": {"min": 1, "max": 2, "zone": "c"}});
+        let now = json!({"spec": {"min": 3, "max": 2, "zone": "c"}});
+        assert_eq!(
+            full(&s.validate_root(&now, Some(&before))),
+            ["spec: Invalid value: min must not exceed max"]
+        );
+    }
+
+    #[test]
     fn an_undeclared_field_is_refused_with_the_crd() {
         let errs = Schema::compile(
             &json!({"type": "object", "properties": {"spec": {"type": "object",

@@ -19,6 +19,10 @@ impl Schema {
             .into_iter()
             .partition(|e| e.kind == crate::error::FieldErrorKind::Required);
         values.extend(required);
+        // Errors ratcheted away do not keep rules from running.
+        if let Some(before) = old {
+            values.retain(|e| super::still_an_error(e, v, before));
+        }
         self.check_rules_root(v, old, &mut values);
         values
     }

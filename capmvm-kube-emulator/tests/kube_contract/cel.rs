@@ -90,7 +90,7 @@ async fn a_rule_naming_an_undeclared_field_is_refused_with_the_crd(server: Serve
         "{AT}.x-kubernetes-validations[0].rule: Invalid value: {}: compilation failed: ERROR: <input>:1:5: undefined field 'replicas'\n | self.replicas > 0\n | ....^",
         shown("self.replicas > 0", "", "")
     );
-    assert_eq!(causes(&r), [expected.clone()]);
+    assert_eq!(causes(&r), std::slice::from_ref(&expected));
     assert_eq!(
         r.body["message"],
         format!(
