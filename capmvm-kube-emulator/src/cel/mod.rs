@@ -12,6 +12,7 @@
 
 mod check;
 mod decls;
+mod lint;
 mod types;
 
 use std::sync::{Arc, LazyLock};
@@ -19,6 +20,7 @@ use std::sync::{Arc, LazyLock};
 use serde_json::Value;
 
 use super::error::FieldError;
+pub(crate) use lint::lint;
 pub(crate) use types::{ObjectType, Ty};
 
 /// The environment rules are parsed and evaluated in: the standard library, optionals, and cel-go's
@@ -125,7 +127,7 @@ pub(crate) fn compile(
         };
         let text = m.get("rule").and_then(Value::as_str).unwrap_or("");
         if text.trim().is_empty() {
-            errs.push(FieldError::required(format!("{at}.rule")));
+            // Refused by `lint`, which runs first.
             continue;
         }
         let optional_old_self = m.get("optionalOldSelf").and_then(Value::as_bool);

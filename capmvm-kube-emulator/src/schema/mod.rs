@@ -151,6 +151,7 @@ impl Schema {
             map_atomic: m.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic"),
             ..Self::default()
         };
+        crate::cel::lint(v, path, errs);
         if let Some(t) = &s.ty
             && !TYPES.contains(&t.as_str())
         {

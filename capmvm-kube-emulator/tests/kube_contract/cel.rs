@@ -453,6 +453,61 @@ async fn rules_the_real_server_accepts_and_how_they_evaluate(server: Server) {
     );
 }
 
+/// A rule's own fields are checked with the schema, before any rule is compiled.
+async fn the_fields_of_a_rule_are_checked_with_the_crd(server: Server) {
+    let client = server.client();
+    let rules = json!([
+        {"rule": "  "},
+        {"rule": "self.min > 0", "message": "  "},
+        {"rule": "self.min > 0", "message": "two\nlines"},
+        {"rule": "self.min >\n0"},
+        {"rule": "self.min > 0", "reason": "Bogus"},
+        {"rule": "self.min > 0", "fieldPath": ".nope"},
+        {"rule": "self.min > 0", "messageExpression": " "},
+        {"rule": "self.min > 0", "fieldPath": ".args", "reason": "FieldValueForbidden"}
+    ]);
+    let crd = crd_with("fields", "Field", sizes(), rules);
+    let r = raw(
+        &client,
+        "POST",
+        CRDS,
+        Some("application/json"),
+        crd.to_string().as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    let at = |i: usize, field: &str| format!("{AT}.x-kubernetes-validations[{i}].{field}");
+    let mut expected = vec![
+        format!("{}: Required value: rule is not specified", at(0, "rule")),
+        format!(
+            "{}: Invalid value: \"  \": must be non-empty if specified",
+            at(1, "message")
+        ),
+        format!(
+            "{}: Invalid value: \"two\\nlines\": must not contain line breaks",
+            at(2, "message")
+        ),
+        format!(
+            "{}: Required value: message must be specified if rule contains line breaks",
+            at(3, "message")
+        ),
+        format!(
+            "{}: Unsupported value: \"Bogus\": supported values: \"FieldValueDuplicate\", \"FieldValueForbidden\", \"FieldValueInvalid\", \"FieldValueRequired\"",
+            at(4, "reason")
+        ),
+        format!(
+            "{}: Invalid value: \".nope\": must be a valid path",
+            at(5, "fieldPath")
+        ),
+        format!(
+            "{}: Required value: messageExpression must be non-empty if specified",
+            at(6, "messageExpression")
+        ),
+    ];
+    expected.sort();
+    assert_eq!(causes(&r), expected, "{}", r.text);
+}
+
 /// Every CRD the project and the simulation install type-checks: ours and CAPI v1.14's.
 async fn every_crd_we_and_capi_install_is_accepted(server: Server) {
     let client = server.client();
@@ -477,5 +532,6 @@ crate::on_both_servers!(
     a_rule_that_cannot_be_evaluated_is_an_error_not_a_skip,
     more_rules_the_real_server_refuses,
     rules_the_real_server_accepts_and_how_they_evaluate,
+    the_fields_of_a_rule_are_checked_with_the_crd,
     every_crd_we_and_capi_install_is_accepted,
 );
