@@ -43,6 +43,10 @@ pub(crate) fn check(
     };
     let t = c.check(program.expression());
     if c.errors.is_empty() {
+        // cel-go's literal validators, which run once the rule type-checks.
+        validate_literals(program.expression(), &mut c.errors);
+    }
+    if c.errors.is_empty() {
         Ok(Checked {
             output: c.mapping.substitute(&t, true),
             uses_old_self: c.uses_old_self,
@@ -417,6 +421,87 @@ impl Checker {
     }
 }
 
+/// A literal first argument of `matches`, `duration` or `timestamp` must be a valid regular
+/// expression, duration or RFC 3339 timestamp (cel-go's `Validate*Literals`, on in Kubernetes).
+fn validate_literals(e: &IdedExpr, errors: &mut Vec<(u64, String)>) {
+    match &e.expr {
+        Expr::Call(call) => {
+            if let Some(first) = call.args.first()
+                && let Expr::Literal(LiteralValue::String(text)) = &first.expr
+            {
+                let text = text.inner();
+                let valid = match call.func_name.as_str() {
+                    "matches" => regex::Regex::new(text).is_ok(),
+                    "duration" => valid_duration(text),
+                    "timestamp" => text.parse::<jiff::Timestamp>().is_ok(),
+                    _ => true,
+                };
+                if !valid {
+                    errors.push((first.id, format!("invalid {} argument", call.func_name)));
+                }
+            }
+            if let Some(t) = &call.target {
+                validate_literals(t, errors);
+            }
+            for a in &call.args {
+                validate_literals(a, errors);
+            }
+        }
+        Expr::Select(s) => validate_literals(&s.operand, errors),
+        Expr::List(l) => l.elements.iter().for_each(|x| validate_literals(x, errors)),
+        Expr::Map(m) => {
+            for entry in &m.entries {
+                if let EntryExpr::MapEntry(me) = &entry.expr {
+                    validate_literals(&me.key, errors);
+                    validate_literals(&me.value, errors);
+                }
+            }
+        }
+        Expr::Comprehension(c) => {
+            for x in [
+                &c.iter_range,
+                &c.accu_init,
+                &c.loop_cond,
+                &c.loop_step,
+                &c.result,
+            ] {
+                validate_literals(x, errors);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Go's `time.ParseDuration` syntax: a signed sequence of decimal numbers with units (`1h30m`, `-1.5s`).
+fn valid_duration(s: &str) -> bool {
+    let s = s.strip_prefix(['-', '+']).unwrap_or(s);
+    if s == "0" {
+        return true;
+    }
+    let mut rest = s;
+    if rest.is_empty() {
+        return false;
+    }
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+            .unwrap_or(rest.len());
+        let number = &rest[..digits];
+        if number.is_empty() || number == "." || number.matches('.').count() > 1 {
+            return false;
+        }
+        rest = &rest[digits..];
+        let Some(unit) = ["ns", "us", "\u{b5}s", "\u{3bc}s", "ms", "s", "m", "h"]
+            .iter()
+            .find(|u| rest.starts_with(**u))
+        else {
+            return false;
+        };
+        rest = &rest[unit.len()..];
+    }
+    true
+}
+
 /// `a.b.c` as a dotted name, when the expression is only identifiers and field selections.
 fn qualified_name(e: &IdedExpr) -> Option<String> {
     match &e.expr {
@@ -480,4 +565,19 @@ fn line_and_column(source: &str, offset: usize) -> (usize, usize) {
         }
     }
     (line, column)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::valid_duration;
+
+    #[test]
+    fn durations_as_go_parses_them() {
+        for ok in ["0", "1s", "-1.5h", "1h30m", "300ms", "2us", "+5m"] {
+            assert!(valid_duration(ok), "{ok}");
+        }
+        for bad in ["", "1", "1x", "h", "1.2.3s", "-"] {
+            assert!(!valid_duration(bad), "{bad}");
+        }
+    }
 }

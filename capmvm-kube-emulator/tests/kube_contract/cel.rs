@@ -320,7 +320,10 @@ async fn more_rules_the_real_server_refuses(server: Server) {
         {"rule": "self.min.size() > 0"},
         {"rule": "self.min > 'a' || self.nope"},
         {"rule": "self.free.anything == 'x'"},
-        {"rule": "self.min > 0", "messageExpression": "'min is ' + self.nope"}
+        {"rule": "self.min > 0", "messageExpression": "'min is ' + self.nope"},
+        {"rule": "self.name.matches('[')"},
+        {"rule": "duration('1x') > duration('1s')"},
+        {"rule": "timestamp('yesterday') < timestamp('2024-01-01T00:00:00Z')"}
     ]);
     let mut crd = crd_with("mores", "More", properties, rules);
     crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["x-kubernetes-validations"] =
@@ -387,6 +390,21 @@ async fn more_rules_the_real_server_refuses(server: Server) {
             "{}.messageExpression: Invalid value: {}: messageExpression compilation failed: ERROR: <input>:1:17: undefined field 'nope'\n | 'min is ' + self.nope\n | ................^",
             at(8),
             shown("self.min > 0", "", "'min is ' + self.nope")
+        ),
+        failed(
+            9,
+            "self.name.matches('[')",
+            "ERROR: <input>:1:19: invalid matches argument\n | self.name.matches('[')\n | ..................^",
+        ),
+        failed(
+            10,
+            "duration('1x') > duration('1s')",
+            "ERROR: <input>:1:10: invalid duration argument\n | duration('1x') > duration('1s')\n | .........^",
+        ),
+        failed(
+            11,
+            "timestamp('yesterday') < timestamp('2024-01-01T00:00:00Z')",
+            "ERROR: <input>:1:11: invalid timestamp argument\n | timestamp('yesterday') < timestamp('2024-01-01T00:00:00Z')\n | ..........^",
         ),
         format!(
             "spec.validation.openAPIV3Schema.x-kubernetes-validations[0].rule: Invalid value: {}: compilation failed: ERROR: <input>:1:4: undefined field 'labels'\n | has(self.metadata.labels)\n | ...^",
