@@ -44,7 +44,9 @@ pub use adoption::{
     PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
 };
 
-pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
+pub use record::{
+    foreign_claim, origin_uid, placement_attempts, placement_claim, provider_id, recorded_host,
+};
 
 use crate::conditions::{self, Status};
 pub use crate::host_call::{

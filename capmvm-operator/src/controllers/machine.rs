@@ -13,7 +13,7 @@ use capmvm_api::keys::{
 use capmvm_api::{HostEndpoint, MicrovmMachine, VmState as ApiVmState};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    HostCallFailure, cluster_name, instance_pool, may_create, placement_claim, provider_id,
+    HostCallFailure, cluster_name, foreign_claim, instance_pool, may_create, provider_id,
     recorded_host, wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
@@ -203,9 +203,10 @@ async fn gather(
         hosts: BTreeMap::new(),
         recorded_host: HostLookup::NotAsked,
         operator: operator_identity().to_string(),
-        claim_seen_for: ctx
-            .claims
-            .seen_for(&super::key(machine), foreign_claim(machine)),
+        claim_seen_for: ctx.claims.seen_for(
+            &super::key(machine),
+            foreign_claim(machine, operator_identity()),
+        ),
         failed_host_call: None,
     };
     let Some(mc) = obs.infra_cluster.clone() else {
@@ -261,23 +262,6 @@ fn facts_of(ctx: &Ctx, config: Result<&HostConfig, &String>) -> HostFacts {
             ..HostFacts::default()
         },
     }
-}
-
-/// The machine's placement claim, if another operator process made it and the machine is still
-/// to be placed: only such a claim is waited out.
-fn foreign_claim(machine: &MicrovmMachine) -> Option<&str> {
-    if machine.spec.provider_id.is_some() {
-        return None;
-    }
-    let (_, by) = placement_claim(machine)?;
-    (by != operator_identity())
-        .then(|| {
-            machine
-                .annotations()
-                .get(PLACEMENT_CLAIM_ANNOTATION)
-                .map(String::as_str)
-        })
-        .flatten()
 }
 
 /// This process's identity in placement claims: fixed for its lifetime, different after a restart
