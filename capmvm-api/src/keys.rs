@@ -95,8 +95,9 @@ pub const PLACEMENT_ATTEMPT_ANNOTATION: &str =
 ///
 /// The attempt's create may still be on its way to the host when another operator process reads the
 /// new version (it is woken by that very write) and finds no microVM yet. Another process therefore
-/// waits until the claim is older than a create can take before it creates itself; the process that
-/// made the claim retries at once (its own create is over when it decides again).
+/// waits until the claim is older than a create can take before it creates itself, or releases the
+/// finalizer of the machine if it is being deleted; the process that made the claim goes on at once
+/// (its own create is over when it decides again).
 pub const PLACEMENT_CLAIM_ANNOTATION: &str =
     "microvmmachine.infrastructure.cluster.x-k8s.io/placement-claim";
 

@@ -45,6 +45,7 @@ pub(crate) enum FieldErrorKind {
     Duplicate,
     TooLong,
     TooMany,
+    Internal,
 }
 
 impl FieldErrorKind {
@@ -58,6 +59,7 @@ impl FieldErrorKind {
             Self::Duplicate => "FieldValueDuplicate",
             Self::TooLong => "FieldValueTooLong",
             Self::TooMany => "FieldValueTooMany",
+            Self::Internal => "InternalError",
         }
     }
 }
@@ -185,6 +187,15 @@ impl FieldError {
             kind: FieldErrorKind::TooMany,
             field: field.into(),
             message: format!("Too many: {actual}: must have at most {max} {what}"),
+        }
+    }
+
+    /// An error of the server itself about a field (`field.InternalError`).
+    pub(crate) fn internal(field: impl Into<String>, detail: &str) -> Self {
+        Self {
+            kind: FieldErrorKind::Internal,
+            field: field.into(),
+            message: format!("Internal error: {detail}"),
         }
     }
 

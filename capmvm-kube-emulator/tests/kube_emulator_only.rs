@@ -340,3 +340,60 @@ async fn without_update_tracking_only_apply_owns_fields() {
     let patched = cms.merge("c", json!({"data": {"a": "2"}})).await;
     assert_eq!(patched.metadata.managed_fields.unwrap().len(), 1);
 }
+
+/// A deliberate difference: a rule calling a Kubernetes library function (quantities here) is
+/// accepted with its CRD, as on a real server, but the emulator does not evaluate that library: the
+/// object is refused with an error naming the function and the rule, never let through unchecked.
+#[tokio::test]
+async fn a_library_function_the_emulator_does_not_evaluate_is_an_error_not_a_pass() {
+    let (_emu, client) = start().await;
+    create_crd(
+        &client,
+        &json!({
+            "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": "quotas.test.example.com"},
+            "spec": {"group": "test.example.com", "scope": "Namespaced",
+                "names": {"plural": "quotas", "singular": "quota", "kind": "Quota"},
+                "versions": [{"name": "v1", "served": true, "storage": true,
+                    "schema": {"openAPIV3Schema": {"type": "object", "properties": {"spec": {
+                        "type": "object",
+                        "x-kubernetes-validations": [{
+                            "rule": "!has(self.memory) || quantity(self.memory).isGreaterThan(quantity('1Mi'))",
+                            "message": "memory must exceed 1Mi"}],
+                        "properties": {"memory": {"type": "string", "maxLength": 20}}}}}}}]}
+        }),
+    )
+    .await;
+    let path = "/apis/test.example.com/v1/namespaces/default/quotas";
+    let quota = |name: &str, spec: serde_json::Value| {
+        json!({"apiVersion": "test.example.com/v1", "kind": "Quota", "metadata": {"name": name}, "spec": spec})
+            .to_string()
+    };
+    // The rule does not reach the library: evaluated as usual.
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        quota("none", json!({})).as_bytes(),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{}", r.text);
+    let r = raw(
+        &client,
+        "POST",
+        path,
+        Some("application/json"),
+        quota("some", json!({"memory": "2Gi"})).as_bytes(),
+    )
+    .await;
+    assert_status(&r, 422, "Invalid");
+    let cause = &r.body["details"]["causes"][0];
+    assert_eq!(cause["field"], "spec", "{}", r.text);
+    assert_eq!(
+        cause["message"],
+        "Invalid value: \"object\": quantity: not supported by the emulator's CEL evaluator (it type-checks as on a real server) evaluating rule: memory must exceed 1Mi",
+        "{}",
+        r.text
+    );
+}

@@ -1,7 +1,9 @@
-//! The one place the engine's microVM request becomes the flintlock client's (the engine cannot depend
-//! on the gRPC crate). The types mirror each other field for field.
+//! The one place the engine's microVM request becomes the flintlock client's, and the client's error
+//! kinds the engine's (the engine cannot depend on the gRPC crate). The types mirror each other
+//! field for field, variant for variant.
 
 use capmvm_flintlock as fl;
+use capmvm_reconcile::host_call::HostErrorKind;
 use capmvm_reconcile::microvm as engine;
 
 /// The client's spec for the engine's request.
@@ -59,5 +61,18 @@ fn volume(v: &engine::Volume) -> fl::Volume {
         },
         partition_id: None,
         size_in_mb: None,
+    }
+}
+
+/// The engine's name for the client's error kind (what it amounts to is the engine's judgement).
+pub fn host_error_kind(kind: fl::ErrorKind) -> HostErrorKind {
+    match kind {
+        fl::ErrorKind::NotFound => HostErrorKind::NotFound,
+        fl::ErrorKind::Unauthenticated => HostErrorKind::Unauthenticated,
+        fl::ErrorKind::InvalidArgument => HostErrorKind::InvalidArgument,
+        fl::ErrorKind::Unavailable => HostErrorKind::Unavailable,
+        fl::ErrorKind::DeadlineExceeded => HostErrorKind::DeadlineExceeded,
+        fl::ErrorKind::InvalidConfig => HostErrorKind::InvalidConfig,
+        fl::ErrorKind::Other => HostErrorKind::Other,
     }
 }

@@ -128,12 +128,8 @@ impl Backoff {
     }
 }
 
-/// How long to wait for the caches to show our own creates and deletes before deciding anyway (a
-/// watch that lost an event relists well within this).
-const EXPECTATION_TTL: Duration = Duration::from_secs(30);
-
-/// What the last reconcile of each pool created and deleted, until the caches show it: a decision
-/// from a cache that misses an instance just created would create another under a new name.
+/// What the last reconcile of each pool created and deleted, until the caches show it: kept here,
+/// judged by the engine (`capmvm_reconcile::pool::caches_behind`), forgotten once met or given up on.
 #[derive(Default)]
 pub struct Expectations(Mutex<HashMap<String, Expected>>);
 
@@ -143,6 +139,14 @@ struct Expected {
     created: BTreeSet<String>,
     /// Machines deleted: must show as deleting, or be gone, in the Machine cache.
     deleted: BTreeSet<String>,
+}
+
+/// What a pool's last reconcile created and deleted, and how long ago.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Expecting {
+    pub(crate) age: Duration,
+    pub(crate) created: BTreeSet<String>,
+    pub(crate) deleted: BTreeSet<String>,
 }
 
 impl Expectations {
@@ -162,27 +166,22 @@ impl Expectations {
         }
     }
 
-    /// Whether `key` still waits for the caches: `seen(name)` tells whether an instance created is
-    /// cached, `leaving(name)` whether a Machine deleted shows as deleting or gone.
-    pub(crate) fn pending(
-        &self,
-        key: &str,
-        seen: impl Fn(&str) -> bool,
-        leaving: impl Fn(&str) -> bool,
-    ) -> bool {
-        let Ok(mut map) = self.0.lock() else {
-            return false;
-        };
-        let Some(expected) = map.get(key) else {
-            return false;
-        };
-        let met =
-            expected.created.iter().all(|n| seen(n)) && expected.deleted.iter().all(|n| leaving(n));
-        if met || expected.at.elapsed() > EXPECTATION_TTL {
+    /// What `key`'s last reconcile created and deleted, unless forgotten.
+    pub(crate) fn get(&self, key: &str) -> Option<Expecting> {
+        let map = self.0.lock().ok()?;
+        let expected = map.get(key)?;
+        Some(Expecting {
+            age: expected.at.elapsed(),
+            created: expected.created.clone(),
+            deleted: expected.deleted.clone(),
+        })
+    }
+
+    /// Forgets `key`'s expectations: met, or given up on.
+    pub(crate) fn forget(&self, key: &str) {
+        if let Ok(mut map) = self.0.lock() {
             map.remove(key);
-            return false;
         }
-        true
     }
 }
 
@@ -300,23 +299,24 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_waits_until_the_caches_show_its_creates_and_deletes() {
+    fn a_pool_remembers_its_creates_and_deletes_until_forgotten() {
         let e = Expectations::default();
         e.expect("p", set(&["a", "b"]), set(&["old"]));
-        assert!(e.pending("p", |n| n == "a", |_| true), "b not cached yet");
-        assert!(e.pending("p", |_| true, |_| false), "old still looks live");
-        assert!(!e.pending("other", |_| false, |_| false), "per pool");
-        assert!(!e.pending("p", |_| true, |_| true));
-        assert!(
-            !e.pending("p", |_| false, |_| false),
-            "forgotten once met: later decisions are not held"
+        let got = e.get("p").unwrap();
+        assert_eq!(
+            (got.created, got.deleted),
+            (set(&["a", "b"]), set(&["old"]))
         );
+        assert!(got.age < Duration::from_secs(5));
+        assert!(e.get("other").is_none(), "per pool");
+        e.forget("p");
+        assert!(e.get("p").is_none());
     }
 
     #[test]
     fn nothing_done_expects_nothing() {
         let e = Expectations::default();
         e.expect("p", BTreeSet::new(), BTreeSet::new());
-        assert!(!e.pending("p", |_| false, |_| false));
+        assert!(e.get("p").is_none());
     }
 }

@@ -108,6 +108,30 @@ pub fn cluster_name_of(mc: &MicrovmCluster) -> Option<&str> {
         })
 }
 
+/// The hosts a MicrovmCluster observes through its own credentials (the operator keeps one observer
+/// per host and credentials, and gathers the cluster's facts and microVMs from them): every valid
+/// endpoint of its static pool, and the hosts its machines are recorded on (a host removed from the
+/// pool still holds their microVMs), as canonical endpoints.
+///
+/// A paused or deleted cluster observes them too. A pause stops changes, not reading: its machines
+/// and its orphaned-microVM gauge keep reading current lists, and when the pause ends they decide
+/// from those. A deleted cluster's machines need their hosts observed to see their microVMs go:
+/// the observer wakes a machine when its microVM vanishes (without it each deletion would be
+/// confirmed only at the next safety-net recheck, a minute later).
+pub fn hosts_to_observe(
+    mc: &MicrovmCluster,
+    machine_hosts: impl IntoIterator<Item = HostEndpoint>,
+) -> BTreeSet<String> {
+    let pool = mc
+        .spec
+        .placement
+        .static_pool
+        .iter()
+        .flat_map(|p| &p.hosts)
+        .filter_map(|h| h.endpoint.parse::<HostEndpoint>().ok());
+    pool.chain(machine_hosts).map(|h| h.to_string()).collect()
+}
+
 /// Decides what to do for one MicrovmCluster.
 pub fn decide_cluster(obs: &ObservedCluster, now: Timestamp) -> ClusterPlan {
     let mc = &obs.microvm_cluster;

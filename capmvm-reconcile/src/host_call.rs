@@ -21,6 +21,59 @@ pub enum HostCallFailure {
     Failed,
 }
 
+/// How a call to a flintlock host ended in error, as the flintlock client reports it (its
+/// `ErrorKind`, variant for variant: the engine cannot depend on the gRPC crate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HostErrorKind {
+    /// The host has no such microVM.
+    NotFound,
+    /// The host refused the credentials.
+    Unauthenticated,
+    /// The host refused the request itself (flintlock's InvalidArgument or a spec validation error).
+    InvalidArgument,
+    /// The host could not be reached, or the connection broke.
+    Unavailable,
+    /// The call did not finish within its deadline.
+    DeadlineExceeded,
+    /// The host configuration is unusable (nothing was sent).
+    InvalidConfig,
+    /// Anything else.
+    Other,
+}
+
+/// What a host call that ended in error amounts to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CallOutcome {
+    /// What the call was for holds anyway: the plan goes on as if it had succeeded.
+    Done,
+    /// It failed: the rest of the plan is dropped and the failure is the next observation
+    /// ([`crate::observe::ObservedMachine::failed_host_call`]).
+    Failed(HostCallFailure),
+}
+
+/// Judges a host call of a plan that ended in error `kind`. A delete the host answers with
+/// NotFound is done: the microVM is gone, which is what the delete was for (a second delete after
+/// a lost answer, or a microVM another process deleted meanwhile). Otherwise the kind decides what
+/// follows ([`record_host_call_failure`]): the host not answering (unreachable, or no answer within
+/// the deadline) is retried with backoff and reported as unreachable; a request the host refuses is
+/// final for a create's spec; anything else is retried with backoff.
+pub fn judge_host_error(call: &HostCall, kind: HostErrorKind) -> CallOutcome {
+    match (call, kind) {
+        (HostCall::Delete { .. }, HostErrorKind::NotFound) => CallOutcome::Done,
+        (_, HostErrorKind::Unavailable | HostErrorKind::DeadlineExceeded) => {
+            CallOutcome::Failed(HostCallFailure::Unreachable)
+        }
+        (_, HostErrorKind::InvalidArgument) => CallOutcome::Failed(HostCallFailure::Refused),
+        (
+            _,
+            HostErrorKind::NotFound
+            | HostErrorKind::Unauthenticated
+            | HostErrorKind::InvalidConfig
+            | HostErrorKind::Other,
+        ) => CallOutcome::Failed(HostCallFailure::Failed),
+    }
+}
+
 /// What the operator does after a failed host call.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct HostCallVerdict {

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 mod adoption;
 mod deletion;
+mod lookup;
 mod normal;
 mod ours;
 mod record;
@@ -44,11 +45,15 @@ pub use adoption::{
     PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
 };
 
-pub use record::{origin_uid, placement_attempts, placement_claim, provider_id, recorded_host};
+pub use lookup::{after_direct_get, concerns, wants_direct_get, wants_fresh_lookup};
+pub use record::{
+    foreign_claim, origin_uid, placement_attempts, placement_claim, provider_id, recorded_host,
+};
 
 use crate::conditions::{self, Status};
 pub use crate::host_call::{
-    HostCallFailure, HostCallVerdict, record_host_call_failure, spec_rejected_at_this_generation,
+    CallOutcome, HostCallFailure, HostCallVerdict, HostErrorKind, judge_host_error,
+    record_host_call_failure, spec_rejected_at_this_generation,
 };
 use crate::observe::{FailedHostCall, HostLookup, MachineFacts, MachinePoolFacts, ObservedMachine};
 use crate::plan::{Event, EventKind, MachinePlan, Requeue, reasons as events};
@@ -72,12 +77,6 @@ pub const CREATE_CLAIM_TTL: Duration = Duration::from_secs(20);
 
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);
-
-/// Whether the recorded host's answer must be fresh rather than cached: true while the machine has no
-/// providerID, because that answer decides whether a microVM is created (or a finalizer released).
-pub fn wants_fresh_lookup(machine: &MicrovmMachine) -> bool {
-    machine.spec.provider_id.is_none()
-}
 
 /// Whether a decision for this machine may create a microVM: it has no providerID, is not being
 /// deleted and is not one another provider left unfinished ([`Provenance::Unfinished`]: nothing is

@@ -186,3 +186,165 @@ fn a_machine_deleted_after_its_microvm_cluster_says_so() {
     );
     assert!(!plan.remove_finalizer);
 }
+
+/// What a deletion of a placed machine without providerID does when its recorded host lists nothing
+/// of it, by whose placement claim it carries and how long this process has seen that claim.
+#[derive(Debug, PartialEq)]
+enum Outcome {
+    /// The finalizer goes now.
+    Released,
+    /// The finalizer stays; decide again after this long.
+    Waits(std::time::Duration),
+}
+
+fn outcome(plan: &MachinePlan) -> Outcome {
+    if plan.remove_finalizer {
+        return Outcome::Released;
+    }
+    match plan.requeue {
+        Requeue::After(d) => Outcome::Waits(d),
+        other => panic!("neither released nor waiting: {other:?} {plan:?}"),
+    }
+}
+
+/// Another operator process (no leader election, a failover, a restart) claimed the placement and
+/// its create may still reach the host after this process listed it: the finalizer waits until
+/// that create could no longer land, or its microVM would outlive the machine (reported orphaned,
+/// never deleted). The claim's age is how long this process has seen it (its monotonic clock).
+#[test]
+fn deletion_waits_out_a_create_another_process_may_still_make() {
+    use capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION;
+    use capmvm_reconcile::machine::CREATE_CLAIM_TTL;
+    use std::time::Duration;
+    const OTHER: &str = "capmvm-1_99_5";
+    let secs = Duration::from_secs;
+    // (case, claimed by, seen for, providerID set, expected)
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        Option<Duration>,
+        bool,
+        Outcome,
+    );
+    let cases: [Case; 8] = [
+        (
+            "never seen before: waited out whole",
+            Some(OTHER),
+            None,
+            false,
+            Outcome::Waits(CREATE_CLAIM_TTL),
+        ),
+        (
+            "seen 3 s ago",
+            Some(OTHER),
+            Some(secs(3)),
+            false,
+            Outcome::Waits(CREATE_CLAIM_TTL - secs(3)),
+        ),
+        (
+            "seen 19 s ago",
+            Some(OTHER),
+            Some(secs(19)),
+            false,
+            Outcome::Waits(secs(1)),
+        ),
+        (
+            "seen as long as a create can take",
+            Some(OTHER),
+            Some(CREATE_CLAIM_TTL),
+            false,
+            Outcome::Released,
+        ),
+        (
+            "seen longer: that create cannot land any more",
+            Some(OTHER),
+            Some(secs(600)),
+            false,
+            Outcome::Released,
+        ),
+        (
+            "its own claim: its create is over",
+            Some(OPERATOR),
+            None,
+            false,
+            Outcome::Released,
+        ),
+        (
+            "no claim (placed by an older version)",
+            None,
+            None,
+            false,
+            Outcome::Released,
+        ),
+        (
+            "a providerID: the claimed create is the one it names",
+            Some(OTHER),
+            None,
+            true,
+            Outcome::Released,
+        ),
+    ];
+    for (case, by, seen_for, with_pid, expected) in cases {
+        let mut obs = observed();
+        if with_pid {
+            with_provider_id(&mut obs, HOSTS[1], "01A");
+        } else {
+            with_recorded_host(&mut obs, HOSTS[1]);
+        }
+        deleting(&mut obs);
+        if let Some(by) = by {
+            obs.machine
+                .metadata
+                .annotations
+                .get_or_insert_with(Default::default)
+                .insert(
+                    PLACEMENT_CLAIM_ANNOTATION.to_string(),
+                    format!("{} {by}", now()),
+                );
+        }
+        obs.claim_seen_for = seen_for;
+        obs.recorded_host = answered(vec![]);
+        let plan = decide(&obs, now());
+        assert!(plan.host_calls.is_empty(), "{case}: {plan:?}");
+        assert_eq!(outcome(&plan), expected, "{case}");
+        match expected {
+            Outcome::Released => assert_eq!(event_reasons(&plan), ["MicrovmDeleted"], "{case}"),
+            Outcome::Waits(_) => {
+                assert!(plan.events.is_empty(), "{case}: {plan:?}");
+                let message = expect_condition(ready(&plan), ("False", reasons::DELETING));
+                for part in [OTHER, HOSTS[1], "finalizer"] {
+                    assert!(
+                        message.contains(part),
+                        "{case}: {part:?} missing from {message}"
+                    );
+                }
+            }
+        }
+    }
+
+    // The other process's create landed: its microVM is deleted like any of the machine's.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    deleting(&mut obs);
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            PLACEMENT_CLAIM_ANNOTATION.to_string(),
+            format!("{} {OTHER}", now()),
+        );
+    obs.claim_seen_for = Some(secs(6));
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
+    let plan = decide(&obs, now());
+    assert_eq!(deletes(&plan), [(HOSTS[1].to_string(), "01A".to_string())]);
+    assert!(!plan.remove_finalizer);
+    // The abandon annotation still releases at once: a person decided.
+    obs.recorded_host = answered(vec![]);
+    obs.machine
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(ABANDON_MICROVM_ANNOTATION.to_string(), "true".to_string());
+    assert_eq!(outcome(&decide(&obs, now())), Outcome::Released);
+}

@@ -6,7 +6,8 @@
 //! - no plan creates when a providerID exists, a microVM carrying the machine's uid is there, or a
 //!   same-name microVM that is not the machine's is there; every create comes after the conditional
 //!   write that records its host, and that write always changes the object (a compare-and-swap);
-//! - no plan creates while another operator process's recent placement claim may still be creating;
+//! - no plan creates, nor releases a deleted machine's finalizer, while another operator process's
+//!   recent placement claim may still be creating;
 //! - deciding is deterministic.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -391,6 +392,27 @@ proptest! {
         );
         if recorded_host(&obs.machine).is_some() {
             prop_assert!(creates(&decide(&obs, now())).is_empty());
+        }
+    }
+
+    #[test]
+    fn no_release_while_another_process_may_be_creating(
+        obs in arb_observation(),
+        seen_for in prop::option::of(0..20u64),
+    ) {
+        // Another process claimed the placement and this process has seen that claim for less than
+        // a create can take: whatever the host lists, a deleted machine without providerID keeps
+        // its finalizer (the other's microVM may land after the list, and nobody would delete it).
+        let mut obs = obs;
+        obs.machine.metadata.annotations.get_or_insert_with(Default::default).insert(
+            capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+            format!("{} another-process", now()),
+        );
+        obs.claim_seen_for = seen_for.map(std::time::Duration::from_secs);
+        deleting(&mut obs);
+        if recorded_host(&obs.machine).is_some() && obs.machine.spec.provider_id.is_none() {
+            let plan = decide(&obs, now());
+            prop_assert!(!plan.remove_finalizer, "released: {:?}", plan);
         }
     }
 

@@ -9,7 +9,9 @@ mod e2e_support;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION;
 use capmvm_api::{MicrovmMachine, ProviderId};
+use capmvm_sim::capi::MachineDeployment;
 use capmvm_sim::world::{World, wait_for};
 use e2e_support::*;
 use kube::api::{Patch, PatchParams};
@@ -136,6 +138,94 @@ async fn two_operators_whose_clocks_are_an_hour_apart_create_each_microvm_once()
         "no second microVM was ever created, not even one deleted since"
     );
     skewed.stop().await;
+    w.shutdown().await;
+}
+
+/// Two replicas without leader election, creates that take 6 s to reach the host, and the machine
+/// scaled away as soon as its placement is recorded: the replica that did not claim the placement
+/// handles the deletion while the other's create is still on its way, and finds nothing on the
+/// host yet. It must not release the finalizer then: the create lands after, and its microVM would
+/// outlive its MicrovmMachine (reported orphaned, deleted by nobody). The deletion ends with no
+/// microVM on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_machine_deleted_while_another_replica_creates_its_microvm_leaks_nothing() {
+    const CREATE_LATENCY: Duration = Duration::from_secs(6);
+    let mut w = World::start(options(1)).await.unwrap();
+    for host in &w.hosts {
+        host.control().set_create_latency(CREATE_LATENCY);
+    }
+    w.start_operator(&[]).unwrap();
+    let second = w.spawn_operator(&[], &[]).unwrap();
+    w.apply_demo_cluster(&counts(0, 1), |_| {}).await.unwrap();
+
+    // One replica recorded the host and claimed the placement: its create is on its way.
+    let claimed = wait_for(
+        "a claimed placement",
+        WAIT,
+        Duration::from_millis(50),
+        || async {
+            Ok(w.microvm_machines(NS)
+                .await?
+                .into_iter()
+                .find(|m| m.annotations().contains_key(PLACEMENT_CLAIM_ANNOTATION)))
+        },
+    )
+    .await
+    .unwrap();
+    let name = claimed.name_any();
+    Api::<MachineDeployment>::namespaced(w.client.clone(), NS)
+        .patch(
+            "demo-md-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"replicas": 0}})),
+        )
+        .await
+        .unwrap();
+    let api = Api::<MicrovmMachine>::namespaced(w.client.clone(), NS);
+    wait_for(
+        "the MicrovmMachine to be deleted",
+        WAIT,
+        Duration::from_millis(50),
+        || async {
+            Ok(api
+                .get_opt(&name)
+                .await?
+                .is_none_or(|m| m.metadata.deletion_timestamp.is_some())
+                .then_some(()))
+        },
+    )
+    .await
+    .unwrap();
+    assert!(
+        w.all_vms().is_empty(),
+        "the deletion must begin before the create reaches the host, or this test shows nothing"
+    );
+
+    wait_for("the MicrovmMachine to be gone", WAIT, POLL, || async {
+        Ok(api.get_opt(&name).await?.is_none().then_some(()))
+    })
+    .await
+    .unwrap();
+    // A create still on its way when the finalizer went would land within its latency.
+    let gone_at = std::time::Instant::now();
+    while gone_at.elapsed() < CREATE_LATENCY + Duration::from_secs(2) {
+        let outlived: Vec<_> = live_vms(&w)
+            .into_iter()
+            .filter(|(_, vm)| vm.spec.id == name)
+            .collect();
+        assert!(
+            outlived.is_empty(),
+            "the finalizer went while a create was on its way: {outlived:?} outlived MicrovmMachine {name}"
+        );
+        tokio::time::sleep(POLL).await;
+    }
+    wait_for("no microVM on the host", WAIT, POLL, || async {
+        Ok(w.all_vms().is_empty().then_some(()))
+    })
+    .await
+    .unwrap();
+    assert_eq!(creates_on_hosts(&w), 1, "one create, deleted again");
+    second.stop().await;
     w.shutdown().await;
 }
 

@@ -257,15 +257,7 @@ fn apply_schema(
         .unwrap_or_default();
     if let Some(old) = old {
         // Ratcheting: a field that was already invalid and did not change is not an error.
-        errs.retain(|e| {
-            let path = if e.field == "body" {
-                ""
-            } else {
-                e.field.as_str()
-            };
-            let now = super::schema::value_at(obj, path);
-            now.is_none() || now != super::schema::value_at(old, path)
-        });
+        errs.retain(|e| super::schema::still_an_error(e, obj, old));
     }
     errs.extend(meta::validate_common(obj));
     if errs.is_empty() {

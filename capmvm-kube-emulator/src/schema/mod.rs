@@ -9,7 +9,9 @@ use serde_json::{Map, Value};
 use super::error::FieldError;
 use super::meta;
 
+mod cel_type;
 mod path;
+mod rules;
 mod validate;
 use path::Path;
 
@@ -56,6 +58,8 @@ pub(crate) struct Schema {
     not: Option<Box<Schema>>,
     /// This node's CEL rules.
     rules: Vec<crate::cel::Rule>,
+    /// Whether this node or one below it has CEL rules (the rules' walk skips the others).
+    has_rules: bool,
 }
 
 fn f64_of(v: Option<&Value>) -> Option<f64> {
@@ -104,7 +108,11 @@ impl Schema {
     /// Compiles a `JSONSchemaProps` document. `path` names it in errors (`spec.versions[0].schema.openAPIV3Schema`).
     pub(crate) fn compile(v: &Value, path: &str) -> Result<Self, Vec<FieldError>> {
         let mut errs = Vec::new();
-        let s = Self::compile_inner(v, path, &mut errs, true);
+        let mut s = Self::compile_inner(v, path, &mut errs, true);
+        // As the real server, rules are compiled only against a schema without other errors.
+        if errs.is_empty() {
+            s.compile_rules(v, path, true, None, &mut errs);
+        }
         if errs.is_empty() { Ok(s) } else { Err(errs) }
     }
 
@@ -143,9 +151,7 @@ impl Schema {
             map_atomic: m.get("x-kubernetes-map-type").and_then(Value::as_str) == Some("atomic"),
             ..Self::default()
         };
-        if let Some(list) = m.get("x-kubernetes-validations") {
-            s.rules = crate::cel::compile(list, path, errs);
-        }
+        crate::cel::lint(v, path, errs);
         if let Some(t) = &s.ty
             && !TYPES.contains(&t.as_str())
         {
@@ -413,6 +419,19 @@ impl Schema {
         self.properties.as_ref().is_some_and(|p| p.contains_key(k))
     }
 }
+/// Ratcheting on update: whether error `e` of the new object `obj` stands, the value at its field
+/// having changed from `old` (an error on a field whose value did not change is not reported, as
+/// the real server does since 1.30).
+pub(crate) fn still_an_error(e: &FieldError, obj: &Value, old: &Value) -> bool {
+    let path = if e.field == "body" {
+        ""
+    } else {
+        e.field.as_str()
+    };
+    let now = value_at(obj, path);
+    now.is_none() || now != value_at(old, path)
+}
+
 /// The value at a field path such as `spec.hosts[0].endpoint`, used to ratchet validation on update:
 /// an error on a field whose value did not change is not reported (as the real server does since 1.30).
 pub(crate) fn value_at<'a>(root: &'a Value, path: &str) -> Option<&'a Value> {

@@ -19,6 +19,11 @@ impl Schema {
             .into_iter()
             .partition(|e| e.kind == crate::error::FieldErrorKind::Required);
         values.extend(required);
+        // Errors ratcheted away do not keep rules from running.
+        if let Some(before) = old {
+            values.retain(|e| super::still_an_error(e, v, before));
+        }
+        self.check_rules_root(v, old, &mut values);
         values
     }
 
@@ -87,7 +92,6 @@ impl Schema {
         for s in &self.all_of {
             s.validate(v, old, path, errs, root);
         }
-        crate::cel::check(&self.rules, v, old, &path.render(), errs);
         if !self.any_of.is_empty() && !self.any_of.iter().any(|s| s.passes(v)) {
             let shown = &path.shown();
             errs.push(FieldError::invalid(
@@ -383,7 +387,7 @@ fn type_matches(t: &str, v: &Value) -> bool {
     }
 }
 
-fn type_name(v: &Value) -> &'static str {
+pub(super) fn type_name(v: &Value) -> &'static str {
     match v {
         Value::Null => "null",
         Value::Bool(_) => "boolean",

@@ -7,6 +7,7 @@
 #[path = "../kube_support/mod.rs"]
 mod kube_support;
 
+mod cel;
 mod deletion;
 mod discovery;
 mod lists;

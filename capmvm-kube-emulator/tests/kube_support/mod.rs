@@ -75,6 +75,27 @@ pub fn capi_machine_deployment_crd() -> Value {
     serde_saphyr::from_str(&md).unwrap()
 }
 
+/// Every CRD of CAPI v1.14.0 (shared/capi-crds), as CAPI installs them.
+pub fn capi_crds() -> Vec<Value> {
+    let shared = std::env::var_os("CAPMVM_SHARED_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared"));
+    let dir = shared.join("capi-crds/v1.14.0");
+    let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|e| e.expect("dir entry").path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml"))
+        .collect();
+    files.sort();
+    files
+        .iter()
+        .map(|p| {
+            serde_saphyr::from_str::<Value>(&std::fs::read_to_string(p).expect("read CRD"))
+                .expect("CRD YAML")
+        })
+        .collect()
+}
+
 pub fn crd_api(client: &Client) -> Api<DynamicObject> {
     let ar = ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("apiextensions.k8s.io", "v1", "CustomResourceDefinition"),

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use capmvm_api::keys::{CLUSTER_FINALIZER, CREDENTIALS_FINALIZER};
 use capmvm_api::{HostEndpoint, MicrovmCluster};
 use capmvm_flintlock::HostConfig;
+use capmvm_reconcile::cluster::hosts_to_observe;
 use capmvm_reconcile::machine::{origin_uid, recorded_host};
 use capmvm_reconcile::{
     CredentialSecret, HostFacts, HostedVm, ObservedCluster, Reachability, decide_cluster,
@@ -137,17 +138,20 @@ async fn gather(ctx: &Ctx, mc: &MicrovmCluster) -> Result<ObservedCluster, Error
         })
         .collect();
 
-    // The pool's hosts, and the hosts its machines live on (a host removed from the pool still holds
-    // their microVMs), each observed through this cluster's own credentials.
+    // The hosts the engine says the cluster observes (paused or deleted too), each through this
+    // cluster's own credentials: the pool's configs come built.
+    let observed = hosts_to_observe(mc, own_machines.iter().filter_map(|m| recorded_host(m)));
     let mut configs = ctx.credentials.host_configs(mc).await?.as_ref().clone();
-    let recorded: BTreeSet<HostEndpoint> = own_machines
-        .iter()
-        .filter_map(|m| recorded_host(m))
-        .collect();
-    for host in recorded {
-        if let std::collections::btree_map::Entry::Vacant(slot) = configs.entry(host.to_string()) {
-            slot.insert(ctx.credentials.host_config(mc, &host).await?);
+    configs.retain(|endpoint, _| observed.contains(endpoint));
+    for endpoint in &observed {
+        if configs.contains_key(endpoint) {
+            continue;
         }
+        let Ok(host) = endpoint.parse::<HostEndpoint>() else {
+            continue;
+        };
+        let config = ctx.credentials.host_config(mc, &host).await?;
+        configs.insert(endpoint.clone(), config);
     }
     let usable: Vec<HostConfig> = configs
         .values()

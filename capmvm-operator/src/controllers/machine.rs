@@ -1,6 +1,8 @@
 //! The MicrovmMachine controller: gather an observation, let the engine decide, carry out the plan.
-//! It decides nothing: what to gather (`wants_*`), whether a decision runs under the placement turn
-//! (`may_create`) and everything that follows a failed host call are the engine's.
+//! It decides nothing: what to gather (`wants_*`, `concerns`), whose placement claim it times
+//! (`foreign_claim`), whether a decision runs under the placement turn (`may_create`), what a host's
+//! error amounts to (`judge_host_error`, `after_direct_get`) and everything that follows a failed
+//! host call are the engine's.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,15 +12,16 @@ use capmvm_api::keys::{
     HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
     PLACEMENT_CLAIM_ANNOTATION,
 };
-use capmvm_api::{HostEndpoint, MicrovmMachine, VmState as ApiVmState};
+use capmvm_api::{HostEndpoint, MicrovmMachine};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    HostCallFailure, cluster_name, instance_pool, may_create, placement_claim, provider_id,
-    recorded_host, wants_bootstrap_data, wants_fresh_lookup, wants_pool_facts,
+    CallOutcome, HostCallFailure, after_direct_get, cluster_name, concerns, foreign_claim,
+    instance_pool, judge_host_error, may_create, provider_id, recorded_host, wants_bootstrap_data,
+    wants_direct_get, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
     BootstrapData, ClusterFacts, FailedHostCall, HostCall, HostFacts, HostLookup, MachinePlan,
-    ObservedMachine, ObservedVm, Requeue, VmState, decide,
+    ObservedMachine, ObservedVm, Requeue, decide,
 };
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
@@ -26,7 +29,7 @@ use tracing::{debug, info, instrument, warn};
 
 use super::{Error, Outcome, Reconciled, note_version, publish, wrap};
 use crate::context::Ctx;
-use crate::convert::to_flintlock;
+use crate::convert::{host_error_kind, to_flintlock};
 use crate::fault::Point;
 use crate::hosts::{Claim, observed_vm};
 use crate::{credentials, patch};
@@ -203,9 +206,10 @@ async fn gather(
         hosts: BTreeMap::new(),
         recorded_host: HostLookup::NotAsked,
         operator: operator_identity().to_string(),
-        claim_seen_for: ctx
-            .claims
-            .seen_for(&super::key(machine), foreign_claim(machine)),
+        claim_seen_for: ctx.claims.seen_for(
+            &super::key(machine),
+            foreign_claim(machine, operator_identity()),
+        ),
         failed_host_call: None,
     };
     let Some(mc) = obs.infra_cluster.clone() else {
@@ -263,23 +267,6 @@ fn facts_of(ctx: &Ctx, config: Result<&HostConfig, &String>) -> HostFacts {
     }
 }
 
-/// The machine's placement claim, if another operator process made it and the machine is still
-/// to be placed: only such a claim is waited out.
-fn foreign_claim(machine: &MicrovmMachine) -> Option<&str> {
-    if machine.spec.provider_id.is_some() {
-        return None;
-    }
-    let (_, by) = placement_claim(machine)?;
-    (by != operator_identity())
-        .then(|| {
-            machine
-                .annotations()
-                .get(PLACEMENT_CLAIM_ANNOTATION)
-                .map(String::as_str)
-        })
-        .flatten()
-}
-
 /// This process's identity in placement claims: fixed for its lifetime, different after a restart
 /// (a restarted process cannot know whether its predecessor's create reached the host).
 fn operator_identity() -> &'static str {
@@ -287,9 +274,9 @@ fn operator_identity() -> &'static str {
     IDENTITY.get_or_init(crate::leader::identity)
 }
 
-/// Asks the recorded host about this machine's microVMs: freshly while it has no providerID (that
-/// answer decides whether to create), else from the host observer's last list, confirming with a
-/// direct get before reporting the microVM missing.
+/// Asks the recorded host about this machine's microVMs as the engine says: freshly while it has no
+/// providerID (`wants_fresh_lookup`), else from the host observer's last list, confirmed by a direct
+/// Get where that list may be behind (`wants_direct_get`, `after_direct_get`).
 async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> HostLookup {
     let client = match ctx.hosts.client(config) {
         Ok(c) => c,
@@ -315,7 +302,7 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
     }
     let uid = provider_id(machine).map(|p| p.uid).unwrap_or_default();
     let snapshot = ctx.hosts.snapshot(config).unwrap_or_default();
-    let mut vms: Vec<ObservedVm> = match &snapshot.reachability {
+    let vms: Vec<ObservedVm> = match &snapshot.reachability {
         capmvm_reconcile::Reachability::Unreachable(why)
         | capmvm_reconcile::Reachability::Refused(why) => {
             return HostLookup::Unreachable(why.clone());
@@ -324,30 +311,25 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
         capmvm_reconcile::Reachability::Reachable => snapshot
             .vms
             .iter()
-            .filter(|hv| hv.vm.uid == uid || (hv.vm.namespace == ns && hv.vm.name == name))
+            .filter(|hv| concerns(machine, &hv.vm))
             .map(|hv| hv.vm.clone())
             .collect(),
     };
     let listed = vms.iter().find(|v| v.uid == uid).map(|v| v.state);
-    // Missing from a list that may predate it (or no list yet), or still starting in a list that
-    // predates what the status records (another replica, or this process before a restart, saw it
-    // running): ask the host directly, so a status is never set back on a stale list.
-    let recorded_running =
-        machine.status.as_ref().and_then(|s| s.vm_state) == Some(ApiVmState::Running);
-    if listed.is_none() || (recorded_running && listed == Some(VmState::Pending)) {
-        match client.get(&uid).await {
-            Ok(vm) => {
-                vms.retain(|v| v.uid != uid);
-                vms.push(observed_vm(
-                    &vm,
-                    capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
-                ));
-            }
-            Err(e) if e.kind() == ErrorKind::NotFound => vms.retain(|v| v.uid != uid),
-            Err(e) => return HostLookup::Unreachable(e.to_string()),
-        }
+    if !wants_direct_get(machine, listed) {
+        return HostLookup::Answered { vms };
     }
-    HostLookup::Answered { vms }
+    let answer = client
+        .get(&uid)
+        .await
+        .map(|vm| {
+            observed_vm(
+                &vm,
+                capmvm_reconcile::cloudinit::marker_from_metadata(&vm.spec.metadata),
+            )
+        })
+        .map_err(|e| (host_error_kind(e.kind()), e.to_string()));
+    after_direct_get(vms, &uid, answer)
 }
 
 /// How far a plan was carried out.
@@ -428,7 +410,8 @@ async fn execute(
         *machine = updated;
         note_version(versions, machine);
     }
-    // 4. Host calls.
+    // 4. Host calls. What an error amounts to is the engine's (`judge_host_error`): a delete the
+    // host answers NotFound is done.
     let mut created = Vec::new();
     for call in &plan.host_calls {
         let (host, result) = match call {
@@ -444,6 +427,7 @@ async fn execute(
                     }),
                     Err(e) => Err(e),
                 };
+                let result = judged(call, result);
                 match &result {
                     Ok(()) => ctx.fault.reached(Point::AfterCreate),
                     Err(_) => {
@@ -459,13 +443,10 @@ async fn execute(
             }
             HostCall::Delete { host, uid } => {
                 let result = match host_client(ctx, obs, host).await {
-                    Ok(client) => match client.delete(uid).await {
-                        Ok(()) => Ok(()),
-                        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                        Err(e) => Err(e),
-                    },
+                    Ok(client) => client.delete(uid).await,
                     Err(e) => Err(e),
                 };
+                let result = judged(call, result);
                 if result.is_ok() {
                     info!(host = %host, uid = %uid, "microVM delete requested");
                     ctx.hosts.record_deleting(&host.to_string(), uid);
@@ -473,15 +454,8 @@ async fn execute(
                 (host, result)
             }
         };
-        if let Err(error) = result {
+        if let Err((failure, error)) = result {
             warn!(host = %host, error = %error, "host call failed");
-            let failure = match error.kind() {
-                ErrorKind::Unavailable | ErrorKind::DeadlineExceeded => {
-                    HostCallFailure::Unreachable
-                }
-                ErrorKind::InvalidArgument => HostCallFailure::Refused,
-                _ => HostCallFailure::Failed,
-            };
             return Ok(Carried::HostCallFailed(FailedHostCall {
                 call: call.clone(),
                 failure,
@@ -505,6 +479,24 @@ async fn execute(
         }
     }
     Ok(Carried::Out { created })
+}
+
+/// A host call's result as the engine judges it: an error that still counts as done is success,
+/// any other is the failure the next observation reports.
+fn judged(
+    call: &HostCall,
+    result: Result<(), capmvm_flintlock::Error>,
+) -> Result<(), (HostCallFailure, capmvm_flintlock::Error)> {
+    let Err(error) = result else {
+        return Ok(());
+    };
+    match judge_host_error(call, host_error_kind(error.kind())) {
+        CallOutcome::Done => {
+            debug!(error = %error, "the host's answer counts as done");
+            Ok(())
+        }
+        CallOutcome::Failed(failure) => Err((failure, error)),
+    }
 }
 
 /// A client for `host` with the credentials the observation resolved (or resolves now).

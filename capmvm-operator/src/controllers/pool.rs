@@ -13,8 +13,8 @@ use capmvm_api::keys::{
 use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::ClusterFacts;
 use capmvm_reconcile::pool::{
-    InstanceHealth, InstanceMachine, NewInstance, ObservedInstance, ObservedPool, PoolPlan,
-    decide_pool,
+    CachedMachine, ExpectationsSeen, InstanceHealth, InstanceMachine, NewInstance,
+    ObservedInstance, ObservedPool, PoolPlan, PoolWrite, decide_pool, done_when_gone,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::jiff::Timestamp;
@@ -51,25 +51,50 @@ pub async fn reconcile(obj: Arc<MicrovmMachinePool>, ctx: Arc<Ctx>) -> Result<Ac
     .await
 }
 
-/// Whether the caches do not show yet what the pool's last reconcile created and deleted: a
-/// decision from a cache that misses an instance just created would create another under a new name.
+/// Whether the caches do not show yet what the pool's last reconcile created and deleted (the
+/// engine judges it: `caches_behind`); expectations met or given up on are forgotten.
 fn caches_behind(pool: &MicrovmMachinePool, ctx: &Ctx) -> bool {
+    let key = super::key(pool);
+    let Some(expecting) = ctx.pool_expectations.get(&key) else {
+        return false;
+    };
     let ns = pool.namespace().unwrap_or_default();
-    ctx.pool_expectations.pending(
-        &super::key(pool),
-        |name| {
-            ctx.stores
-                .machines
-                .get(&ObjectRef::new(name).within(&ns))
-                .is_some()
-        },
-        |name| {
-            ctx.stores
-                .capi_machines
-                .get(&ObjectRef::new(name).within(&ns))
-                .is_none_or(|m| m.meta().deletion_timestamp.is_some())
-        },
-    )
+    let seen = ExpectationsSeen {
+        age: expecting.age,
+        created: expecting
+            .created
+            .into_iter()
+            .map(|name| {
+                let cached = ctx
+                    .stores
+                    .machines
+                    .get(&ObjectRef::new(&name).within(&ns))
+                    .is_some();
+                (name, cached)
+            })
+            .collect(),
+        deleted: expecting
+            .deleted
+            .into_iter()
+            .map(|name| {
+                let cached = match ctx
+                    .stores
+                    .capi_machines
+                    .get(&ObjectRef::new(&name).within(&ns))
+                {
+                    None => CachedMachine::Absent,
+                    Some(m) if m.meta().deletion_timestamp.is_some() => CachedMachine::Deleting,
+                    Some(_) => CachedMachine::Live,
+                };
+                (name, cached)
+            })
+            .collect(),
+    };
+    let behind = capmvm_reconcile::pool::caches_behind(&seen);
+    if !behind {
+        ctx.pool_expectations.forget(&key);
+    }
+    behind
 }
 
 async fn reconcile_once(
@@ -154,11 +179,7 @@ fn observe_instance(ctx: &Ctx, ns: &str, m: &MicrovmMachine) -> ObservedInstance
             let infra = &mach.spec.infrastructure_ref;
             infra.api_group == GROUP && infra.kind == "MicrovmMachine" && infra.name == name
         })
-        .map(|mach| InstanceMachine {
-            delete_requested: mach.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
-            owner_remediation_requested: mach.owner_remediation_requested(),
-            deleting: mach.meta().deletion_timestamp.is_some(),
-        });
+        .map(|mach| InstanceMachine::from(mach.as_ref()));
     ObservedInstance {
         machine,
         template_hash: m.annotations().get(TEMPLATE_HASH_ANNOTATION).cloned(),
@@ -198,8 +219,9 @@ fn params() -> PatchParams {
     }
 }
 
-fn not_found(e: &kube::Error) -> bool {
-    matches!(e, kube::Error::Api(s) if s.code == 404)
+/// Whether `e` answers `write` with a 404 that the engine counts as done ([`done_when_gone`]).
+fn done_anyway(write: PoolWrite, e: &kube::Error) -> bool {
+    matches!(e, kube::Error::Api(s) if s.code == 404) && done_when_gone(write)
 }
 
 /// Carries out `plan` in its field order; `true` when the pool is gone (its finalizer released).
@@ -247,7 +269,7 @@ async fn execute(
                 .await
             {
                 Ok(_) => {}
-                Err(e) if not_found(&e) => {}
+                Err(e) if done_anyway(PoolWrite::MarkInstance, &e) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -269,7 +291,7 @@ async fn execute(
                 Ok(_) => {
                     info!(machine = %d.machine, reason = d.reason.describe(), "Machine deleted")
                 }
-                Err(e) if not_found(&e) => {}
+                Err(e) if done_anyway(PoolWrite::DeleteMachine, &e) => {}
                 Err(e) => return Err(e),
             }
             deleted.insert(d.machine.clone());
@@ -277,7 +299,7 @@ async fn execute(
         for name in &plan.delete_instances {
             match instances.delete(name, &DeleteParams::default()).await {
                 Ok(_) => info!(instance = %name, "instance without Machine deleted"),
-                Err(e) if not_found(&e) => {}
+                Err(e) if done_anyway(PoolWrite::DeleteInstance, &e) => {}
                 Err(e) => return Err(e),
             }
         }

@@ -5,9 +5,10 @@
 use std::sync::Arc;
 
 use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine, MachinePool};
-use capmvm_api::keys::{CAPI_SECRET_TYPE, DELETE_MACHINE_ANNOTATION};
+use capmvm_api::keys::CAPI_SECRET_TYPE;
 use capmvm_api::{GROUP, HostEndpoint, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
 use capmvm_reconcile::machine::instance_pool;
+use capmvm_reconcile::pool::InstanceMachine;
 use k8s_openapi::NamespaceResourceScope;
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
@@ -97,8 +98,8 @@ impl Mapper for MicrovmMachines {
     }
 }
 
-/// Machine → its MicrovmMachine; a pool instance's Machine → the pool (its delete mark and
-/// remediation request are what the pool reads of it).
+/// Machine → its MicrovmMachine; a pool instance's Machine → the pool when what the pool reads of
+/// it changes ([`InstanceMachine`]: its delete mark, remediation request and deletion).
 #[derive(Default)]
 pub(super) struct Machines {
     seen: Fingerprints,
@@ -118,15 +119,11 @@ impl Mapper for Machines {
             .owner_references()
             .iter()
             .find(|o| o.kind == "MachinePool" && api_group(&o.api_version) == CAPI_GROUP);
-        if let Some(mp) = owning_pool {
-            let read = hash_of(&(
-                m.annotations().contains_key(DELETE_MACHINE_ANNOTATION),
-                m.owner_remediation_requested(),
-            ));
-            if self.for_pool.changed(m, read) {
-                for p in route.stores.pools_owned_by(&ns, &mp.name) {
-                    route.to.pool(ObjectRef::from_obj(p.as_ref()));
-                }
+        if let Some(mp) = owning_pool
+            && self.for_pool.changed(m, hash_of(&InstanceMachine::from(m)))
+        {
+            for p in route.stores.pools_owned_by(&ns, &mp.name) {
+                route.to.pool(ObjectRef::from_obj(p.as_ref()));
             }
         }
         let infra = &m.spec.infrastructure_ref;
@@ -345,5 +342,102 @@ impl Wake for HostWake {
                 self.triggers.cluster(ObjectRef::from_obj(mc.as_ref()));
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use capmvm_api::capi::MachineSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+    use kube::runtime::reflector;
+    use tokio::sync::mpsc::{UnboundedReceiver, unbounded_channel};
+
+    use super::*;
+
+    fn owned_by_machine_pool() -> Vec<OwnerReference> {
+        vec![OwnerReference {
+            api_version: format!("{CAPI_GROUP}/v1beta2"),
+            kind: "MachinePool".into(),
+            name: "mp".into(),
+            uid: "mp-uid".into(),
+            ..Default::default()
+        }]
+    }
+
+    /// A route whose pool cache holds MicrovmMachinePool `ns/workers` of MachinePool `mp`, and the
+    /// queue of the pools it wakes.
+    fn route() -> (Route, UnboundedReceiver<ObjectRef<MicrovmMachinePool>>) {
+        let (pools, mut pools_w) = reflector::store();
+        let pool: MicrovmMachinePool = serde_json::from_value(serde_json::json!({
+            "apiVersion": format!("{GROUP}/v1alpha2"),
+            "kind": "MicrovmMachinePool",
+            "metadata": {"name": "workers", "namespace": "ns", "ownerReferences": owned_by_machine_pool()},
+            "spec": {"template": {
+                "vcpu": 2, "memoryMb": 2048, "rootVolume": {"id": "root"},
+                "kernel": {"image": "ghcr.io/example/kernel:1", "filename": "boot/vmlinux"},
+                "networkInterfaces": [],
+            }},
+        }))
+        .unwrap();
+        pools_w.apply_watcher_event(&watcher::Event::Apply(pool));
+        let (machine, _) = unbounded_channel();
+        let (cluster, _) = unbounded_channel();
+        let (pool, woken) = unbounded_channel();
+        let route = Route {
+            to: Triggers {
+                machine,
+                cluster,
+                pool,
+            },
+            stores: Stores {
+                machines: reflector::store().0,
+                capi_machines: reflector::store().0,
+                clusters: reflector::store().0,
+                microvm_clusters: reflector::store().0,
+                secrets: reflector::store().0,
+                pools,
+                machine_pools: reflector::store().0,
+            },
+            own_writes: Arc::default(),
+        };
+        (route, woken)
+    }
+
+    fn woken(queue: &mut UnboundedReceiver<ObjectRef<MicrovmMachinePool>>) -> Vec<String> {
+        std::iter::from_fn(|| queue.try_recv().ok())
+            .map(|r| r.name)
+            .collect()
+    }
+
+    /// What the pool reads of its Machines wakes it, the start of a Machine's deletion (core
+    /// drains the Node first) included, as the watch module says; nothing else does.
+    #[test]
+    fn a_pool_machine_wakes_its_pool_when_what_the_pool_reads_changes() {
+        let (route, mut queue) = route();
+        let mapper = Machines::default();
+        let mut m = Machine::new(
+            "workers-1",
+            MachineSpec {
+                cluster_name: "demo".into(),
+                ..Default::default()
+            },
+        );
+        m.metadata.namespace = Some("ns".into());
+        m.metadata.uid = Some("m-uid".into());
+        m.metadata.owner_references = Some(owned_by_machine_pool());
+        m.metadata.finalizers = Some(vec!["machine.cluster.x-k8s.io".into()]);
+        mapper.wake(&m, &route);
+        assert_eq!(woken(&mut queue), ["workers"], "first sight");
+        m.metadata.labels = Some([("unrelated".to_string(), "1".to_string())].into());
+        mapper.wake(&m, &route);
+        assert!(woken(&mut queue).is_empty(), "nothing the pool reads");
+        m.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        mapper.wake(&m, &route);
+        assert_eq!(woken(&mut queue), ["workers"], "its deletion began");
+        m.metadata.finalizers = None;
+        mapper.wake(&m, &route);
+        assert_eq!(woken(&mut queue), ["workers"], "it is gone");
     }
 }

@@ -10,7 +10,8 @@
 //! - Secret metadata → the MicrovmClusters naming it and their MicrovmMachines (credentials changed);
 //! - a host's microVMs or reachability ([`HostWake`]) → the affected MicrovmMachines and MicrovmClusters;
 //! - pools: a MicrovmMachinePool → itself; its MachinePool → it and its instances (bootstrap data);
-//!   an instance (spec or status) and its Machine (delete mark, remediation, deletion) → the pool;
+//!   an instance (spec or status) and its Machine (delete mark, remediation, the start of its
+//!   deletion and its removal) → the pool;
 //!   Cluster and MicrovmCluster transitions → the cluster's pools.
 //!
 //! Status-only updates wake nobody: each cache keeps a fingerprint of the parts that matter and

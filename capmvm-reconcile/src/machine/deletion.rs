@@ -1,4 +1,5 @@
-//! Deleting a MicrovmMachine: its microVMs on the recorded host first, the finalizer last.
+//! Deleting a MicrovmMachine: its microVMs on the recorded host first, the finalizer last, and not
+//! while another operator process's create may still reach that host.
 
 use capmvm_api::VmState as ApiVmState;
 use capmvm_api::conditions::reasons;
@@ -6,8 +7,8 @@ use capmvm_api::keys::{ABANDON_MICROVM_ANNOTATION, MACHINE_FINALIZER};
 use kube::ResourceExt;
 
 use super::{
-    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, Provenance, provenance,
-    provider_id, recorded_host,
+    CREATE_CLAIM_TTL, CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK,
+    Provenance, provenance, provider_id, recorded_host,
 };
 use crate::host_call::deletion_blocked;
 use crate::observe::{HostLookup, ObservedVm, VmState};
@@ -105,6 +106,18 @@ impl Decision<'_> {
                 targets.sort_by(|a, b| a.uid.cmp(&b.uid));
                 targets.dedup_by(|a, b| a.uid == b.uid);
                 if targets.is_empty() {
+                    // Another process's create may still land after this list: releasing now would
+                    // leave its microVM to nobody (reported orphaned, never deleted).
+                    if let Some((left, by)) = self.claimed_elsewhere() {
+                        self.not_ready(
+                            reasons::DELETING,
+                            format!(
+                                "host {host} lists no microVM of this machine yet, but operator process {by} claimed its placement and its create may still reach the host; the finalizer stays until that create could no longer land ({} s from when this process saw the claim)",
+                                CREATE_CLAIM_TTL.as_secs()
+                            ),
+                        );
+                        return Requeue::After(left);
+                    }
                     self.plan.remove_finalizer = true;
                     self.event(
                         EventKind::Normal,

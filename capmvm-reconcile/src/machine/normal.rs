@@ -209,7 +209,7 @@ impl Decision<'_> {
         if let Some(host) = recorded {
             // The fresh answer above showed no microVM of ours there; but another process's create
             // may still be on its way.
-            if let Some(left) = self.claimed_elsewhere() {
+            if let Some((left, _)) = self.claimed_elsewhere() {
                 // Short and transient: not worth a status write (that would also make the other
                 // process's providerID write conflict).
                 self.quiet = true;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use capmvm_api::{HostEndpoint, MicrovmMachine};
 use kube::ResourceExt;
 
-use super::{CREATE_CLAIM_TTL, Decision, origin_uid, placement_claim};
+use super::{CREATE_CLAIM_TTL, Decision, foreign_claim, origin_uid};
 use crate::observe::{ObservedVm, VmState};
 use crate::plan::{EventKind, HostCall, reasons as events};
 
@@ -20,7 +20,7 @@ pub(super) fn is_ours(machine: &MicrovmMachine, vm: &ObservedVm) -> bool {
         && Some(vm.namespace.as_str()) == machine.namespace().as_deref()
 }
 
-impl Decision<'_> {
+impl<'a> Decision<'a> {
     /// The microVMs that carry this machine's origin uid (ours), on the answering host.
     pub(super) fn ours<'v>(&self, vms: &'v [ObservedVm]) -> Vec<&'v ObservedVm> {
         vms.iter().filter(|v| self.is_ours(v)).collect()
@@ -30,19 +30,18 @@ impl Decision<'_> {
         is_ours(self.machine, vm)
     }
 
-    /// How long to wait, if another operator process claimed the placement less than
-    /// [`CREATE_CLAIM_TTL`] ago: its create may not have reached the host when we listed it. The
-    /// claim's age is how long this process has seen it (a process sees a claim only after it was
-    /// written, so waiting the TTL from then covers the writer's create), never the difference of
-    /// two processes' clocks: replicas whose clocks differ by more than the TTL would both create.
-    pub(super) fn claimed_elsewhere(&self) -> Option<Duration> {
-        let (_, by) = placement_claim(self.machine)?;
-        if by == self.obs.operator {
-            // Our own claim: reconciles of one object do not overlap, so our create is over.
-            return None;
-        }
+    /// How long to wait, and for which process, if another operator process claimed the placement
+    /// less than [`CREATE_CLAIM_TTL`] ago ([`foreign_claim`]): its create may not have reached the
+    /// host when we listed it. The claim's age is how long this process has seen it (a process sees
+    /// a claim only after it was written, so waiting the TTL from then covers the writer's create),
+    /// never the difference of two processes' clocks: replicas whose clocks differ by more than the
+    /// TTL would both create.
+    pub(super) fn claimed_elsewhere(&self) -> Option<(Duration, &'a str)> {
+        let claim = foreign_claim(self.machine, &self.obs.operator)?;
+        let (_, by) = claim.split_once(' ')?;
         let age = self.obs.claim_seen_for.unwrap_or(Duration::ZERO);
-        CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())
+        let left = CREATE_CLAIM_TTL.checked_sub(age).filter(|d| !d.is_zero())?;
+        Some((left, by))
     }
 
     /// Why creating on `host` must wait, if `vms` (its fresh answer) holds microVMs with this

@@ -56,6 +56,27 @@ pub fn placement_claim(machine: &MicrovmMachine) -> Option<(Timestamp, &str)> {
     Some((at.parse().ok()?, by))
 }
 
+/// The machine's placement claim (the annotation's value) if another operator process made it and
+/// the machine has no providerID: only then may a create of another process still be on its way to
+/// the host, which this process waits out before creating a microVM itself or releasing a deleted
+/// machine's finalizer ([`super::CREATE_CLAIM_TTL`]). `operator`'s own claim is over when it decides
+/// again (reconciles of one object do not overlap in a process); a machine with a providerID has
+/// the microVM its claim created. The operator times how long it has seen this value
+/// ([`crate::observe::ObservedMachine::claim_seen_for`]).
+pub fn foreign_claim<'m>(machine: &'m MicrovmMachine, operator: &str) -> Option<&'m str> {
+    if machine.spec.provider_id.is_some() {
+        return None;
+    }
+    let (_, by) = placement_claim(machine)?;
+    if by == operator {
+        return None;
+    }
+    machine
+        .annotations()
+        .get(PLACEMENT_CLAIM_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// The placement-claim annotation's value for `operator` at `now`.
 pub(super) fn claim_value(operator: &str, now: Timestamp) -> String {
     format!("{now} {operator}")

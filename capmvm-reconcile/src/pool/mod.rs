@@ -17,6 +17,7 @@
 //! `spec.providerIDList` is derived from every instance that still exists, so a Node leaves it only
 //! after its Machine drained.
 
+mod expectations;
 mod naming;
 mod observe;
 mod plan;
@@ -36,9 +37,13 @@ use capmvm_api::{MicrovmCluster, MicrovmMachinePool, validation};
 use k8s_openapi::jiff::Timestamp;
 use kube::{Resource, ResourceExt};
 
+pub use expectations::{CachedMachine, EXPECTATION_TTL, ExpectationsSeen, caches_behind};
 pub use naming::{new_instance_names, template_hash};
 pub use observe::{InstanceHealth, InstanceMachine, ObservedInstance, ObservedPool};
-pub use plan::{DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, events};
+pub use plan::{
+    DeletionReason, InstanceMark, MachineDeletion, NewInstance, PoolPlan, PoolWrite,
+    done_when_gone, events,
+};
 
 use crate::conditions::{Conditions, Status};
 use crate::observe::MachinePoolFacts;

@@ -3,7 +3,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
+use capmvm_api::capi::Machine;
 use capmvm_api::conditions::{reasons, types};
+use capmvm_api::keys::DELETE_MACHINE_ANNOTATION;
 use capmvm_api::{MicrovmCluster, MicrovmMachine, MicrovmMachinePool, VmState};
 use k8s_openapi::jiff::Timestamp;
 
@@ -56,8 +58,9 @@ pub struct ObservedInstance {
     pub host: Option<String>,
 }
 
-/// What the pool reads from an instance's Machine.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// What the pool reads from an instance's Machine: a change of any of it is worth a decision of
+/// the pool (the operator wakes the pool when it changes).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
 pub struct InstanceMachine {
     /// The Machine carries `cluster.x-k8s.io/delete-machine` (cluster-autoscaler's or a person's
     /// pick for the next scale down).
@@ -66,6 +69,20 @@ pub struct InstanceMachine {
     pub owner_remediation_requested: bool,
     /// The Machine is being deleted (draining, then its MicrovmMachine goes).
     pub deleting: bool,
+}
+
+impl From<&Machine> for InstanceMachine {
+    fn from(machine: &Machine) -> Self {
+        Self {
+            delete_requested: machine
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(DELETE_MACHINE_ANNOTATION)),
+            owner_remediation_requested: machine.owner_remediation_requested(),
+            deleting: machine.metadata.deletion_timestamp.is_some(),
+        }
+    }
 }
 
 /// The state of an instance's microVM, as its MicrovmMachine reports it.

@@ -36,6 +36,30 @@ pub struct PoolPlan {
     pub requeue: Requeue,
 }
 
+/// One write of a [`PoolPlan`] to an instance or a Machine.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PoolWrite {
+    /// Step 2: create an instance.
+    CreateInstance,
+    /// Step 2b: set or clear an instance's delete mark.
+    MarkInstance,
+    /// Step 3: delete a Machine.
+    DeleteMachine,
+    /// Step 4: delete an instance.
+    DeleteInstance,
+}
+
+/// Whether `write` counts as done when the API server answers that its object does not exist
+/// (404): a delete, or a delete mark, of an object already gone (deleted meanwhile by core, a
+/// person, or our own earlier write whose answer was lost) is what it was for, and the plan goes
+/// on. A create never finds its object missing: a 404 there (its namespace is gone) fails the step.
+pub fn done_when_gone(write: PoolWrite) -> bool {
+    match write {
+        PoolWrite::MarkInstance | PoolWrite::DeleteMachine | PoolWrite::DeleteInstance => true,
+        PoolWrite::CreateInstance => false,
+    }
+}
+
 /// An instance to create.
 #[derive(Clone, Debug, PartialEq)]
 pub struct NewInstance {
