@@ -187,6 +187,18 @@ lenient! {
         pub initialization: Option<MachineInitialization>,
         /// The Machine's (metav1) conditions: type, status and reason only.
         pub conditions: Vec<MachineCondition>,
+        /// The Node core matched to the Machine's providerID, once it registered.
+        pub node_ref: Option<MachineNodeReference>,
+    }
+}
+
+lenient! {
+    /// `Machine.status.nodeRef`: the Node of the Machine in its workload cluster.
+    #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+    #[serde(rename_all = "camelCase")]
+    pub struct MachineNodeReference {
+        /// The Node's name.
+        pub name: String,
     }
 }
 
@@ -295,6 +307,14 @@ impl MachinePool {
 }
 
 impl Machine {
+    /// Whether the Machine's Node has registered (core set `status.nodeRef`).
+    pub fn has_node(&self) -> bool {
+        self.status
+            .as_ref()
+            .and_then(|s| s.node_ref.as_ref())
+            .is_some_and(|n| !n.name.is_empty())
+    }
+
     /// Whether a MachineHealthCheck asked the Machine's owner to replace it (`OwnerRemediated=False`):
     /// core leaves the replacement of MachinePool Machines to the pool.
     pub fn owner_remediation_requested(&self) -> bool {

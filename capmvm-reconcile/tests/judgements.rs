@@ -361,6 +361,7 @@ fn a_pool_reads_a_machines_mark_remediation_and_deletion() {
             delete_requested: true,
             owner_remediation_requested: false,
             deleting: true,
+            joined: false,
         }
     );
 }

@@ -167,6 +167,10 @@ impl World {
                 }
             } else if i.health == InstanceHealth::Provisioning && next() {
                 i.health = InstanceHealth::Ready;
+                // Its Node registers with it (a separate step would only slow the model).
+                if let Some(m) = i.machine.as_mut() {
+                    m.joined = true;
+                }
                 i.provider_id = Some(format!("microvm://10.0.0.1:9090/{}", i.name));
             }
             kept.push(i);
@@ -746,4 +750,29 @@ fn evacuation_replaces_only_the_hosts_instances_within_the_roll_limits() {
     );
     assert!(w.obs.instances.iter().any(|i| i.name == names[1]));
     assert!(w.obs.instances.iter().any(|i| i.name == names[2]));
+}
+
+/// A replacement whose microVM runs but whose Node has not registered does not count as available:
+/// the outdated instance it replaces stays until the Node shows (as CAPI counts a MachineSet's).
+#[test]
+fn a_replacement_counts_only_once_its_node_registered() {
+    let mut w = World::new(2, 1, 0, DeletePolicy::Oldest);
+    w.converge();
+    let old = w.names_by_age();
+    w.change_template();
+    let plan = w.step();
+    assert_eq!(plan.create_instances.len(), 1, "one surge instance");
+    w.advance(|_| true); // its Machine
+    w.advance(|_| true); // running, Node registered
+    let new = plan.create_instances[0].name.clone();
+    w.instance_mut(&new).machine.as_mut().unwrap().joined = false;
+    let plan = w.step();
+    assert!(
+        deleted(&plan).is_empty(),
+        "no Node yet: nothing goes: {:?}",
+        deleted(&plan)
+    );
+    w.instance_mut(&new).machine.as_mut().unwrap().joined = true;
+    let plan = w.step();
+    assert_eq!(deleted(&plan), [(old[0].clone(), DeletionReason::Outdated)]);
 }

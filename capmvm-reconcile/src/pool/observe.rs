@@ -69,6 +69,10 @@ pub struct InstanceMachine {
     pub owner_remediation_requested: bool,
     /// The Machine is being deleted (draining, then its MicrovmMachine goes).
     pub deleting: bool,
+    /// Its Node registered (core set `status.nodeRef`): only then does a running instance count as
+    /// available in a roll, as CAPI counts a MachineSet's (a running microVM without its Node
+    /// serves no Pod).
+    pub joined: bool,
 }
 
 impl From<&Machine> for InstanceMachine {
@@ -81,6 +85,7 @@ impl From<&Machine> for InstanceMachine {
                 .is_some_and(|a| a.contains_key(DELETE_MACHINE_ANNOTATION)),
             owner_remediation_requested: machine.owner_remediation_requested(),
             deleting: machine.metadata.deletion_timestamp.is_some(),
+            joined: machine.has_node(),
         }
     }
 }

@@ -19,8 +19,10 @@ pub(super) struct Candidate<'a> {
 }
 
 impl Candidate<'_> {
+    /// Available for the roll's budget: its microVM runs and its Node registered.
     pub(super) fn ready(&self) -> bool {
         self.instance.health == InstanceHealth::Ready
+            && self.instance.machine.as_ref().is_some_and(|m| m.joined)
     }
 
     pub(super) fn has_machine(&self) -> bool {
