@@ -51,8 +51,14 @@ fn pools(w: &World) -> Api<MicrovmMachinePool> {
     Api::namespaced(w.client.clone(), NS)
 }
 
+/// Bootstrap data as CABPK renders it for a worker, its join token `token`: the kubelet's
+/// provider-id comes from the microVM's meta-data, so its Node registers and matches its Machine
+/// (a pool counts an instance available in a roll only once its Node registered).
 fn cloud_config(token: &str) -> String {
-    format!("#cloud-config\nruncmd:\n  - kubeadm join --token {token}\n")
+    let provider_id = "microvm://{{ ds.meta_data.vm_host }}/{{ ds.meta_data.instance_id }}";
+    format!(
+        "## template: jinja\n#cloud-config\nwrite_files:\n- path: /run/kubeadm/kubeadm-join-config.yaml\n  content: |\n    apiVersion: kubeadm.k8s.io/v1beta4\n    kind: JoinConfiguration\n    discovery:\n      bootstrapToken:\n        token: {token}\n    nodeRegistration:\n      kubeletExtraArgs:\n      - name: provider-id\n        value: \"{provider_id}\"\nruncmd:\n- kubeadm join --config /run/kubeadm/kubeadm-join-config.yaml\n"
+    )
 }
 
 /// A worker-only cluster whose workers are one MachinePool of `replicas` over a MicrovmMachinePool,
