@@ -668,12 +668,13 @@ async fn clusterctl_move_to_a_second_management_cluster() {
     source.shutdown().await;
 }
 
-/// Ready Nodes of cluster `ns/name` in its workload API.
-fn ready_nodes(real: &RealStack, ns: &str, name: &str) -> usize {
+/// Ready Nodes of cluster `ns/name` in its workload API whose names start with `prefix`.
+fn ready_nodes(real: &RealStack, ns: &str, name: &str, prefix: &str) -> usize {
     let key = capmvm_sim::capi::workload::ClusterKey::new(ns, name);
     real.workloads()
         .nodes(&key)
         .iter()
+        .filter(|n| n.name_any().starts_with(prefix))
         .filter(|n| {
             n.status.as_ref().is_some_and(|s| {
                 s.conditions
@@ -811,7 +812,7 @@ async fn an_evacuated_host_is_emptied_through_real_capi_within_budget() {
         stack::host_calls(&real.hosts, Method::Create),
         creates_before
     );
-    assert_eq!(ready_nodes(&real, ns, "demo"), 8);
+    assert_eq!(ready_nodes(&real, ns, "demo", ""), 8);
 
     // Evacuated: emptied within the budget.
     set_maintenance("Evacuate").await;
@@ -824,7 +825,7 @@ async fn an_evacuated_host_is_emptied_through_real_capi_within_budget() {
         WAIT * 2,
         POLL,
         || async {
-            let nodes = ready_nodes(&real, ns, "demo");
+            let nodes = ready_nodes(&real, ns, "demo", "");
             lowest.fetch_min(nodes, std::sync::atomic::Ordering::Relaxed);
             let vms = live_vms(&real);
             let done = !vms.iter().any(|(h, _, _)| *h == victim) && vms.len() == 8 && nodes == 8;
