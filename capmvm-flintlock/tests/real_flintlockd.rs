@@ -34,7 +34,10 @@ async fn flintlockd_stops_leaving_no_namespace_lease_mount_process_or_folder() {
     let created = client.create(valid_spec("m1")).await.unwrap();
     assert_eq!(created.status.state, MicrovmState::Pending);
     let containerd = flintlockd.containerd();
-    assert_eq!(containerd.namespaces().await.unwrap(), [FLINTLOCK_NAMESPACE]);
+    assert_eq!(
+        containerd.namespaces().await.unwrap(),
+        [FLINTLOCK_NAMESPACE]
+    );
     let leases = containerd.leases(FLINTLOCK_NAMESPACE).await.unwrap();
     assert_eq!(
         leases,

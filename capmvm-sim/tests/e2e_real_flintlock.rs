@@ -15,7 +15,9 @@ use capmvm_api::capi::Cluster;
 use capmvm_api::keys::MACHINE_FINALIZER;
 use capmvm_api::{HostEndpoint, MicrovmCluster, MicrovmMachine, VmState};
 use capmvm_flintlock::hollow::pki::TestPki;
-use capmvm_flintlock::{ClientPool, ErrorKind, HostConfig, Microvm, MicrovmState, PoolOptions, SecretString};
+use capmvm_flintlock::{
+    ClientPool, ErrorKind, HostConfig, Microvm, MicrovmState, PoolOptions, SecretString,
+};
 use capmvm_sim::world::{HostAuth, World, wait_for};
 use capmvm_upstream::flintlock::{ContainerdTools, FlintlockdTls};
 use capmvm_upstream::{Binaries, Flintlockd, FlintlockdOptions};
@@ -52,7 +54,9 @@ async fn real_host(
         }),
         maximum_retry,
     };
-    Flintlockd::start(binaries, tools, &dir, &options).await.unwrap()
+    Flintlockd::start(binaries, tools, &dir, &options)
+        .await
+        .unwrap()
 }
 
 /// The Secrets a user writes for one cluster: the host's token (under its address) and the TLS
@@ -85,11 +89,24 @@ async fn credentials(w: &World, cluster: &str, endpoint: &str, token: &str, pki:
             &secret(
                 format!("{cluster}-flintlock-tls"),
                 BTreeMap::from([
-                    ("ca.crt".into(), ByteString(client_tls.ca_pem.clone().unwrap())),
-                    ("tls.crt".into(), ByteString(client_tls.client_cert_pem.clone().unwrap())),
+                    (
+                        "ca.crt".into(),
+                        ByteString(client_tls.ca_pem.clone().unwrap()),
+                    ),
+                    (
+                        "tls.crt".into(),
+                        ByteString(client_tls.client_cert_pem.clone().unwrap()),
+                    ),
                     (
                         "tls.key".into(),
-                        ByteString(client_tls.client_key_pem.as_ref().unwrap().expose().to_vec()),
+                        ByteString(
+                            client_tls
+                                .client_key_pem
+                                .as_ref()
+                                .unwrap()
+                                .expose()
+                                .to_vec(),
+                        ),
                     ),
                 ]),
             ),
@@ -102,7 +119,10 @@ async fn credentials(w: &World, cluster: &str, endpoint: &str, token: &str, pki:
 async fn apply_cluster(w: &World, name: &str, endpoint: &str) {
     let mut vars = counts(0, 1).to_vec();
     vars.push(("CLUSTER_NAME", name.to_string()));
-    let (token, tls) = (format!("{name}-flintlock-token"), format!("{name}-flintlock-tls"));
+    let (token, tls) = (
+        format!("{name}-flintlock-token"),
+        format!("{name}-flintlock-tls"),
+    );
     w.apply_demo_cluster(&vars, |objects| {
         for o in objects.iter_mut() {
             if o.types.as_ref().unwrap().kind == "MicrovmCluster" {
@@ -138,7 +158,8 @@ async fn wait_machine(
         let Some(m) = machine_of(w, name).await else {
             return Ok(None);
         };
-        let ok = ready_condition(&m).is_some_and(|(_, reason, message)| check(&m, &reason, &message));
+        let ok =
+            ready_condition(&m).is_some_and(|(_, reason, message)| check(&m, &reason, &message));
         Ok(ok.then_some(m))
     })
     .await
@@ -198,14 +219,22 @@ async fn the_operator_against_real_flintlockd_hosts() {
         reason == "MicrovmProvisionFailed"
     })
     .await;
-    assert_eq!(failed.status.as_ref().unwrap().vm_state, Some(VmState::Failed));
+    assert_eq!(
+        failed.status.as_ref().unwrap().vm_state,
+        Some(VmState::Failed)
+    );
     let (_, _, message) = ready_condition(&failed).unwrap();
-    assert!(message.contains("after 1 retries") && message.contains(&d), "{message}");
+    assert!(
+        message.contains("after 1 retries") && message.contains(&d),
+        "{message}"
+    );
     assert_eq!(on_host(&pool, &pki, &d).await.len(), 1);
 
     // A wrong token: the MicrovmCluster says so, and the operator does not hammer the host.
     let guarded_cluster = wait_for("guarded: authentication failure", WAIT, POLL, || async {
-        let c = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS).get("guarded").await?;
+        let c = Api::<MicrovmCluster>::namespaced(w.client.clone(), NS)
+            .get("guarded")
+            .await?;
         let ready = c
             .status
             .as_ref()
@@ -223,22 +252,45 @@ async fn the_operator_against_real_flintlockd_hosts() {
     assert!(before > 0, "the operator's metrics count its calls to {g}");
     tokio::time::sleep(Duration::from_secs(10)).await;
     let during = calls_to(&w, &g, None).await - before;
-    assert!(during <= 10, "{during} calls in 10 s to a host refusing the token");
-    assert_eq!(calls_to(&w, &g, Some("CreateMicroVM")).await, 0, "no create without credentials");
+    assert!(
+        during <= 10,
+        "{during} calls in 10 s to a host refusing the token"
+    );
+    assert_eq!(
+        calls_to(&w, &g, Some("CreateMicroVM")).await,
+        0,
+        "no create without credentials"
+    );
     assert!(on_host(&pool, &pki, &g).await.is_empty());
 
     // PENDING: provisioning, with flintlock's retry count; created once however long it lasts.
     let started = Instant::now();
-    let pending = wait_machine(&w, "patient", WAIT, "retried twice", |_, reason, message| {
-        reason == "MicrovmPending" && message.contains("flintlock retried 2 times")
-    })
+    let pending = wait_machine(
+        &w,
+        "patient",
+        WAIT,
+        "retried twice",
+        |_, reason, message| {
+            reason == "MicrovmPending" && message.contains("flintlock retried 2 times")
+        },
+    )
     .await;
-    assert_eq!(pending.status.as_ref().unwrap().vm_state, Some(VmState::Pending));
+    assert_eq!(
+        pending.status.as_ref().unwrap().vm_state,
+        Some(VmState::Pending)
+    );
     eprintln!("patient: retried twice after {:?}", started.elapsed());
     let vms = on_host(&pool, &pki, &p).await;
     assert_eq!(vms.len(), 1, "one microVM on the host: {vms:?}");
-    assert_eq!((vms[0].status.state, vms[0].status.retry), (MicrovmState::Pending, 2));
-    assert_eq!(calls_to(&w, &p, Some("CreateMicroVM")).await, 1, "one create while it stays PENDING");
+    assert_eq!(
+        (vms[0].status.state, vms[0].status.retry),
+        (MicrovmState::Pending, 2)
+    );
+    assert_eq!(
+        calls_to(&w, &p, Some("CreateMicroVM")).await,
+        1,
+        "one create while it stays PENDING"
+    );
 
     // Deletion: DELETING until flintlock's backoff is over, the finalizer kept until not found.
     for name in ["patient", "doomed", "guarded"] {
@@ -256,36 +308,53 @@ async fn the_operator_against_real_flintlockd_hosts() {
             ..HostConfig::new(p.as_str())
         })
         .unwrap();
-    wait_for("the patient machine to go", Duration::from_secs(120), POLL, || async {
-        let machine = machine_of(&w, "patient").await;
-        let on_host = client.get(&uid).await;
-        match (&machine, &on_host) {
-            (Some(m), Ok(vm)) if vm.status.state == MicrovmState::Deleting => {
-                assert!(
-                    m.finalizers().contains(&MACHINE_FINALIZER.to_string()),
-                    "the finalizer stays while the microVM is DELETING"
-                );
-                seen_held.store(true, std::sync::atomic::Ordering::Relaxed);
-                Ok(None)
+    wait_for(
+        "the patient machine to go",
+        Duration::from_secs(120),
+        POLL,
+        || async {
+            let machine = machine_of(&w, "patient").await;
+            let on_host = client.get(&uid).await;
+            match (&machine, &on_host) {
+                (Some(m), Ok(vm)) if vm.status.state == MicrovmState::Deleting => {
+                    assert!(
+                        m.finalizers().contains(&MACHINE_FINALIZER.to_string()),
+                        "the finalizer stays while the microVM is DELETING"
+                    );
+                    seen_held.store(true, std::sync::atomic::Ordering::Relaxed);
+                    Ok(None)
+                }
+                (None, Ok(vm)) => panic!(
+                    "the machine went while its microVM is {:?}",
+                    vm.status.state
+                ),
+                (None, Err(e)) => {
+                    assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+                    Ok(Some(()))
+                }
+                _ => Ok(None),
             }
-            (None, Ok(vm)) => panic!("the machine went while its microVM is {:?}", vm.status.state),
-            (None, Err(e)) => {
-                assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
-                Ok(Some(()))
-            }
-            _ => Ok(None),
-        }
-    })
+        },
+    )
     .await
     .unwrap();
-    assert!(seen_held.into_inner(), "the machine was seen held while its microVM was DELETING");
-    wait_for("every machine to go", Duration::from_secs(120), POLL, || async {
-        Ok(w.microvm_machines(NS).await?.is_empty().then_some(()))
-    })
+    assert!(
+        seen_held.into_inner(),
+        "the machine was seen held while its microVM was DELETING"
+    );
+    wait_for(
+        "every machine to go",
+        Duration::from_secs(120),
+        POLL,
+        || async { Ok(w.microvm_machines(NS).await?.is_empty().then_some(())) },
+    )
     .await
     .unwrap();
     for endpoint in [&p, &d, &g] {
-        assert!(on_host(&pool, &pki, endpoint).await.is_empty(), "{endpoint}");
+        assert!(
+            on_host(&pool, &pki, endpoint).await.is_empty(),
+            "{endpoint}"
+        );
     }
     assert_eq!(calls_to(&w, &p, Some("CreateMicroVM")).await, 1);
 

@@ -35,13 +35,13 @@ impl ContainerdTools {
 }
 
 fn find_program(name: &str) -> Result<PathBuf> {
-    let dirs: Vec<PathBuf> = match std::env::var_os("CAPMVM_CONTAINERD_BIN").filter(|v| !v.is_empty())
-    {
-        Some(dir) => vec![PathBuf::from(dir)],
-        None => std::env::var_os("PATH")
-            .map(|path| std::env::split_paths(&path).collect())
-            .unwrap_or_default(),
-    };
+    let dirs: Vec<PathBuf> =
+        match std::env::var_os("CAPMVM_CONTAINERD_BIN").filter(|v| !v.is_empty()) {
+            Some(dir) => vec![PathBuf::from(dir)],
+            None => std::env::var_os("PATH")
+                .map(|path| std::env::split_paths(&path).collect())
+                .unwrap_or_default(),
+        };
     dirs.iter()
         .map(|dir| dir.join(name))
         .find(|path| path.is_file())
@@ -188,7 +188,9 @@ disabled_plugins = [
 
     /// Its namespaces.
     pub async fn namespaces(&self) -> Result<Vec<String>> {
-        Ok(lines(&self.ctr(None, &["namespaces", "list", "--quiet"]).await?))
+        Ok(lines(
+            &self.ctr(None, &["namespaces", "list", "--quiet"]).await?,
+        ))
     }
 
     /// The leases in `namespace`.
@@ -214,9 +216,16 @@ disabled_plugins = [
                 .ctr(ns, &["snapshots", "--snapshotter", snapshotter, "list"])
                 .await?;
             // `KEY PARENT KIND` after a header line.
-            for key in listed.lines().skip(1).filter_map(|l| l.split_whitespace().next()) {
-                self.ctr(ns, &["snapshots", "--snapshotter", snapshotter, "remove", key])
-                    .await?;
+            for key in listed
+                .lines()
+                .skip(1)
+                .filter_map(|l| l.split_whitespace().next())
+            {
+                self.ctr(
+                    ns,
+                    &["snapshots", "--snapshotter", snapshotter, "remove", key],
+                )
+                .await?;
             }
         }
         for digest in lines(&self.ctr(ns, &["content", "list", "--quiet"]).await?) {

@@ -49,14 +49,23 @@ impl Host {
         let spec = vm.spec();
         let status = vm.status_mut();
         let root = spec.root_volume.as_ref();
-        let pulled = spec
-            .additional_volumes
-            .iter()
-            .filter(|volume| volume.source.as_ref().is_some_and(|s| s.container_source.is_some()));
-        for id in root.map(|v| v.id.clone()).into_iter().chain(pulled.map(|v| v.id.clone())) {
-            status.volumes.entry(id).or_insert_with(|| pb::VolumeStatus {
-                mount: Some(pb::Mount::default()),
-            });
+        let pulled = spec.additional_volumes.iter().filter(|volume| {
+            volume
+                .source
+                .as_ref()
+                .is_some_and(|s| s.container_source.is_some())
+        });
+        for id in root
+            .map(|v| v.id.clone())
+            .into_iter()
+            .chain(pulled.map(|v| v.id.clone()))
+        {
+            status
+                .volumes
+                .entry(id)
+                .or_insert_with(|| pb::VolumeStatus {
+                    mount: Some(pb::Mount::default()),
+                });
         }
         for iface in &spec.interfaces {
             status

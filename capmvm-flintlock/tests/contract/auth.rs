@@ -41,7 +41,10 @@ async fn the_right_token_passes_and_a_wrong_or_missing_one_is_unauthenticated(ba
         wrong.get(created.uid()).await.unwrap_err(),
         wrong.delete(created.uid()).await.unwrap_err(),
     ] {
-        assert_eq!((err.kind(), err.code()), (ErrorKind::Unauthenticated, Some(Code::Unauthenticated)));
+        assert_eq!(
+            (err.kind(), err.code()),
+            (ErrorKind::Unauthenticated, Some(Code::Unauthenticated))
+        );
         assert_eq!(
             err.message(),
             "invalid auth token: failed basic authentication. Check the token supplied"
@@ -68,7 +71,10 @@ async fn the_right_token_passes_and_a_wrong_or_missing_one_is_unauthenticated(ba
     // Nothing refused reached the store: still the one microVM, not deleted.
     let all = good.list("", None).await.unwrap();
     assert_eq!(all.len(), 1);
-    assert_ne!(all[0].status.state, capmvm_flintlock::MicrovmState::Deleting);
+    assert_ne!(
+        all[0].status.state,
+        capmvm_flintlock::MicrovmState::Deleting
+    );
     server.stop().await;
 }
 
@@ -86,9 +92,18 @@ async fn malformed_authorization_headers_get_flintlocks_texts(backend: Backend) 
         "could not extract token from request header: rpc error: code = Unauthenticated desc = ";
     let cases = [
         ("Basic", format!("{prefix}Bad authorization string")),
-        ("Bearer abc", format!("{prefix}Request unauthenticated with basic")),
-        ("Basic ", "invalid auth token: empty authentication token".to_owned()),
-        ("Basic Zm9v", "invalid auth token: failed basic authentication. Check the token supplied".to_owned()),
+        (
+            "Bearer abc",
+            format!("{prefix}Request unauthenticated with basic"),
+        ),
+        (
+            "Basic ",
+            "invalid auth token: empty authentication token".to_owned(),
+        ),
+        (
+            "Basic Zm9v",
+            "invalid auth token: failed basic authentication. Check the token supplied".to_owned(),
+        ),
         // The scheme is case-insensitive; this is base64(TOKEN).
         ("basic ZjFpbnRsMGNrLXQwa2Vu", String::new()),
     ];

@@ -119,7 +119,9 @@ async fn validation_failures_name_each_field_in_flintlocks_words(backend: Backen
     let prefix = "creating microvm: an error occurred when attempting to validate microvm spec: validation failures found: ";
     let line = |key: &str, tag: &str| {
         let field = key.rsplit('.').next().unwrap();
-        format!("Key: 'MicroVM.Spec.{key}' Error:Field validation for '{field}' failed on the '{tag}' tag")
+        format!(
+            "Key: 'MicroVM.Spec.{key}' Error:Field validation for '{field}' failed on the '{tag}' tag"
+        )
     };
 
     let mut too_big = valid_spec("big");
@@ -145,10 +147,7 @@ async fn validation_failures_name_each_field_in_flintlocks_words(backend: Backen
     let cases = [
         (
             too_big,
-            vec![
-                line("VCPU", "lte"),
-                line("MemoryInMb", "lte"),
-            ],
+            vec![line("VCPU", "lte"), line("MemoryInMb", "lte")],
         ),
         (too_small, vec![line("MemoryInMb", "gte")]),
         (bad_image, vec![line("Kernel.Image", "imageURI")]),
@@ -175,7 +174,11 @@ async fn validation_failures_name_each_field_in_flintlocks_words(backend: Backen
             (ErrorKind::InvalidArgument, Some(Code::Unknown)),
             "{name}"
         );
-        assert_eq!(err.message(), format!("{prefix}{}", lines.join("\n")), "{name}");
+        assert_eq!(
+            err.message(),
+            format!("{prefix}{}", lines.join("\n")),
+            "{name}"
+        );
     }
     server.stop().await;
 }

@@ -34,9 +34,16 @@ async fn a_delete_saves_deleting_and_removal_waits_for_the_retry_backoff(backend
     client.delete(uid).await.unwrap();
     let deleting = client.get(uid).await.unwrap();
     assert_eq!(deleting.status.state, MicrovmState::Deleting);
-    assert_eq!(deleting.version, failed.version + 1, "the delete is one save");
+    assert_eq!(
+        deleting.version,
+        failed.version + 1,
+        "the delete is one save"
+    );
     assert_eq!(deleting.status.retry, 0, "a delete resets retry");
-    assert_eq!(deleting.status.volumes, failed.status.volumes, "the status is kept");
+    assert_eq!(
+        deleting.status.volumes, failed.status.volumes,
+        "the status is kept"
+    );
 
     // flintlock saves `deleted_at` in seconds and skips saves that change nothing: a repeated
     // delete in the same second changes nothing, one in the next second is a new version.
@@ -93,7 +100,11 @@ async fn deleting_what_is_gone_or_nothing_is_refused(backend: Backend) {
     let err = client.delete("").await.unwrap_err();
     assert_eq!(
         (err.kind(), err.code(), err.message()),
-        (ErrorKind::InvalidArgument, Some(Code::InvalidArgument), "invalid request")
+        (
+            ErrorKind::InvalidArgument,
+            Some(Code::InvalidArgument),
+            "invalid request"
+        )
     );
     server.stop().await;
 }

@@ -41,12 +41,18 @@ async fn get_answers_the_record_and_an_unknown_uid_is_not_found(backend: Backend
     );
     assert_eq!(
         err.message(),
-        format!("getting microvm: error attempting to locate microvm with uid: {uid}: microvm spec //{uid} not found")
+        format!(
+            "getting microvm: error attempting to locate microvm with uid: {uid}: microvm spec //{uid} not found"
+        )
     );
     let err = client.get("").await.unwrap_err();
     assert_eq!(
         (err.kind(), err.code(), err.message()),
-        (ErrorKind::InvalidArgument, Some(Code::InvalidArgument), "invalid request")
+        (
+            ErrorKind::InvalidArgument,
+            Some(Code::InvalidArgument),
+            "invalid request"
+        )
     );
     server.stop().await;
 }
@@ -130,7 +136,11 @@ async fn the_list_stream_needs_a_namespace_and_ignores_the_name(backend: Backend
     };
     assert_eq!(
         (err.kind(), err.code(), err.message()),
-        (ErrorKind::InvalidArgument, Some(Code::InvalidArgument), "invalid request")
+        (
+            ErrorKind::InvalidArgument,
+            Some(Code::InvalidArgument),
+            "invalid request"
+        )
     );
     server.stop().await;
 }
@@ -139,7 +149,12 @@ async fn metadata_round_trips_with_instance_id_added(backend: Backend) {
     let server = backend.start(Options::default()).await;
     let client = server.client();
     let decode = |text: &str| {
-        String::from_utf8(base64::engine::general_purpose::STANDARD.decode(text).unwrap()).unwrap()
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(text)
+                .unwrap(),
+        )
+        .unwrap()
     };
 
     // No meta-data: flintlock writes one holding the instance id alone.
@@ -156,8 +171,12 @@ async fn metadata_round_trips_with_instance_id_added(backend: Backend) {
     // content beside the instance id; labels do not come back.
     let mut full = valid_spec("full");
     full.labels = BTreeMap::from([("a".to_owned(), "b".to_owned())]);
-    full.metadata.insert("vendor-data".to_owned(), b64("#cloud-config\nruncmd: [ls]\n"));
-    full.metadata.insert("anything".to_owned(), "not even base64 %%".to_owned());
+    full.metadata.insert(
+        "vendor-data".to_owned(),
+        b64("#cloud-config\nruncmd: [ls]\n"),
+    );
+    full.metadata
+        .insert("anything".to_owned(), "not even base64 %%".to_owned());
     let created = client.create(full.clone()).await.unwrap();
     let got = client.get(created.uid()).await.unwrap();
     for key in ["user-data", "vendor-data", "anything"] {
@@ -165,7 +184,10 @@ async fn metadata_round_trips_with_instance_id_added(backend: Backend) {
     }
     assert_eq!(
         decode(&got.spec.metadata["meta-data"]),
-        format!("instance_id: {}\nlocal_hostname: m1\nplatform: liquid_metal\n", created.uid())
+        format!(
+            "instance_id: {}\nlocal_hostname: m1\nplatform: liquid_metal\n",
+            created.uid()
+        )
     );
     assert!(got.spec.labels.is_empty());
     server.stop().await;
@@ -184,15 +206,22 @@ async fn a_slash_in_a_name_or_namespace_breaks_every_read_of_that_microvm(backen
     );
     // ... but flintlock stores "<namespace>/<name>/<uid>" and cannot read it back.
     let err = client.get(uid).await.unwrap_err();
-    assert_eq!((err.kind(), err.code()), (ErrorKind::Other, Some(Code::Unknown)));
+    assert_eq!(
+        (err.kind(), err.code()),
+        (ErrorKind::Other, Some(Code::Unknown))
+    );
     assert_eq!(
         err.message(),
-        format!("getting microvm: error attempting to locate microvm with uid: {uid}: getting vm spec from store: {unreadable}")
+        format!(
+            "getting microvm: error attempting to locate microvm with uid: {uid}: getting vm spec from store: {unreadable}"
+        )
     );
     let err = client.delete(uid).await.unwrap_err();
     assert_eq!(
         err.message(),
-        format!("deleting microvm: checking to see if spec exists: getting vm spec from store: {unreadable}")
+        format!(
+            "deleting microvm: checking to see if spec exists: getting vm spec from store: {unreadable}"
+        )
     );
     // Every list that would include it fails, the list of all namespaces included.
     for namespace in ["ns1", ""] {
@@ -200,7 +229,9 @@ async fn a_slash_in_a_name_or_namespace_breaks_every_read_of_that_microvm(backen
         assert_eq!(err.kind(), ErrorKind::Other);
         assert_eq!(
             err.message(),
-            format!("getting all microvms: error attempting to list microvms: map[namespace:{namespace}]: getting microvm spec: {unreadable}")
+            format!(
+                "getting all microvms: error attempting to list microvms: map[namespace:{namespace}]: getting microvm spec: {unreadable}"
+            )
         );
     }
     // Other namespaces and the other microVM by uid still answer.

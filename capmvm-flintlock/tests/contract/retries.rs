@@ -53,9 +53,13 @@ async fn a_failed_attempt_counts_retry_and_stays_pending(backend: Backend) {
         ..Default::default()
     }];
     let created = client.create(spec).await.unwrap();
-    let (vm, _) = wait_until(&client, created.uid(), Duration::from_secs(5), "retried", |vm| {
-        vm.status.retry == 1
-    })
+    let (vm, _) = wait_until(
+        &client,
+        created.uid(),
+        Duration::from_secs(5),
+        "retried",
+        |vm| vm.status.retry == 1,
+    )
     .await;
     assert_eq!(vm.status.state, MicrovmState::Pending);
     assert_eq!(vm.version, 2, "the failed attempt is one save");
@@ -89,9 +93,13 @@ async fn the_next_attempt_waits_20_seconds_per_retry(backend: Backend) {
     let server = backend.start(Options::default()).await;
     let client = server.client();
     let created = client.create(valid_spec("m1")).await.unwrap();
-    let (_, first) = wait_until(&client, created.uid(), Duration::from_secs(5), "retried", |vm| {
-        vm.status.retry == 1
-    })
+    let (_, first) = wait_until(
+        &client,
+        created.uid(),
+        Duration::from_secs(5),
+        "retried",
+        |vm| vm.status.retry == 1,
+    )
     .await;
     let (vm, second) = wait_until(
         &client,
@@ -106,10 +114,7 @@ async fn the_next_attempt_waits_20_seconds_per_retry(backend: Backend) {
         waited >= Duration::from_secs(19) && waited <= Duration::from_secs(23),
         "the second attempt came {waited:?} after the first"
     );
-    assert_eq!(
-        (vm.status.state, vm.version),
-        (MicrovmState::Pending, 3)
-    );
+    assert_eq!((vm.status.state, vm.version), (MicrovmState::Pending, 3));
     server.stop().await;
 }
 
@@ -122,9 +127,13 @@ async fn failed_once_retry_passes_the_maximum(backend: Backend) {
         .await;
     let client = server.client();
     let created = client.create(valid_spec("m1")).await.unwrap();
-    let (_, first) = wait_until(&client, created.uid(), Duration::from_secs(5), "retried", |vm| {
-        vm.status.retry == 1
-    })
+    let (_, first) = wait_until(
+        &client,
+        created.uid(),
+        Duration::from_secs(5),
+        "retried",
+        |vm| vm.status.retry == 1,
+    )
     .await;
     // Saving the failed attempt wakes flintlockd's reconcile, whose retry check (retry 1 > 0)
     // comes before its backoff check: FAILED at once, not after the 20 s backoff.
@@ -158,7 +167,8 @@ async fn failed_once_retry_passes_the_maximum(backend: Backend) {
         client.get(created.uid()).await.unwrap().status.state,
         MicrovmState::Deleting
     );
-    let err = crate::support::wait_for_removal(&client, created.uid(), Duration::from_secs(25)).await;
+    let err =
+        crate::support::wait_for_removal(&client, created.uid(), Duration::from_secs(25)).await;
     assert_eq!(err.kind(), capmvm_flintlock::ErrorKind::NotFound);
     assert!(
         first.elapsed() >= Duration::from_secs(18),

@@ -219,9 +219,11 @@ impl Server {
     pub(crate) fn host_config(&self) -> HostConfig {
         HostConfig {
             basic_auth_token: self.options.token.map(SecretString::new),
-            tls: self.options.tls.zip(self.pki.as_ref()).map(|(tls, pki)| {
-                pki.client_tls(tls == Tls::ClientValidated)
-            }),
+            tls: self
+                .options
+                .tls
+                .zip(self.pki.as_ref())
+                .map(|(tls, pki)| pki.client_tls(tls == Tls::ClientValidated)),
             ..HostConfig::new(self.endpoint())
         }
     }
