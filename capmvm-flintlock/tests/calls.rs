@@ -6,15 +6,12 @@
 
 mod support;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use base64::Engine as _;
-use capmvm_flintlock::hollow::{Capacity, HollowConfig, is_ulid};
+use capmvm_flintlock::hollow::{Capacity, HollowConfig};
 use capmvm_flintlock::{
-    CallObserver, ClientPool, ErrorKind, HostConfig, IfaceType, Method, MicrovmState, PoolOptions,
-    StaticAddress,
+    CallObserver, ClientPool, ErrorKind, HostConfig, Method, MicrovmState, PoolOptions,
 };
 use futures::StreamExt as _;
 use support::*;

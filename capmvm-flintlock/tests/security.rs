@@ -24,13 +24,6 @@ async fn refused_list(pool: &ClientPool, host: &HostConfig) -> capmvm_flintlock:
         .expect_err("the list is refused")
 }
 
-fn with_token(endpoint: &str, token: Option<&str>) -> HostConfig {
-    HostConfig {
-        basic_auth_token: token.map(SecretString::new),
-        ..HostConfig::new(endpoint)
-    }
-}
-
 /// A deliberate divergence: `overrides {}` without a bridge name makes flintlockd v0.11.0
 /// dereference nil and exit (checked against the real one: the caller gets Unavailable, "error
 /// reading from server: EOF", and the host is gone); the hollow host refuses it and keeps serving.
