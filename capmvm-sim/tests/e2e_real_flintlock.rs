@@ -299,6 +299,7 @@ async fn the_operator_against_real_flintlockd_hosts() {
             .await
             .unwrap();
     }
+    let deleting_since = Instant::now();
     let uid = vms[0].uid().to_owned();
     let seen_held = std::sync::atomic::AtomicBool::new(false);
     let client = pool
@@ -357,6 +358,15 @@ async fn the_operator_against_real_flintlockd_hosts() {
         );
     }
     assert_eq!(calls_to(&w, &p, Some("CreateMicroVM")).await, 1);
+    let deletes = calls_to(&w, &p, Some("DeleteMicroVM")).await;
+    eprintln!(
+        "patient: held {:?} through DELETING with {deletes} delete calls",
+        deleting_since.elapsed()
+    );
+    assert!(
+        (1..=3).contains(&deletes),
+        "no delete storm while DELETING: {deletes}"
+    );
 
     let log = std::fs::read_to_string(w.operator_log()).unwrap();
     assert!(!log.contains(TOKEN) && !log.contains("not-the-token") && !log.contains("PRIVATE KEY"));
