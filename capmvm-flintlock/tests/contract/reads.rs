@@ -90,6 +90,11 @@ async fn list_filters_by_namespace_and_name_and_an_empty_namespace_is_all(backen
         sorted(vec![a1.uid().into(), other.uid().into()]),
         "a name without a namespace matches in every namespace"
     );
+    assert_eq!(
+        uids(client.list("ns1", Some("")).await.unwrap()),
+        sorted(vec![a1.uid().into(), b.uid().into()]),
+        "an empty name is no filter"
+    );
     assert!(client.list("ns1", Some("zzz")).await.unwrap().is_empty());
     assert!(client.list("nowhere", None).await.unwrap().is_empty());
     server.stop().await;
