@@ -305,14 +305,28 @@ pub struct FlintlockdTls {
 }
 
 /// How to run one flintlockd.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Default)]
 pub struct FlintlockdOptions {
-    /// `--basic-auth-token` (held only in this process and flintlockd's command line).
+    /// `--basic-auth-token` (on flintlockd's command line, as its flag takes it; `Debug` prints
+    /// `<redacted>`).
     pub basic_auth_token: Option<String>,
     /// TLS; `None` is `--insecure`.
     pub tls: Option<FlintlockdTls>,
     /// flintlockd's hidden `--maximum-retry` (its default is 10): failed attempts before FAILED.
     pub maximum_retry: Option<u32>,
+}
+
+impl std::fmt::Debug for FlintlockdOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FlintlockdOptions")
+            .field(
+                "basic_auth_token",
+                &self.basic_auth_token.as_ref().map(|_| "<redacted>"),
+            )
+            .field("tls", &self.tls)
+            .field("maximum_retry", &self.maximum_retry)
+            .finish()
+    }
 }
 
 /// A flintlockd on 127.0.0.1 with a containerd of its own, in a directory it removes when stopped.
@@ -466,4 +480,46 @@ pub fn is_running(pid: u32) -> bool {
                 .and_then(|(_, rest)| rest.split_whitespace().next().map(|s| s != "Z"))
         })
         .unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+    use super::*;
+
+    #[tokio::test]
+    async fn a_folder_too_deep_for_containerds_socket_is_refused_saying_why() {
+        let tools = ContainerdTools {
+            containerd: PathBuf::from("/nonexistent/containerd"),
+            ctr: PathBuf::from("/nonexistent/ctr"),
+        };
+        let dir = std::env::temp_dir()
+            .join(format!("capmvm-upstream-deep-{}", std::process::id()))
+            .join("a".repeat(80));
+        let err = Containerd::start(&tools, &dir).await.unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains("containerd takes at most 104") && text.contains("shorter directory"),
+            "{text}"
+        );
+        let _ = std::fs::remove_dir_all(dir.parent().unwrap());
+    }
+
+    #[test]
+    fn nothing_is_mounted_under_a_fresh_folder() {
+        let dir =
+            std::env::temp_dir().join(format!("capmvm-upstream-mounts-{}", std::process::id()));
+        assert!(mounts_under(&dir).is_empty());
+        // `/proc` is a mount point of its own, so the parser does see mounts, deepest first.
+        let proc_mounts = mounts_under(Path::new("/proc"));
+        assert!(
+            proc_mounts.contains(&PathBuf::from("/proc")),
+            "{proc_mounts:?}"
+        );
+        assert_eq!(
+            proc_mounts.last().map(PathBuf::as_path),
+            Some(Path::new("/proc"))
+        );
+    }
 }
