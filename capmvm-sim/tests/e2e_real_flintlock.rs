@@ -256,6 +256,10 @@ async fn the_operator_against_real_flintlockd_hosts() {
         during <= 10,
         "{during} calls in 10 s to a host refusing the token"
     );
+    let held = machine_of(&w, "guarded")
+        .await
+        .and_then(|m| ready_condition(&m));
+    eprintln!("guarded: {during} calls in 10 s; its machine: {held:?}");
     assert_eq!(
         calls_to(&w, &g, Some("CreateMicroVM")).await,
         0,
