@@ -74,7 +74,8 @@ async fn failing_creates_end_failed_after_the_retry_budget() {
     control.fail_next_creates(1);
     let doomed = client.create(valid_spec("doomed")).await.unwrap();
     let fine = client.create(valid_spec("fine")).await.unwrap();
-    // 11 failures with 20, 40, ... 220 ms backoff (20 s scaled by 0.001): about 1.3 s.
+    // 11 failures, the first ten followed by 20, 40, ... 200 ms of backoff (20 s scaled by 0.001), the
+    // eleventh FAILED at once: about 1.1 s.
     let failed = wait_for_state(
         &client,
         doomed.uid(),
