@@ -336,6 +336,19 @@ pub struct Flintlockd {
     containerd: Containerd,
     dir: PathBuf,
     port: u16,
+    // Last, so it is dropped after both processes were killed: a Flintlockd dropped without `stop`
+    // (a failed test) still removes its folder.
+    _folder: RemoveOnDrop,
+}
+
+/// Removes a folder when dropped.
+#[derive(Debug)]
+struct RemoveOnDrop(PathBuf);
+
+impl Drop for RemoveOnDrop {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// What [`Flintlockd::stop`] found left behind: empty when everything went.
@@ -366,6 +379,9 @@ impl Flintlockd {
         options: &FlintlockdOptions,
     ) -> Result<Flintlockd> {
         let program = binaries.path("flintlockd")?;
+        // Declared first, dropped last: a start that fails removes the folder after killing what
+        // it started (the error carries the end of the log).
+        let folder = RemoveOnDrop(dir.to_path_buf());
         let containerd = Containerd::start(tools, &dir.join("containerd")).await?;
         let port = free_port()?;
         let state = dir.join("state");
@@ -416,6 +432,7 @@ impl Flintlockd {
             containerd,
             dir: dir.to_path_buf(),
             port,
+            _folder: folder,
         })
     }
 
