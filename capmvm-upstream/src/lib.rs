@@ -1,4 +1,4 @@
-//! Upstream Kubernetes and Cluster API on loopback, for tests that need the real thing.
+//! Upstream Kubernetes, Cluster API and flintlock on loopback, for tests that need the real thing.
 //!
 //! The binaries come from `hack/upstream.sh build`, which builds them from the Go module proxy into a
 //! cache outside the repository ([`Binaries`]). This crate starts them the way a cluster runs them,
@@ -10,7 +10,8 @@
 //!   every request; several can share one etcd under different prefixes;
 //! - [`capi`]: Cluster API's CRDs and webhooks taken from the CAPI module and pointed at its managers by
 //!   URL with a generated CA (as CAPI's own envtest does), and the managers themselves;
-//! - [`tools`]: the pinned kubectl and clusterctl.
+//! - [`tools`]: the pinned kubectl and clusterctl;
+//! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]).
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
@@ -19,6 +20,7 @@ pub mod binaries;
 pub mod capi;
 pub mod controllers;
 pub mod etcd;
+pub mod flintlock;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;
@@ -28,6 +30,7 @@ pub use audit::{AuditEvent, AuditLog};
 pub use binaries::Binaries;
 pub use controllers::ControlPlaneComponent;
 pub use etcd::Etcd;
+pub use flintlock::{Containerd, Flintlockd, FlintlockdOptions};
 pub use kubeapi::{ApiServerOptions, KubeApiServer};
 
 use std::path::PathBuf;

@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt as _;
 use crate::{Binaries, Error, Result};
 
 /// Runs `program args` with `env`, `stdin` fed in; its stdout on success.
-async fn run(
+pub(crate) async fn run(
     program: &Path,
     args: &[&str],
     env: &[(String, String)],
