@@ -22,6 +22,7 @@ pub mod etcd;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;
+pub mod skip;
 pub mod tools;
 
 pub use audit::{AuditEvent, AuditLog};
