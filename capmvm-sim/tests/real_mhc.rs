@@ -18,7 +18,7 @@ use capmvm_api::capi::Machine;
 use capmvm_api::keys::POOL_NAME_LABEL;
 use capmvm_flintlock::MicrovmState;
 use capmvm_sim::real::{BINARIES, RealStack};
-use capmvm_sim::stack::{self, Stack as _};
+use capmvm_sim::stack;
 use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams};
