@@ -4,13 +4,21 @@
 //! libtest captures what the print macros write (`print!`, `eprintln!`: std's output-capture hook)
 //! and shows it only for a failing test, so a skip said with `eprintln!` reads as a pass. A line
 //! written to the process's stderr handle bypasses that hook: it reaches the terminal whatever
-//! `--nocapture` says (tests/skip.rs proves both halves).
+//! `--nocapture` says (tests/skip.rs proves both halves). libtest's own summary can only count a
+//! test as ignored when `#[ignore]` was decided at compile time, so a skip decided at run time is
+//! counted by us: when the test binary exits, right under libtest's `test result:` line, one line
+//! says how many of the tests it counted as passed were skipped, and which.
 
 use std::io::Write as _;
+use std::sync::Mutex;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Skips reported by this process (one test binary).
 static SKIPPED: AtomicUsize = AtomicUsize::new(0);
+/// Their tests' names, for the summary at exit.
+static SKIPPED_TESTS: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// The summary is registered with the first skip.
+static SUMMARY: std::sync::Once = std::sync::Once::new();
 
 /// Whether `CI` (its value, `None` when unset) says this run is CI's: anything but unset, empty,
 /// `0` or `false` (any case, spaces trimmed). CI services set `CI=true`; `CI=0` or `CI=false` is how
@@ -38,9 +46,43 @@ pub fn skip(test: &str, why: &str) {
         panic!("{test}: {why}; CI={ci}: a check that lacks its input cannot be skipped under CI");
     }
     let n = SKIPPED.fetch_add(1, Ordering::Relaxed) + 1;
+    if let Ok(mut names) = SKIPPED_TESTS.lock() {
+        names.push(test.to_string());
+    }
+    SUMMARY.call_once(summary_at_exit);
     let _ = writeln!(
         std::io::stderr(),
         "SKIPPED {test}: {why} [skip {n} of this test binary; counted as passed by cargo test; CI=true fails it]"
+    );
+}
+
+/// Registers [`print_summary`] to run when the process exits: after libtest printed its summary
+/// (a passing run returns from main, a failing one calls `exit`; both run the C library's exit
+/// handlers).
+#[allow(unsafe_code)]
+fn summary_at_exit() {
+    // SAFETY: atexit only records the function pointer; `print_summary` takes no arguments,
+    // touches only statics that outlive it and cannot unwind (it panics nowhere).
+    let registered = unsafe { libc::atexit(print_summary) };
+    if registered != 0 {
+        let _ = writeln!(
+            std::io::stderr(),
+            "(the skip summary could not be registered)"
+        );
+    }
+}
+
+/// The skip summary: how many of this binary's tests, counted as passed, were skipped.
+extern "C" fn print_summary() {
+    let names = SKIPPED_TESTS
+        .lock()
+        .map(|names| names.join(", "))
+        .unwrap_or_default();
+    let _ = writeln!(
+        std::io::stderr(),
+        "SKIPPED {} of the tests counted as passed above (their inputs are missing: \
+         `hack/upstream.sh build`, CAPMVM_SHARED_DIR): {names}\n",
+        SKIPPED.load(Ordering::Relaxed)
     );
 }
 
