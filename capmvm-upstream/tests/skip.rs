@@ -89,3 +89,40 @@ fn a_missing_binary_is_a_visible_skip_locally_and_a_failure_under_ci() {
     }
     let _ = std::fs::remove_dir(&empty);
 }
+
+/// `.ci/run` reads `CI` by the same rule as the tests (`CI=0` and `CI=false` are "not CI" in both):
+/// its `under_ci` shell function, run with each value, agrees with `skip::means_ci`.
+#[test]
+fn ci_run_reads_ci_as_the_tests_do() {
+    let script =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../.ci/run")).unwrap();
+    let start = script
+        .find("under_ci() {")
+        .expect(".ci/run defines under_ci");
+    let end = start + script[start..].find("\n}\n").expect("under_ci ends") + 3;
+    let function = &script[start..end];
+    for value in [
+        None,
+        Some(""),
+        Some("0"),
+        Some("false"),
+        Some("FALSE"),
+        Some(" False "),
+        Some("true"),
+        Some("1"),
+        Some("yes"),
+    ] {
+        let mut shell = Command::new("bash");
+        shell.args(["-c", &format!("{function}\nunder_ci")]);
+        match value {
+            Some(v) => shell.env("CI", v),
+            None => shell.env_remove("CI"),
+        };
+        let says_ci = shell.status().unwrap().success();
+        assert_eq!(
+            says_ci,
+            capmvm_upstream::skip::means_ci(value),
+            ".ci/run and the tests disagree on CI={value:?}"
+        );
+    }
+}
