@@ -17,8 +17,11 @@ fn the_demo_scales_and_rolls_its_machine_pool_and_cleans_up() {
 /// clusterctl and kubectl (`hack/upstream.sh build`; skipped locally without them, a failure in CI).
 #[test]
 fn the_demo_on_the_real_stack_does_the_same() {
-    if capmvm_upstream::Binaries::for_test("demo --control-plane real", capmvm_sim::real::BINARIES)
-        .is_none()
+    if capmvm_upstream::Binaries::for_test(
+        "the_demo_on_the_real_stack_does_the_same",
+        capmvm_sim::real::BINARIES,
+    )
+    .is_none()
     {
         return;
     }

@@ -469,7 +469,12 @@ async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     let _one = ONE_AT_A_TIME.lock().await;
-    if Binaries::for_test("a_crash_after_create_adopts", BINARIES).is_none() {
+    if Binaries::for_test(
+        "a_crash_after_create_adopts_and_an_invalid_spec_is_refused",
+        BINARIES,
+    )
+    .is_none()
+    {
         return;
     }
     // One MicrovmMachine reconciled at a time, so a scale-up's creates reach the hosts one by one
