@@ -53,38 +53,6 @@ pub fn capi_crd_dir() -> PathBuf {
     shared.join("capi-crds").join(CAPI_CRD_RELEASE)
 }
 
-/// The CRD directory, or `None` when it is missing and the test should be skipped: said on the
-/// terminal past the test harness's capture (a line to the stderr handle, which libtest's capture of
-/// the print macros does not take), numbered with this binary's running count of skips. Panics when
-/// it is missing under CI: CI must not pass by skipping. This crate stays free of capmvm-upstream,
-/// so the rule is repeated here; capmvm-upstream's `skip` module is its reference and its test.
-pub fn capi_crd_dir_or_skip(test: &str) -> Option<PathBuf> {
-    static SKIPPED: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let dir = capi_crd_dir();
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    let hint = "set CAPMVM_SHARED_DIR to the directory holding capi-crds/";
-    // CI is anything but unset, empty, `0` or `false` (any case).
-    let ci = std::env::var("CI").unwrap_or_default();
-    let under_ci =
-        !(ci.trim().is_empty() || ci.trim() == "0" || ci.trim().eq_ignore_ascii_case("false"));
-    if under_ci {
-        panic!(
-            "{test}: CAPI CRDs not found at {} and CI={ci}: the check cannot be skipped ({hint})",
-            dir.display()
-        );
-    }
-    let n = SKIPPED.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: CAPI CRDs not found at {} ({hint}) [skip {n} of this test binary; counted as passed by cargo test; CI=true fails it]",
-        dir.display()
-    );
-    None
-}
-
 /// The CRD in the YAML file `path`.
 pub fn read_crd(path: &Path) -> Result<Value, FixtureError> {
     let text = std::fs::read_to_string(path).map_err(|source| FixtureError::Read {

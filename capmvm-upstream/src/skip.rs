@@ -50,10 +50,15 @@ pub fn skip(test: &str, why: &str) {
         names.push(test.to_string());
     }
     SUMMARY.call_once(summary_at_exit);
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: {why} [skip {n} of this test binary; counted as passed by cargo test; CI=true fails it]"
-    );
+    say(&format!(
+        "SKIPPED {test}: {why} [skip {n} of this test binary; counted as passed by cargo test; CI=true fails it]\n"
+    ));
+}
+
+/// Writes `line` to stderr in one write: the handle is unbuffered, and `writeln!` would write each
+/// piece of the format on its own, between libtest's lines.
+fn say(line: &str) {
+    let _ = std::io::stderr().write_all(line.as_bytes());
 }
 
 /// Registers [`print_summary`] to run when the process exits: after libtest printed its summary
@@ -65,10 +70,7 @@ fn summary_at_exit() {
     // touches only statics that outlive it and cannot unwind (it panics nowhere).
     let registered = unsafe { libc::atexit(print_summary) };
     if registered != 0 {
-        let _ = writeln!(
-            std::io::stderr(),
-            "(the skip summary could not be registered)"
-        );
+        say("(the skip summary could not be registered)\n");
     }
 }
 
@@ -78,12 +80,11 @@ extern "C" fn print_summary() {
         .lock()
         .map(|names| names.join(", "))
         .unwrap_or_default();
-    let _ = writeln!(
-        std::io::stderr(),
+    say(&format!(
         "SKIPPED {} of the tests counted as passed above (their inputs are missing: \
-         `hack/upstream.sh build`, CAPMVM_SHARED_DIR): {names}\n",
+         `hack/upstream.sh build`, CAPMVM_SHARED_DIR): {names}\n\n",
         SKIPPED.load(Ordering::Relaxed)
-    );
+    ));
 }
 
 /// How many tests this process has reported skipped.
