@@ -201,6 +201,21 @@ fn nothing_outlives(extra: &[&str], signal: &str, expected: &[&str]) {
         );
         std::thread::sleep(Duration::from_millis(100));
     }
+    // `--keep` keeps its directory (the kubeconfig it printed lies in it): removed here.
+    let kept = demo.stdout.iter().find_map(|l| {
+        let path = std::path::Path::new(l.trim().strip_prefix("kubeconfig")?.trim());
+        let tmp = std::env::temp_dir();
+        path.ancestors()
+            .find(|a| a.parent() == Some(tmp.as_path()))
+            .filter(|d| {
+                d.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("capmvm-"))
+            })
+            .map(std::path::Path::to_path_buf)
+    });
+    if let Some(dir) = kept {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[test]
