@@ -244,7 +244,7 @@ async fn measure<S: Stack + Sync>(
     let mut expected = args.machines;
     let (api_before, all_before, started) = match start {
         Start::Apply => {
-            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            let (api_before, all_before) = (stack.operator_requests()?, stack.api_requests()?);
             for h in stack.hosts() {
                 h.control().reset_counters();
             }
@@ -289,7 +289,7 @@ async fn measure<S: Stack + Sync>(
                 args.machines
             );
             expected += 1;
-            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            let (api_before, all_before) = (stack.operator_requests()?, stack.api_requests()?);
             for h in stack.hosts() {
                 h.control().reset_counters();
             }
@@ -305,7 +305,7 @@ async fn measure<S: Stack + Sync>(
             (api_before, all_before, started)
         }
     };
-    let throttled_before = stack.throttled();
+    let throttled_before = stack.throttled()?;
     let deadline = started + Duration::from_secs(args.timeout_secs);
     loop {
         let ready = ready_count();
@@ -326,10 +326,10 @@ async fn measure<S: Stack + Sync>(
     let time_to_ready = started.elapsed();
     watch.abort();
     eprintln!();
-    let operator_requests = stack.operator_requests().since(&api_before);
-    let all_requests = stack.api_requests().since(&all_before);
+    let operator_requests = stack.operator_requests()?.since(&api_before);
+    let all_requests = stack.api_requests()?.since(&all_before);
     let throttled = stack
-        .throttled()
+        .throttled()?
         .zip(throttled_before)
         .map(|((all, op), (all0, op0))| (all.saturating_sub(all0), op.saturating_sub(op0)));
     let flintlock_to_ready = crate::stack::flintlock_calls(stack.hosts());

@@ -212,7 +212,12 @@ async fn apply_go_provider_cluster(real: &mut RealStack, workers: usize) {
 /// then the MachineDeployment is scaled and rolled by us and the cluster deleted with nothing left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_provider_cluster_moves_to_us_with_no_microvm_touched() {
-    if Binaries::for_test("a_go_provider_cluster_moves_to_us", BINARIES).is_none() {
+    if Binaries::for_test(
+        "a_go_provider_cluster_moves_to_us_with_no_microvm_touched",
+        BINARIES,
+    )
+    .is_none()
+    {
         return;
     }
     let mut real = RealStack::start_without_components(options())

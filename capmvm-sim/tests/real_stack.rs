@@ -299,7 +299,33 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         "the victim's microVM is gone"
     );
 
-    // Paused: a scale-up waits, nothing is created on the hosts; resumed, it happens.
+    // Paused, on an object core has already made and we alone would act on: the operator down, a
+    // scale-up gives a Machine with its bootstrap data and a MicrovmMachine without a microVM.
+    // Then the Cluster is paused and the operator started: it marks that MicrovmMachine Paused and
+    // creates nothing (core's pause of the MachineDeployment plays no part: the Machine was made
+    // before it); resumed, the microVM is created.
+    real.stop_operator().await;
+    real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
+    let pending = wait_for(
+        "a MicrovmMachine whose Machine has its bootstrap data, without a microVM",
+        WAIT,
+        POLL,
+        || async {
+            let machines = machines_in(&real, ns).await;
+            let infra = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            Ok(infra.into_iter().find_map(|m| {
+                let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
+                let machine = machines.iter().find(|x| x.name_any() == owner.name)?;
+                (m.spec.provider_id.is_none() && machine.spec.bootstrap.data_secret_name.is_some())
+                    .then(|| m.name_any())
+            }))
+        },
+    )
+    .await
+    .unwrap();
     let creates_before = stack::host_calls(&real.hosts, Method::Create);
     real.kubectl
         .run(&[
@@ -314,29 +340,26 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         ])
         .await
         .unwrap();
-    wait_for("every MicrovmMachine Paused", WAIT, POLL, || async {
-        let ms = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
-            .list(&ListParams::default())
-            .await?
-            .items;
-        let paused = ms.iter().all(|m| {
-            m.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Paused" && c.status == "True")
-            })
+    real.start_operator(&[]).unwrap();
+    let infra = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns);
+    wait_for("the pending MicrovmMachine Paused", WAIT, POLL, || async {
+        let m = infra.get(&pending).await?;
+        let paused = m.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Paused" && c.status == "True")
         });
         Ok(paused.then_some(()))
     })
     .await
     .unwrap();
-    real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let creates_paused = stack::host_calls(&real.hosts, Method::Create);
     assert_eq!(
-        creates_paused, creates_before,
+        stack::host_calls(&real.hosts, Method::Create),
+        creates_before,
         "nothing created while paused"
     );
+    assert_eq!(infra.get(&pending).await.unwrap().spec.provider_id, None);
     real.kubectl
         .run(&[
             "patch",
@@ -446,10 +469,20 @@ async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     let _one = ONE_AT_A_TIME.lock().await;
-    if Binaries::for_test("a_crash_after_create_adopts", BINARIES).is_none() {
+    if Binaries::for_test(
+        "a_crash_after_create_adopts_and_an_invalid_spec_is_refused",
+        BINARIES,
+    )
+    .is_none()
+    {
         return;
     }
-    let mut real = RealStack::start(options()).await.unwrap();
+    // One MicrovmMachine reconciled at a time, so a scale-up's creates reach the hosts one by one
+    // (below, each held 3 s at the host): the kill then lands between them.
+    let mut opts = options();
+    opts.operator_flags
+        .push("--microvmmachine-concurrency=1".into());
+    let mut real = RealStack::start(opts).await.unwrap();
     real.start_operator(&[("CAPMVM_FAULT_CRASH_AT", "after-create")])
         .unwrap();
     // Workers need a control plane on real CAPI (CABPK renders their join once it is initialised).
@@ -477,15 +510,21 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
         "one microVM per machine: {vms:?}"
     );
 
-    // SIGKILLed while creates are in flight: four more workers, the operator killed as soon as the
-    // first of their microVMs shows on a host, then restarted. Every machine ends with one microVM.
+    // SIGKILLed in the middle of a scale-up: four more workers, each create held 3 s at the host
+    // and the creates one at a time, the operator killed once the first of the four reached a host,
+    // with the other three still to come (asserted), then restarted. Every machine ends with one
+    // microVM, none created twice.
     let md = kube::api::ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
         "machinedeployments",
     );
+    const HELD: Duration = Duration::from_secs(3);
+    for h in &real.hosts {
+        h.control().set_create_latency(HELD);
+    }
     real.scale(&md, "default", "crash-md-0", 5).await.unwrap();
     wait_for(
-        "a create of the scale-up on the hosts",
+        "the scale-up's first create on a host",
         WAIT,
         Duration::from_millis(20),
         || async { Ok((creates(&real) > 2).then_some(())) },
@@ -494,6 +533,22 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     .unwrap();
     real.kill_operator().await;
     let killed_at = creates(&real);
+    assert_eq!(
+        killed_at, 3,
+        "killed after 1 of the scale-up's 4 creates, 3 still to come"
+    );
+    // The create in flight at the kill: carried out after its hold, or dropped with the connection.
+    tokio::time::sleep(HELD + Duration::from_secs(1)).await;
+    let carried_out = live_vms(&real).len() - 2;
+    assert!(carried_out <= 1, "{:?}", live_vms(&real));
+    assert_eq!(
+        creates(&real),
+        3,
+        "nothing created while the operator is dead"
+    );
+    for h in &real.hosts {
+        h.control().set_create_latency(Duration::ZERO);
+    }
     real.start_operator(&[]).unwrap();
     let ready = wait_ready_with_nodes(&real, "default", "crash", 6).await;
     let vms = live_vms(&real);
@@ -501,9 +556,12 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     assert_eq!(
         (vms.len(), ids.len()),
         (6, 6),
-        "one microVM per machine after the kill (killed at {killed_at} creates): {vms:?}"
+        "one microVM per machine after the kill: {vms:?}"
     );
-    assert_eq!(creates(&real), 6, "one create per machine, none repeated");
+    // One create per machine; the one in flight at the kill counts twice only if the host dropped
+    // it (then it created nothing), and nothing was deleted to undo a second microVM.
+    assert_eq!(creates(&real), 6 + (1 - carried_out) as u64);
+    assert_eq!(stack::host_calls(&real.hosts, Method::Delete), 0);
     assert_eq!(ready.len(), 6);
 
     let invalid = r#"apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2

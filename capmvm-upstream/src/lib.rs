@@ -24,6 +24,7 @@ pub mod flintlock;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;
+pub mod skip;
 pub mod tools;
 
 pub use audit::{AuditEvent, AuditLog};

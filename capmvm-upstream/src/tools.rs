@@ -26,6 +26,7 @@ pub(crate) async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    crate::process::die_with_parent(&mut command);
     for (k, v) in env {
         command.env(k, v);
     }

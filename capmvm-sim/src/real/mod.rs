@@ -307,12 +307,16 @@ impl RealStack {
     /// into its Pod does); its output, or its error output.
     pub async fn migrate_storage(&self) -> anyhow::Result<Result<String, String>> {
         let (program, prefix) = &self.options.operator_command;
-        let output = tokio::process::Command::new(program)
+        let mut command = tokio::process::Command::new(program);
+        command
             .args(prefix)
             .arg("--kubeconfig")
             .arg(&self.operator_kubeconfig)
             .arg("migrate-storage")
             .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        capmvm_upstream::process::die_with_parent(&mut command);
+        let output = command
             .output()
             .await
             .with_context(|| format!("running {} migrate-storage", program.display()))?;
@@ -517,22 +521,37 @@ impl Stack for RealStack {
             .unwrap_or_default()
     }
 
-    fn api_requests(&self) -> RequestCounts {
+    fn api_requests(&self) -> anyhow::Result<RequestCounts> {
         audit_counts(self.audit(), None)
     }
 
-    fn operator_requests(&self) -> RequestCounts {
+    fn operator_requests(&self) -> anyhow::Result<RequestCounts> {
         audit_counts(self.audit(), Some(&Self::operator_user()))
     }
 
-    fn throttled(&self) -> Option<(u64, u64)> {
-        let requests = self.audit()?.requests().ok()?;
+    fn throttled(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        let requests = audit_requests(self.audit())?;
         let operator = Self::operator_user();
         let throttled = requests.iter().filter(|e| e.code() == 429);
         let (all, ours) = throttled.fold((0, 0), |(all, ours), e| {
             (all + 1, ours + u64::from(e.user.username == operator))
         });
-        Some((all, ours))
+        Ok(Some((all, ours)))
+    }
+
+    fn operator_denials(&self) -> anyhow::Result<Option<(u64, Vec<String>)>> {
+        let operator = Self::operator_user();
+        let requests = audit_requests(self.audit())?;
+        let ours: Vec<_> = requests
+            .iter()
+            .filter(|e| e.user.username == operator)
+            .collect();
+        let denied = ours
+            .iter()
+            .filter(|e| e.denied_by_authorization())
+            .map(|e| format!("{} {}", e.verb, e.request_uri))
+            .collect();
+        Ok(Some((ours.len() as u64, denied)))
     }
 
     /// `clusterctl generate cluster <name> --from <template>` with `vars` in its environment, as
@@ -652,20 +671,73 @@ fn counter_resource(e: &capmvm_upstream::AuditEvent) -> String {
     }
 }
 
+/// Every request of the audit log. A log that is not there or cannot be read is an error: the
+/// numbers a bench reports from it would read as zero requests.
+fn audit_requests(log: Option<AuditLog>) -> anyhow::Result<Vec<capmvm_upstream::AuditEvent>> {
+    let log =
+        log.context("the management API keeps no audit log: its requests cannot be counted")?;
+    // `requests` reads a log not written yet as empty; by the time anything is counted the server
+    // has logged its own start, so a missing file means the log is elsewhere or gone.
+    if !log.path().is_file() {
+        anyhow::bail!(
+            "the audit log {} is missing: the API requests cannot be counted",
+            log.path().display()
+        );
+    }
+    log.requests()
+        .with_context(|| format!("reading the audit log {}", log.path().display()))
+}
+
 /// Requests by verb and resource from the audit log, of one user or of all.
-fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> RequestCounts {
+fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> anyhow::Result<RequestCounts> {
     let mut counts = RequestCounts::default();
-    let Some(log) = log else {
-        return counts;
-    };
-    let Ok(requests) = log.requests() else {
-        return counts;
-    };
-    for e in requests
+    for e in audit_requests(log)?
         .iter()
         .filter(|e| user.is_none_or(|u| e.user.username == u))
     {
         counts.add(&e.verb, &counter_resource(e), 1);
     }
-    counts
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The bench's numbers come from the audit log: a log that is not there or cannot be read is
+    /// an error naming it, never a count of zero requests.
+    #[test]
+    fn an_audit_log_that_cannot_be_read_is_an_error_not_zero_requests() {
+        let dir = std::env::temp_dir().join(format!("capmvm-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.log");
+        let error = audit_counts(Some(AuditLog::new(&missing)), None).unwrap_err();
+        assert!(
+            format!("{error:#}").contains(&missing.display().to_string()),
+            "{error:#}"
+        );
+        // A directory where the log should be: it exists but cannot be read as a file.
+        let unreadable = dir.join("unreadable.log");
+        std::fs::create_dir_all(&unreadable).unwrap();
+        assert!(audit_counts(Some(AuditLog::new(&unreadable)), None).is_err());
+        assert!(audit_counts(None, None).is_err());
+
+        let log = dir.join("audit.log");
+        std::fs::write(
+            &log,
+            r#"{"auditID":"a","stage":"ResponseComplete","verb":"create","user":{"username":"u"},"objectRef":{"resource":"pods"},"responseStatus":{"code":201}}"#,
+        )
+        .unwrap();
+        let counts = audit_counts(Some(AuditLog::new(&log)), Some("u")).unwrap();
+        assert_eq!((counts.total(), counts.writes()), (1, 1));
+        assert_eq!(
+            audit_counts(Some(AuditLog::new(&log)), Some("someone else"))
+                .unwrap()
+                .total(),
+            0
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
