@@ -10,11 +10,13 @@
 //!   every request; several can share one etcd under different prefixes;
 //! - [`capi`]: Cluster API's CRDs and webhooks taken from the CAPI module and pointed at its managers by
 //!   URL with a generated CA (as CAPI's own envtest does), and the managers themselves;
-//! - [`tools`]: the pinned kubectl and clusterctl.
+//! - [`tools`]: the pinned kubectl and clusterctl;
+//! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider.
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
 pub mod audit;
+pub mod autoscaler;
 pub mod binaries;
 pub mod capi;
 pub mod controllers;
@@ -25,6 +27,7 @@ pub mod process;
 pub mod tools;
 
 pub use audit::{AuditEvent, AuditLog};
+pub use autoscaler::{AutoscalerOptions, ClusterAutoscaler};
 pub use binaries::Binaries;
 pub use controllers::ControlPlaneComponent;
 pub use etcd::Etcd;
