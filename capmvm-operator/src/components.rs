@@ -400,7 +400,12 @@ pub fn autoscaler_management_role() -> ClusterRole {
         rules: Some(vec![
             rule(
                 "cluster.x-k8s.io",
-                &["machinedeployments", "machinesets", "machinepools", "machines"],
+                &[
+                    "machinedeployments",
+                    "machinesets",
+                    "machinepools",
+                    "machines",
+                ],
                 &["get", "list", "watch"],
             ),
             rule("cluster.x-k8s.io", &["machines"], &["update"]),
@@ -606,9 +611,15 @@ mod tests {
             assert!(grants(resource, "patch"), "patch {resource}");
             assert!(grants(resource, "get"), "get {resource}");
         }
-        assert!(grants("machines", "update"), "the delete-machine annotation");
+        assert!(
+            grants("machines", "update"),
+            "the delete-machine annotation"
+        );
         for resource in ["microvmmachinetemplates", "microvmmachinepools"] {
-            assert!(grants(resource, "watch"), "scale from zero reads {resource}");
+            assert!(
+                grants(resource, "watch"),
+                "scale from zero reads {resource}"
+            );
         }
         assert!(
             components()

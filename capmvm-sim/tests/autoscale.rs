@@ -93,7 +93,10 @@ async fn the_cluster_autoscaler_drives_microvm_pools() {
         .filter(|p| autoscale::observe::is_running(p))
         .collect();
     if running.len() != 6 {
-        failed.push(format!("{} of the load's Pods Running, 6 expected", running.len()));
+        failed.push(format!(
+            "{} of the load's Pods Running, 6 expected",
+            running.len()
+        ));
     }
     for p in &running {
         let node = p.spec.as_ref().and_then(|s| s.node_name.clone()).unwrap();
@@ -105,7 +108,9 @@ async fn the_cluster_autoscaler_drives_microvm_pools() {
         let ip = p.status.as_ref().and_then(|s| s.pod_ip.clone()).unwrap();
         let prefix = cidr.trim_end_matches("0/24");
         if cidr.is_empty() || !ip.starts_with(prefix) {
-            failed.push(format!("Pod IP {ip} on {node} is not in its podCIDR {cidr:?}"));
+            failed.push(format!(
+                "Pod IP {ip} on {node} is not in its podCIDR {cidr:?}"
+            ));
         }
     }
     for n in &nodes {

@@ -110,7 +110,11 @@ pub fn stack_options(args: &AutoscaleArgs, operator: PathBuf) -> WorldOptions {
 
 /// Prepares the Cluster on `real` (its operator running), starts the autoscaler, and runs every
 /// scenario; `show` prints the live table and narration.
-pub async fn run_on(real: &mut RealStack, args: &AutoscaleArgs, show: bool) -> anyhow::Result<Report> {
+pub async fn run_on(
+    real: &mut RealStack,
+    args: &AutoscaleArgs,
+    show: bool,
+) -> anyhow::Result<Report> {
     let timings = args.timings();
     scenarios::prepare(real, timings.timeout).await?;
     {
@@ -140,7 +144,11 @@ pub async fn run_on(real: &mut RealStack, args: &AutoscaleArgs, show: bool) -> a
         match result {
             Ok(o) => {
                 let held = o.held;
-                s.say(&format!("    {}: {}", if held { "held" } else { "FAILED" }, o.detail));
+                s.say(&format!(
+                    "    {}: {}",
+                    if held { "held" } else { "FAILED" },
+                    o.detail
+                ));
                 outcomes.push(o);
                 if !held {
                     break;
@@ -156,7 +164,11 @@ pub async fn run_on(real: &mut RealStack, args: &AutoscaleArgs, show: bool) -> a
     }
     if stopped.is_none() && outcomes.iter().all(|o| o.held) {
         let o = s.clean_logs();
-        s.say(&format!("    {}: {}", if o.held { "held" } else { "FAILED" }, o.detail));
+        s.say(&format!(
+            "    {}: {}",
+            if o.held { "held" } else { "FAILED" },
+            o.detail
+        ));
         outcomes.push(o);
     }
     Ok(Report {
@@ -209,7 +221,10 @@ async fn run(args: AutoscaleArgs) -> anyhow::Result<()> {
     };
     if let Err(e) = &result {
         real.keep_dir();
-        eprintln!("\nautoscale failed: {e:#}\nlogs kept in {}", real.dir.display());
+        eprintln!(
+            "\nautoscale failed: {e:#}\nlogs kept in {}",
+            real.dir.display()
+        );
     }
     real.shutdown().await;
     result
@@ -237,15 +252,24 @@ async fn keep(real: &mut RealStack, args: &AutoscaleArgs) -> anyhow::Result<()> 
     let workload = autoscaler.workload_kubeconfig.display().to_string();
     let log = autoscaler.process.log().display().to_string();
     let management = real.kubeconfig();
-    println!("\nEverything keeps running: {} and {} at 0 replicas (min 0, max 5), cluster-autoscaler running.", md(), mp());
+    println!(
+        "\nEverything keeps running: {} and {} at 0 replicas (min 0, max 5), cluster-autoscaler running.",
+        md(),
+        mp()
+    );
     println!("  management kubeconfig   {}", management.display());
     println!("  workload kubeconfig     {workload}");
     println!("  autoscaler log          {log}");
     println!("Try:");
     println!("  kubectl --kubeconfig {workload} scale deployment/load --replicas=5");
     println!("  kubectl --kubeconfig {workload} get pods,nodes -o wide");
-    println!("  kubectl --kubeconfig {} get md,mp,mvmm", management.display());
-    println!("  kubectl --kubeconfig {workload} -n kube-system get configmap cluster-autoscaler-status -o yaml");
+    println!(
+        "  kubectl --kubeconfig {} get md,mp,mvmm",
+        management.display()
+    );
+    println!(
+        "  kubectl --kubeconfig {workload} -n kube-system get configmap cluster-autoscaler-status -o yaml"
+    );
     println!("Ctrl-C stops it all.");
     let _ = tokio::signal::ctrl_c().await;
     Ok(())
@@ -263,14 +287,21 @@ pub fn summary(report: &Report) {
     }
     let t = &report.timings;
     let bound = t.provision + t.poll + t.scan;
-    let secs = |d: Option<Duration>| d.map(|d| format!("{:.1}s", d.as_secs_f64())).unwrap_or_else(|| "-".into());
+    let secs = |d: Option<Duration>| {
+        d.map(|d| format!("{:.1}s", d.as_secs_f64()))
+            .unwrap_or_else(|| "-".into())
+    };
     let f = &report.figures;
     println!(
         "  first pending Pod to all Running: MachineDeployment {} ({} microVMs created), MachinePool {} ({} created)",
         secs(f.md_scale_up),
-        f.md_created.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+        f.md_created
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into()),
         secs(f.mp_scale_up),
-        f.mp_created.map(|n| n.to_string()).unwrap_or_else(|| "-".into()),
+        f.mp_created
+            .map(|n| n.to_string())
+            .unwrap_or_else(|| "-".into()),
     );
     println!(
         "    against provision {:.1}s + host poll {:.1}s + scan interval {:.1}s = {:.1}s",
@@ -279,7 +310,10 @@ pub fn summary(report: &Report) {
         t.scan.as_secs_f64(),
         bound.as_secs_f64()
     );
-    println!("  scale down (Pods removed to the last unneeded microVM gone): {}", secs(f.scale_down));
+    println!(
+        "  scale down (Pods removed to the last unneeded microVM gone): {}",
+        secs(f.scale_down)
+    );
     println!(
         "  never-registering microVM removed after {} (--max-node-provision-time {}s); recovered {} after the kubelets registered again",
         secs(f.failed_removed_after),

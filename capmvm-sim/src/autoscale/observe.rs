@@ -125,7 +125,12 @@ pub struct Watch<'a> {
 
 impl<'a> Watch<'a> {
     /// A watch of Cluster `cluster` on `real`.
-    pub fn new(real: &'a RealStack, cluster: ClusterKey, workload: kube::Client, show: bool) -> Self {
+    pub fn new(
+        real: &'a RealStack,
+        cluster: ClusterKey,
+        workload: kube::Client,
+        show: bool,
+    ) -> Self {
         Self {
             real,
             cluster,
@@ -192,7 +197,11 @@ impl<'a> Watch<'a> {
                 .spec
                 .provider_id
                 .as_deref()
-                .and_then(|pid| self.real.workloads().node_by_provider_id(&self.cluster, pid))
+                .and_then(|pid| {
+                    self.real
+                        .workloads()
+                        .node_by_provider_id(&self.cluster, pid)
+                })
                 .is_some_and(|n| node_ready(&n));
             if ready {
                 entry.nodes += 1;
@@ -252,7 +261,10 @@ impl<'a> Watch<'a> {
                 return Ok(o);
             }
             if Instant::now() > deadline {
-                bail!("timed out after {timeout:?} waiting for {what}; last seen: {}", brief(&o));
+                bail!(
+                    "timed out after {timeout:?} waiting for {what}; last seen: {}",
+                    brief(&o)
+                );
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
@@ -294,7 +306,10 @@ async fn load_pods(workload: &kube::Client, namespace: &str) -> anyhow::Result<P
         .await?
         .items;
     let mut counts = Pods::default();
-    for p in list.iter().filter(|p| p.metadata.deletion_timestamp.is_none()) {
+    for p in list
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
         if is_running(p) {
             counts.running += 1;
         } else {

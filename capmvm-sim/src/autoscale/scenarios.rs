@@ -223,10 +223,14 @@ impl<'a> Scenarios<'a> {
         let key = self.group_md();
         let o = self
             .watch
-            .until("5 Pods Running on 3 Nodes of the MachineDeployment", self.timings.timeout, |o| {
-                let g = o.group(&key);
-                g.replicas == 3 && g.nodes == 3 && o.pods.running == 5 && o.pods.pending == 0
-            })
+            .until(
+                "5 Pods Running on 3 Nodes of the MachineDeployment",
+                self.timings.timeout,
+                |o| {
+                    let g = o.group(&key);
+                    g.replicas == 3 && g.nodes == 3 && o.pods.running == 5 && o.pods.pending == 0
+                },
+            )
             .await?;
         let took = started.elapsed();
         let created = self.creates() - creates;
@@ -238,11 +242,23 @@ impl<'a> Scenarios<'a> {
         Ok(outcome(
             name,
             &[
-                (true, format!("all 5 Pods Running in {:.1}s", took.as_secs_f64())),
-                (created == 3, format!("{created} microVMs created (3 needed)")),
+                (
+                    true,
+                    format!("all 5 Pods Running in {:.1}s", took.as_secs_f64()),
+                ),
+                (
+                    created == 3,
+                    format!("{created} microVMs created (3 needed)"),
+                ),
                 (peak == 3, format!("replicas peaked at {peak}")),
-                (o.group(&key).vms == 3, format!("{} microVMs in the group", o.group(&key).vms)),
-                (log.contains(&plan), format!("the autoscaler's plan names {plan}")),
+                (
+                    o.group(&key).vms == 3,
+                    format!("{} microVMs in the group", o.group(&key).vms),
+                ),
+                (
+                    log.contains(&plan),
+                    format!("the autoscaler's plan names {plan}"),
+                ),
             ],
         ))
     }
@@ -267,10 +283,14 @@ impl<'a> Scenarios<'a> {
         let (md_key, mp_key) = (self.group_md(), self.group_mp());
         let o = self
             .watch
-            .until("9 Pods Running, 2 on each pool instance", self.timings.timeout, |o| {
-                let g = o.group(&mp_key);
-                g.replicas == 2 && g.nodes == 2 && o.pods.running == 9 && o.pods.pending == 0
-            })
+            .until(
+                "9 Pods Running, 2 on each pool instance",
+                self.timings.timeout,
+                |o| {
+                    let g = o.group(&mp_key);
+                    g.replicas == 2 && g.nodes == 2 && o.pods.running == 9 && o.pods.pending == 0
+                },
+            )
             .await?;
         let took = started.elapsed();
         let created = self.creates() - creates;
@@ -282,11 +302,26 @@ impl<'a> Scenarios<'a> {
         Ok(outcome(
             name,
             &[
-                (true, format!("all 9 Pods Running in {:.1}s", took.as_secs_f64())),
-                (created == 2, format!("{created} microVMs created (2 needed)")),
+                (
+                    true,
+                    format!("all 9 Pods Running in {:.1}s", took.as_secs_f64()),
+                ),
+                (
+                    created == 2,
+                    format!("{created} microVMs created (2 needed)"),
+                ),
                 (peak == 2, format!("pool replicas peaked at {peak}")),
-                (o.group(&md_key).replicas == 3, format!("the MachineDeployment stayed at {}", o.group(&md_key).replicas)),
-                (log.contains(&plan), format!("the autoscaler's plan names {plan}")),
+                (
+                    o.group(&md_key).replicas == 3,
+                    format!(
+                        "the MachineDeployment stayed at {}",
+                        o.group(&md_key).replicas
+                    ),
+                ),
+                (
+                    log.contains(&plan),
+                    format!("the autoscaler's plan names {plan}"),
+                ),
             ],
         ))
     }
@@ -339,16 +374,31 @@ impl<'a> Scenarios<'a> {
         Ok(outcome(
             name,
             &[
-                (last.pods.pending == 2, format!("{} Pods Pending after {}s", last.pods.pending, hold.as_secs())),
-                (peaks == (3, 2), format!("replicas stayed at {} and {}", peaks.0, peaks.1)),
+                (
+                    last.pods.pending == 2,
+                    format!(
+                        "{} Pods Pending after {}s",
+                        last.pods.pending,
+                        hold.as_secs()
+                    ),
+                ),
+                (
+                    peaks == (3, 2),
+                    format!("replicas stayed at {} and {}", peaks.0, peaks.1),
+                ),
                 (created == 0, format!("{created} microVMs created")),
                 (
-                    why.as_deref().is_some_and(|m| m.contains("max node group size reached")),
-                    format!("a Pending Pod's NotTriggerScaleUp event: {:?}", why.unwrap_or_default()),
+                    why.as_deref()
+                        .is_some_and(|m| m.contains("max node group size reached")),
+                    format!(
+                        "a Pending Pod's NotTriggerScaleUp event: {:?}",
+                        why.unwrap_or_default()
+                    ),
                 ),
                 (
                     at_max(&md()) && at_max(&mp()),
-                    "the status ConfigMap shows both groups with cloudProviderTarget = maxSize".to_string(),
+                    "the status ConfigMap shows both groups with cloudProviderTarget = maxSize"
+                        .to_string(),
                 ),
             ],
         ))
@@ -363,7 +413,12 @@ impl<'a> Scenarios<'a> {
             .ok()?;
         list.items
             .into_iter()
-            .filter(|e| e.involved_object.name.as_deref().is_some_and(|n| n.starts_with("load-")))
+            .filter(|e| {
+                e.involved_object
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("load-"))
+            })
             .filter_map(|e| e.message)
             .next_back()
     }
@@ -382,14 +437,18 @@ impl<'a> Scenarios<'a> {
         let (md_key, mp_key) = (self.group_md(), self.group_mp());
         let o = self
             .watch
-            .until("4 Pods Running on 2 Nodes, nothing more", self.timings.timeout * 2, |o| {
-                let (d, p) = (o.group(&md_key), o.group(&mp_key));
-                d.nodes + p.nodes == 2
-                    && d.vms + p.vms == 2
-                    && d.replicas + p.replicas == 2
-                    && o.pods.running == 4
-                    && o.pods.pending == 0
-            })
+            .until(
+                "4 Pods Running on 2 Nodes, nothing more",
+                self.timings.timeout * 2,
+                |o| {
+                    let (d, p) = (o.group(&md_key), o.group(&mp_key));
+                    d.nodes + p.nodes == 2
+                        && d.vms + p.vms == 2
+                        && d.replicas + p.replicas == 2
+                        && o.pods.running == 4
+                        && o.pods.pending == 0
+                },
+            )
             .await?;
         self.figures.scale_down = Some(started.elapsed());
         let gone: BTreeSet<String> = before
@@ -404,14 +463,34 @@ impl<'a> Scenarios<'a> {
             .filter(|(_, (machine, _))| self.watch.marked.contains_key(machine))
             .map(|(u, _)| u.clone())
             .collect();
-        let new: Vec<&String> = o.vms.keys().filter(|u| !before.vms.contains_key(*u)).collect();
+        let new: Vec<&String> = o
+            .vms
+            .keys()
+            .filter(|u| !before.vms.contains_key(*u))
+            .collect();
         let cp_kept = before.vms_of("control-plane") == o.vms_of("control-plane");
         Ok(outcome(
             name,
             &[
-                (true, format!("{} Nodes removed in {:.1}s", gone.len(), started.elapsed().as_secs_f64())),
-                (gone.len() == 3, format!("{} microVMs gone (5 Nodes' worth to 2)", gone.len())),
-                (gone == marked, format!("the microVMs gone are exactly those of the {} Machines the autoscaler marked", marked.len())),
+                (
+                    true,
+                    format!(
+                        "{} Nodes removed in {:.1}s",
+                        gone.len(),
+                        started.elapsed().as_secs_f64()
+                    ),
+                ),
+                (
+                    gone.len() == 3,
+                    format!("{} microVMs gone (5 Nodes' worth to 2)", gone.len()),
+                ),
+                (
+                    gone == marked,
+                    format!(
+                        "the microVMs gone are exactly those of the {} Machines the autoscaler marked",
+                        marked.len()
+                    ),
+                ),
                 (new.is_empty(), format!("{} microVMs created", new.len())),
                 (cp_kept, "the control plane's microVM untouched".to_string()),
             ],
@@ -440,9 +519,15 @@ impl<'a> Scenarios<'a> {
         let md_key = self.group_md();
         let o = self
             .watch
-            .until("a new microVM in the MachineDeployment", self.timings.timeout, |o| {
-                o.vms_of(&md_key).iter().any(|u| !before.vms.contains_key(u))
-            })
+            .until(
+                "a new microVM in the MachineDeployment",
+                self.timings.timeout,
+                |o| {
+                    o.vms_of(&md_key)
+                        .iter()
+                        .any(|u| !before.vms.contains_key(u))
+                },
+            )
             .await?;
         let stuck: BTreeSet<String> = o
             .vms_of(&md_key)
@@ -466,12 +551,16 @@ impl<'a> Scenarios<'a> {
         let removed_after = appeared.elapsed();
         gave_up?;
         self.figures.failed_removed_after = Some(removed_after);
-        let marked = stuck_names.iter().all(|n| self.watch.marked.contains_key(n));
+        let marked = stuck_names
+            .iter()
+            .all(|n| self.watch.marked.contains_key(n));
         let lifted = Instant::now();
         self.watch
-            .until("6 Pods Running once Nodes register again", self.timings.timeout * 2, |o| {
-                o.pods.running == 6 && o.pods.pending == 0
-            })
+            .until(
+                "6 Pods Running once Nodes register again",
+                self.timings.timeout * 2,
+                |o| o.pods.running == 6 && o.pods.pending == 0,
+            )
             .await?;
         self.figures.recovered_after = Some(lifted.elapsed());
         let backoff = self.watch.backoff_seen.iter().any(|g| g.ends_with(&md()));
@@ -480,7 +569,11 @@ impl<'a> Scenarios<'a> {
             name,
             &[
                 (
-                    removed_after >= self.timings.max_provision.saturating_sub(Duration::from_secs(5)),
+                    removed_after
+                        >= self
+                            .timings
+                            .max_provision
+                            .saturating_sub(Duration::from_secs(5)),
                     format!(
                         "{} never-registering microVM(s) removed {:.1}s after they appeared (--max-node-provision-time {}s)",
                         stuck.len(),
@@ -488,9 +581,23 @@ impl<'a> Scenarios<'a> {
                         self.timings.max_provision.as_secs()
                     ),
                 ),
-                (marked, "through delete-machine on their Machines".to_string()),
-                (backoff || log.contains("Scale-up timed out"), format!("the autoscaler reported the failed scale-up (status Backoff seen: {backoff})")),
-                (true, format!("recovered: all 6 Pods Running {:.1}s after the kubelets registered again", lifted.elapsed().as_secs_f64())),
+                (
+                    marked,
+                    "through delete-machine on their Machines".to_string(),
+                ),
+                (
+                    backoff || log.contains("Scale-up timed out"),
+                    format!(
+                        "the autoscaler reported the failed scale-up (status Backoff seen: {backoff})"
+                    ),
+                ),
+                (
+                    true,
+                    format!(
+                        "recovered: all 6 Pods Running {:.1}s after the kubelets registered again",
+                        lifted.elapsed().as_secs_f64()
+                    ),
+                ),
             ],
         ))
     }
@@ -532,7 +639,15 @@ impl<'a> Scenarios<'a> {
         outcome(
             name,
             &[
-                (ours.is_empty(), format!("{} error lines about our objects of {} in all: {:?}", ours.len(), errors.len(), ours.iter().take(3).collect::<Vec<_>>())),
+                (
+                    ours.is_empty(),
+                    format!(
+                        "{} error lines about our objects of {} in all: {:?}",
+                        ours.len(),
+                        errors.len(),
+                        ours.iter().take(3).collect::<Vec<_>>()
+                    ),
+                ),
                 (
                     forbidden.as_ref().is_some_and(Vec::is_empty),
                     format!("RBAC refusals of the autoscaler's ServiceAccount: {forbidden:?}"),
@@ -570,16 +685,21 @@ pub async fn prepare(real: &mut RealStack, timeout: Duration) -> anyhow::Result<
         ("WORKER_MACHINE_COUNT", "0".to_string()),
     ];
     stack::apply_template(&*real, crate::world::DEMO_CLUSTER, &vars, |_| {}).await?;
-    stack::apply_template(&*real, crate::world::MACHINEPOOL_CLUSTER, &vars, |objects| {
-        objects.retain(|o| {
-            o.types.as_ref().is_some_and(|t| {
-                matches!(
-                    t.kind.as_str(),
-                    "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
-                )
+    stack::apply_template(
+        &*real,
+        crate::world::MACHINEPOOL_CLUSTER,
+        &vars,
+        |objects| {
+            objects.retain(|o| {
+                o.types.as_ref().is_some_and(|t| {
+                    matches!(
+                        t.kind.as_str(),
+                        "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
+                    )
+                })
             })
-        })
-    })
+        },
+    )
     .await?;
     let client = crate::stack::Stack::client(&*real).clone();
     crate::world::wait_for(

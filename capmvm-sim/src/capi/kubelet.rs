@@ -575,4 +575,3 @@ async fn set_ready(
         .await
         .map(|_| ())
 }
-

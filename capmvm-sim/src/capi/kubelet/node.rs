@@ -49,7 +49,12 @@ fn kernel_version(microvm: &Microvm) -> String {
 }
 
 /// The Node a kubelet registers for `microvm`.
-pub(super) fn node_object(kubelet: &KubeletBoot, microvm: &Microvm, version: &str, ready: bool) -> Node {
+pub(super) fn node_object(
+    kubelet: &KubeletBoot,
+    microvm: &Microvm,
+    version: &str,
+    ready: bool,
+) -> Node {
     let uid = microvm.uid();
     let vcpu = if microvm.spec.vcpu > 0 {
         microvm.spec.vcpu

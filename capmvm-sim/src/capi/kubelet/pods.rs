@@ -120,7 +120,9 @@ impl PodWorkers {
                 Ok(()) => {
                     self.renewed.insert(key, now);
                 }
-                Err(e) => debug!(node = %key.1, error = %e, "hollow kubelet: renewing the Lease failed; retrying"),
+                Err(e) => {
+                    debug!(node = %key.1, error = %e, "hollow kubelet: renewing the Lease failed; retrying")
+                }
             }
         }
     }
@@ -143,7 +145,11 @@ async fn renew_lease(client: kube::Client, node: &str) -> Result<(), kube::Error
         }),
     };
     leases
-        .patch(node, &PatchParams::apply("kubelet").force(), &Patch::Apply(&lease))
+        .patch(
+            node,
+            &PatchParams::apply("kubelet").force(),
+            &Patch::Apply(&lease),
+        )
         .await
         .map(|_| ())
 }
@@ -233,18 +239,19 @@ async fn sync_pods(
                 ..Default::default()
             };
             match namespaced.delete(&pod.name_any(), &params).await {
-                Ok(_) => debug!(pod = %pod.name_any(), %node, "hollow kubelet: Pod stopped and removed"),
-                Err(e) => debug!(pod = %pod.name_any(), error = %e, "hollow kubelet: removing a Pod failed; retrying"),
+                Ok(_) => {
+                    debug!(pod = %pod.name_any(), %node, "hollow kubelet: Pod stopped and removed")
+                }
+                Err(e) => {
+                    debug!(pod = %pod.name_any(), error = %e, "hollow kubelet: removing a Pod failed; retrying")
+                }
             }
             continue;
         }
         if is_running(pod) {
             continue;
         }
-        let Some(ip) = nodes
-            .get(&node)
-            .and_then(|n| free_pod_ip(n, &node, &all))
-        else {
+        let Some(ip) = nodes.get(&node).and_then(|n| free_pod_ip(n, &node, &all)) else {
             // No podCIDR yet (node IPAM has not reached this Node): the network is not ready.
             continue;
         };
