@@ -40,6 +40,14 @@ pub struct AutoscalerOptions {
     pub max_node_provision_time: Duration,
     /// `--initial-node-group-backoff-duration`: how long a group that failed to scale up rests.
     pub initial_backoff: Duration,
+    /// `--kube-client-qps` / `--kube-client-burst` (both clients). client-go's default, 5 / 10,
+    /// throttles the clusterapi provider: with v1beta2's `infrastructureRef` (an `apiGroup`, no
+    /// version) each look at a group's template costs a discovery request, and two node groups
+    /// stretched one loop to 20 s (docs/autoscaler.md).
+    pub kube_client_qps: u32,
+    /// `CAPI_SCALE_ZERO_DEFAULT_ARCH`: unset, the autoscaler logs an error on its first scale from
+    /// zero ("Unrecognized architecture ''") even when the template reports its architecture.
+    pub default_arch: Option<String>,
     /// More flags.
     pub extra_args: Vec<String>,
 }
@@ -60,6 +68,8 @@ impl AutoscalerOptions {
             scale_down_delay_after_add: Duration::from_secs(10),
             max_node_provision_time: Duration::from_secs(60),
             initial_backoff: Duration::from_secs(10),
+            kube_client_qps: 50,
+            default_arch: Some("amd64".to_string()),
             extra_args: Vec::new(),
         }
     }
@@ -103,6 +113,8 @@ impl AutoscalerOptions {
                 "--max-node-group-backoff-duration={}",
                 secs(self.initial_backoff * 2)
             ),
+            format!("--kube-client-qps={}", self.kube_client_qps),
+            format!("--kube-client-burst={}", self.kube_client_qps * 2),
             "--v=4".to_string(),
         ];
         if !discovery.is_empty() {
@@ -128,11 +140,17 @@ impl ClusterAutoscaler {
     pub async fn start(binaries: &Binaries, options: &AutoscalerOptions) -> Result<Self> {
         let program = binaries.path(BINARY)?;
         let port = free_port()?;
+        let env: Vec<(&str, &str)> = options
+            .default_arch
+            .as_deref()
+            .map(|arch| ("CAPI_SCALE_ZERO_DEFAULT_ARCH", arch))
+            .into_iter()
+            .collect();
         let mut process = Process::spawn(
             &options.name,
             &program,
             &options.args(port),
-            &[],
+            &env,
             &options.dir.join(format!("{}.log", options.name)),
         )?;
         process
