@@ -100,6 +100,12 @@ impl AutoscalerOptions {
                 secs(self.scale_down_delay_after_add)
             ),
             "--scale-down-delay-after-delete=0s".to_string(),
+            // A Node found unremovable (its Pods had nowhere to go) is otherwise left alone for
+            // 5 minutes, long after the cluster has room again.
+            format!(
+                "--unremovable-node-recheck-timeout={}",
+                secs(self.scale_down_unneeded_time)
+            ),
             "--scale-down-delay-after-failure=2s".to_string(),
             format!(
                 "--max-node-provision-time={}",
