@@ -11,11 +11,13 @@
 //! - [`capi`]: Cluster API's CRDs and webhooks taken from the CAPI module and pointed at its managers by
 //!   URL with a generated CA (as CAPI's own envtest does), and the managers themselves;
 //! - [`tools`]: the pinned kubectl and clusterctl;
-//! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]).
+//! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]);
+//! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider.
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
 pub mod audit;
+pub mod autoscaler;
 pub mod binaries;
 pub mod capi;
 pub mod controllers;
@@ -28,6 +30,7 @@ pub mod skip;
 pub mod tools;
 
 pub use audit::{AuditEvent, AuditLog};
+pub use autoscaler::{AutoscalerOptions, ClusterAutoscaler};
 pub use binaries::Binaries;
 pub use controllers::ControlPlaneComponent;
 pub use etcd::Etcd;

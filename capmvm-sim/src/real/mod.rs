@@ -2,13 +2,16 @@
 //! cluster; Cluster API v1.14's own core and kubeadm bootstrap managers with their webhooks;
 //! our components rendered by the real clusterctl and applied with the real kubectl; the operator
 //! out of cluster as its ServiceAccount (so RBAC judges every request); per Cluster a workload
-//! kube-apiserver whose Nodes the hollow kubelets register; the hollow flintlock hosts.
+//! kube-apiserver, kube-scheduler and kube-controller-manager whose Nodes the hollow kubelets
+//! register and whose Pods they run; the hollow flintlock hosts; on demand cluster-autoscaler
+//! ([`autoscaler`]).
 //!
 //! Two parts are not upstream's: the KubeadmControlPlane is played by the stand-in
 //! ([`crate::capi::kcp`]; the real one needs etcd inside the workload cluster, reached through a
 //! kubelet's port-forward), and the hollow kubelets, which register Nodes from each microVM's
 //! cloud-init as on the emulator. docs/real-stack.md says why and what that leaves out.
 
+pub mod autoscaler;
 pub mod components;
 pub mod go_provider;
 pub mod workload;
@@ -26,7 +29,7 @@ use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use kube::api::{ApiResource, DynamicObject};
 
-use crate::capi::kubelet::{KubeletControl, Kubelets};
+use crate::capi::kubelet::{KubeletControl, KubeletOptions, Kubelets};
 use crate::capi::workload::{ClusterKey, WorkloadClusters};
 use crate::capi::{self, StandIn, StandInOptions, StandInPlays};
 use crate::stack::{self, RequestCounts, Stack};
@@ -39,6 +42,7 @@ pub const BINARIES: &[&str] = &[
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
     "kubectl",
     "capi-manager",
     "capi-kubeadm-bootstrap-manager",
@@ -86,6 +90,7 @@ pub struct RealStack {
     management: Option<KubeApiServer>,
     etcd: Option<Etcd>,
     operator: Option<OperatorProcess>,
+    autoscaler: Option<autoscaler::Autoscaler>,
     options: WorldOptions,
 }
 
@@ -210,8 +215,14 @@ impl RealStack {
                 plays: StandInPlays::ControlPlaneOnly,
             },
         );
-        let kubelets =
-            Kubelets::start(stand_in.management_view(), host_controls, workloads.clone());
+        // The workload clusters schedule (a kube-scheduler and kube-controller-manager each), so
+        // the kubelets keep their Leases and run the Pods bound to their Nodes.
+        let kubelets = Kubelets::start_with(
+            stand_in.management_view(),
+            host_controls,
+            workloads.clone(),
+            KubeletOptions { runs_pods: true },
+        );
         let mut real = RealStack {
             operator_kubeconfig: dir.join("operator.kubeconfig"),
             webhook: None,
@@ -232,6 +243,7 @@ impl RealStack {
             management: Some(management),
             etcd: Some(etcd),
             operator: None,
+            autoscaler: None,
             options,
         };
         if ours {
@@ -399,7 +411,11 @@ impl RealStack {
                 .as_ref()
                 .and_then(ControlPlaneComponent::pid),
         ];
-        pids.extend(self.workload_apis.iter().map(|a| a.server.pid()));
+        pids.extend(
+            self.workload_apis
+                .iter()
+                .flat_map(|a| a.pids().into_iter().map(Some)),
+        );
         if let Some(capi) = &self.capi {
             pids.extend(
                 [
@@ -439,6 +455,7 @@ impl RealStack {
 
     /// Stops everything, in the reverse order of starting; keeps the directory if asked to.
     pub async fn shutdown(mut self) {
+        self.stop_autoscaler().await;
         self.stop_operator().await;
         self.kubelets = None;
         if let Some(s) = self.stand_in.take() {
@@ -446,8 +463,7 @@ impl RealStack {
         }
         self.workloads.stop_all().await;
         for api in std::mem::take(&mut self.workload_apis) {
-            api.server.stop().await;
-            workload::release_vip(api.vip);
+            api.stop().await;
         }
         if let Some(capi) = self.capi.take() {
             capi.stop().await;
