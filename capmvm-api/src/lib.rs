@@ -52,8 +52,7 @@ pub use pool::{
     PoolStrategy, PoolStrategyType, RollingUpdate,
 };
 pub use pool_template::{
-    MicrovmMachinePoolTemplate, MicrovmMachinePoolTemplateResource,
-    MicrovmMachinePoolTemplateSpec,
+    MicrovmMachinePoolTemplate, MicrovmMachinePoolTemplateResource, MicrovmMachinePoolTemplateSpec,
 };
 pub use provider_id::{ProviderId, ProviderIdError};
 pub use template::{
