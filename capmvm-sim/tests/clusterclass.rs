@@ -204,6 +204,8 @@ async fn a_cluster_from_the_clusterclass_rolls_scales_and_deletes_on_real_capi()
                 "microvm:v0.1.0",
                 "--flavor",
                 "clusterclass",
+                "--target-namespace",
+                ns,
                 "--list-variables",
             ],
             &[],
