@@ -428,6 +428,86 @@ pub fn autoscaler_management_role() -> ClusterRole {
     }
 }
 
+/// Name of the ClusterRole CAPI core's manager aggregates (see [`CAPI_AGGREGATION_LABEL`]).
+pub const CAPI_ROLE_NAME: &str = "capmvm-capi-manager";
+/// The label CAPI core's `aggregated-manager-role` selects: the contract's way for a provider to
+/// grant core (the Cluster, Machine and MachinePool controllers, and ClusterClass's topology
+/// controller) what it does to the provider's kinds.
+pub const CAPI_AGGREGATION_LABEL: &str = "cluster.x-k8s.io/aggregate-to-manager";
+
+/// What CAPI core does to our kinds: owner references and labels on every one; with ClusterClass,
+/// MicrovmClusters, MicrovmMachinePools and MicrovmMachineTemplates created, patched (server-side
+/// apply) and deleted from our templates, and the ClusterClass's own templates labelled and owned.
+/// CAPI's own manager role grants `*` on `infrastructure.cluster.x-k8s.io` today; this role keeps
+/// core working where that role is narrowed, as the contract asks of every provider.
+pub fn capi_manager_role() -> ClusterRole {
+    let mut metadata = meta(CAPI_ROLE_NAME, None);
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.insert(CAPI_AGGREGATION_LABEL.to_string(), "true".to_string());
+    }
+    let mut resources: Vec<String> = capmvm_api::crds()
+        .iter()
+        .map(|crd| crd.spec.names.plural.clone())
+        .collect();
+    resources.sort();
+    ClusterRole {
+        metadata,
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![capmvm_api::GROUP.to_string()]),
+            resources: Some(resources),
+            verbs: [
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The ValidatingAdmissionPolicy that keeps every template's `spec.template` unchanged, except in
+/// the server-side-apply dry runs of CAPI's topology controller (why a policy and not a CRD rule:
+/// [`capmvm_api::template::IMMUTABILITY_POLICY`]), and its binding (every namespace, deny).
+pub fn template_immutability_policy() -> Vec<Value> {
+    use capmvm_api::template::{
+        IMMUTABILITY_MESSAGE_EXPRESSION, IMMUTABILITY_POLICY, IMMUTABILITY_RULE,
+        IMMUTABLE_TEMPLATES,
+    };
+    let labels = provider_labels();
+    vec![
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": IMMUTABILITY_POLICY, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    // Equivalent: a write at v1alpha1 is judged at v1alpha2 too.
+                    "matchPolicy": "Equivalent",
+                    "resourceRules": [{
+                        "apiGroups": [capmvm_api::GROUP],
+                        "apiVersions": [capmvm_api::VERSION],
+                        "operations": ["UPDATE"],
+                        "resources": IMMUTABLE_TEMPLATES,
+                    }],
+                },
+                "validations": [{
+                    "expression": IMMUTABILITY_RULE,
+                    "messageExpression": IMMUTABILITY_MESSAGE_EXPRESSION,
+                    "reason": "Invalid",
+                }],
+            },
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": IMMUTABILITY_POLICY, "labels": labels},
+            "spec": {"policyName": IMMUTABILITY_POLICY, "validationActions": ["Deny"]},
+        }),
+    ]
+}
+
 fn operator_subject() -> Subject {
     Subject {
         kind: "ServiceAccount".to_string(),
@@ -476,6 +556,8 @@ pub fn components() -> Result<Vec<Value>, Error> {
     })?);
     docs.push(document(&autoscaler_role())?);
     docs.push(document(&autoscaler_management_role())?);
+    docs.push(document(&capi_manager_role())?);
+    docs.extend(template_immutability_policy());
     docs.push(document(&webhook_service())?);
     docs.extend(cert_manager_objects());
     docs.push(document(&deployment()?)?);
