@@ -14,12 +14,12 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use capmvm_api::MicrovmMachine;
-use capmvm_api::conditions::types::READY;
 use futures::StreamExt as _;
 use kube::Api;
+use kube::api::DynamicObject;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 
+use crate::bench_provider::BenchProvider;
 use crate::real::RealStack;
 use crate::stack::{RequestCounts, Stack};
 use crate::world::{World, WorldOptions};
@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// initialised one), then the clock starts as its MachineDeployment is scaled to `--machines`.
     #[arg(long, value_enum, default_value_t = crate::demo::ControlPlane::Embedded)]
     pub control_plane: crate::demo::ControlPlane,
+    /// The infrastructure provider measured: `capmvm` (ours) or `go` (the Go provider v0.10.1
+    /// itself, on `--control-plane real` only; its row names are the same, "operator" meaning its
+    /// manager).
+    #[arg(long, value_enum, default_value_t = BenchProvider::Capmvm)]
+    pub provider: BenchProvider,
 }
 
 /// What a run measured.
@@ -107,7 +112,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let report = runtime.block_on(run(args))?;
     print!("{}", report.render());
-    if report.failures().is_empty() {
+    // Our targets are ours: the Go provider's misses are its figures, not a failed run.
+    if report.failures().is_empty() || report.args.provider == BenchProvider::Go {
         Ok(())
     } else {
         bail!("targets missed: {}", report.failures().join("; "))
@@ -160,6 +166,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let options = world_options(&args, exe);
     let own_cpu_before = own_cpu();
     match args.control_plane {
+        crate::demo::ControlPlane::Embedded if args.provider == BenchProvider::Go => {
+            bail!(
+                "--provider go needs --control-plane real: the Go provider is a Go program that runs only against a real kube-apiserver"
+            )
+        }
         crate::demo::ControlPlane::Embedded => {
             let mut world = World::start(options).await?;
             world.start_operator(&[])?;
@@ -169,16 +180,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             result.map(|report| with_own_cpu(report, own_cpu_before))
         }
         crate::demo::ControlPlane::Real => {
-            let mut real = RealStack::start(options).await?;
+            let mut real = match args.provider {
+                BenchProvider::Capmvm => RealStack::start(options).await?,
+                BenchProvider::Go => {
+                    let mut real = RealStack::start_without_components(options).await?;
+                    real.install_go_provider(&[]).await?;
+                    real
+                }
+            };
             let vip = real.prepare_cluster("default", "demo").await?;
-            real.start_operator(&[])?;
+            if args.provider == BenchProvider::Capmvm {
+                real.start_operator(&[])?;
+            }
             let result = measure(&real, &args, Start::ScaleAfterControlPlane(vip)).await;
             let upstream_cpu: f64 = real
                 .upstream_pids()
                 .into_iter()
                 .filter_map(|pid| crate::world::process_usage(pid).map(|(cpu, _)| cpu))
                 .sum();
-            eprintln!("operator log: {}", real.operator_log().display());
+            match real.go_provider() {
+                Some(go) => eprintln!("Go provider log: {}", go.log().display()),
+                None => eprintln!("operator log: {}", real.operator_log().display()),
+            }
             if result.is_err() {
                 real.keep_dir();
                 eprintln!("logs kept in {}", real.dir.display());
@@ -214,15 +237,23 @@ async fn measure<S: Stack + Sync>(
     start: Start,
 ) -> anyhow::Result<Report> {
     eprintln!(
-        "bench: {} machines on {} hosts, provisioning {} ms, host poll {} s",
-        args.machines, args.hosts, args.provision_ms, args.poll_secs
+        "bench: {}: {} machines on {} hosts, provisioning {} ms, host poll {} s",
+        args.provider.describe(),
+        args.machines,
+        args.hosts,
+        args.provision_ms,
+        args.poll_secs
     );
+    let provider = args.provider;
     // Let the operator start and settle before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let machines: Api<MicrovmMachine> = Api::namespaced(stack.client().clone(), "default");
+    let resource = provider.machines();
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(stack.client().clone(), "default", &resource);
     // A watch cache, not a list every half second: listing 10 000 objects twice a second made the
     // bench itself a noticeable share of the simulators' CPU.
-    let (cache, writer) = reflector::store::<MicrovmMachine>();
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let cache = writer.as_reader();
     let watch = tokio::spawn(
         watcher(machines, watcher::Config::default())
             .reflect(writer)
@@ -232,13 +263,7 @@ async fn measure<S: Stack + Sync>(
         cache
             .state()
             .iter()
-            .filter(|m| {
-                m.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .any(|c| c.type_ == READY && c.status == "True")
-                })
-            })
+            .filter(|m| provider.is_ready(m))
             .count()
     };
     let mut expected = args.machines;
@@ -262,6 +287,7 @@ async fn measure<S: Stack + Sync>(
             (api_before, all_before, started)
         }
         Start::ScaleAfterControlPlane(vip) => {
+            let mut rewritten = Ok(());
             crate::stack::apply_template(
                 stack,
                 crate::world::DEMO_CLUSTER,
@@ -270,9 +296,10 @@ async fn measure<S: Stack + Sync>(
                     ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
                     ("WORKER_MACHINE_COUNT", "0".to_string()),
                 ],
-                |_| {},
+                |objects| rewritten = provider.rewrite(objects),
             )
             .await?;
+            rewritten?;
             let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
             while ready_count() < 1 {
                 if Instant::now() > deadline {
@@ -566,7 +593,8 @@ impl Report {
         };
         let real = a.control_plane == crate::demo::ControlPlane::Real;
         line(format!(
-            "### {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            "### {}: {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            a.provider.describe(),
             a.machines,
             a.hosts,
             a.provision_ms,

@@ -7,6 +7,7 @@
 
 pub mod bench;
 pub mod bench_pool;
+pub mod bench_provider;
 pub mod capi;
 pub mod demo;
 pub mod hosts;

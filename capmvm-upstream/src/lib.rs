@@ -19,6 +19,7 @@ pub mod binaries;
 pub mod capi;
 pub mod controllers;
 pub mod etcd;
+pub mod go_provider;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;
