@@ -232,10 +232,11 @@ fn add_prefix(o: &mut Value, prefix: &str, names: &[(String, String)]) {
             .then(|| format!("{prefix}{name}"))
     };
     let kind = o["kind"].as_str().unwrap_or_default().to_string();
-    if kind != "CustomResourceDefinition" && kind != "Namespace" {
-        if let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str) {
-            o["metadata"]["name"] = json!(format!("{prefix}{name}"));
-        }
+    if kind != "CustomResourceDefinition"
+        && kind != "Namespace"
+        && let Some(name) = o.pointer("/metadata/name").and_then(Value::as_str)
+    {
+        o["metadata"]["name"] = json!(format!("{prefix}{name}"));
     }
     if let Some(role) = o.get_mut("roleRef") {
         let kind = role["kind"].as_str().unwrap_or_default().to_string();
