@@ -38,7 +38,7 @@ const WAIT: Duration = Duration::from_secs(180);
 /// How long the API server refuses the providerID write.
 const REFUSAL: Duration = Duration::from_secs(20);
 /// How long a deletion may take before it counts as hung.
-const HUNG_AFTER: Duration = Duration::from_secs(90);
+const HUNG_AFTER: Duration = Duration::from_secs(60);
 
 /// Refuses every write that sets or changes a MicrovmMachine's `spec.providerID`.
 const REFUSE_PROVIDER_ID: &str = r#"
