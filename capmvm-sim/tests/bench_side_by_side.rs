@@ -50,12 +50,13 @@ async fn the_go_provider_and_ours_bring_100_machines_to_ready_and_report_the_sam
     if Binaries::for_test("bench_side_by_side", &needs).is_none() {
         return;
     }
-    let go = bench::run(args(BenchProvider::Go))
+    let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim"));
+    let go = bench::run_with(args(BenchProvider::Go), exe.clone())
         .await
         .expect("the Go provider brings every machine to Ready");
     let go_report = go.render();
     println!("{go_report}");
-    let ours = bench::run(args(BenchProvider::Capmvm))
+    let ours = bench::run_with(args(BenchProvider::Capmvm), exe)
         .await
         .expect("ours brings every machine to Ready");
     let our_report = ours.render();
