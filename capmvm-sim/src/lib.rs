@@ -8,6 +8,7 @@
 pub mod autoscale;
 pub mod bench;
 pub mod bench_pool;
+pub mod bench_provider;
 pub mod capi;
 pub mod demo;
 pub mod hosts;

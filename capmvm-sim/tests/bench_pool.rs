@@ -16,6 +16,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         timeout_secs: 120,
         pool: true,
         control_plane: capmvm_sim::demo::ControlPlane::Embedded,
+        provider: capmvm_sim::bench_provider::BenchProvider::Capmvm,
     };
     let plan = PoolPlan {
         peak: 6,

@@ -23,6 +23,7 @@ pub mod capi;
 pub mod controllers;
 pub mod etcd;
 pub mod flintlock;
+pub mod go_provider;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;

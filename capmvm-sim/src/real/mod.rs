@@ -91,6 +91,7 @@ pub struct RealStack {
     etcd: Option<Etcd>,
     operator: Option<OperatorProcess>,
     autoscaler: Option<autoscaler::Autoscaler>,
+    go_provider: Option<go_provider::GoProvider>,
     options: WorldOptions,
 }
 
@@ -103,7 +104,7 @@ impl RealStack {
     }
 
     /// Like [`RealStack::start`], without our components: a management cluster as another
-    /// provider's users have it (see [`go_provider`]); [`RealStack::install_components`] adds ours.
+    /// provider's users have it (the Go provider: [`RealStack::install_go_provider`]); [`RealStack::install_components`] adds ours.
     pub async fn start_without_components(options: WorldOptions) -> anyhow::Result<RealStack> {
         Self::start_with(options, None, false).await
     }
@@ -244,6 +245,7 @@ impl RealStack {
             etcd: Some(etcd),
             operator: None,
             autoscaler: None,
+            go_provider: None,
             options,
         };
         if ours {
@@ -265,6 +267,16 @@ impl RealStack {
     /// The username the operator's requests carry.
     pub fn operator_user() -> String {
         service_account_user(components::NAMESPACE, components::SERVICE_ACCOUNT)
+    }
+
+    /// The user of the infrastructure provider that runs: our operator's ServiceAccount, or the
+    /// Go provider's where it runs without ours (what the bench counts as "operator").
+    pub fn provider_user(&self) -> String {
+        if self.operator.is_none() && self.go_provider.is_some() {
+            Self::go_provider_user()
+        } else {
+            Self::operator_user()
+        }
     }
 
     /// Starts the workload API of Cluster `namespace/name` (before the Cluster is created) and
@@ -457,6 +469,7 @@ impl RealStack {
     pub async fn shutdown(mut self) {
         self.stop_autoscaler().await;
         self.stop_operator().await;
+        self.stop_go_provider().await;
         self.kubelets = None;
         if let Some(s) = self.stand_in.take() {
             s.stop();
@@ -519,8 +532,12 @@ impl Stack for RealStack {
         self.dir.join("operator.log")
     }
 
+    /// Ours, or the Go provider's manager where it runs without ours.
     fn operator_pid(&self) -> Option<u32> {
-        self.operator.as_ref().and_then(OperatorProcess::pid)
+        match (&self.operator, &self.go_provider) {
+            (None, Some(go)) => go.pid(),
+            (op, _) => op.as_ref().and_then(OperatorProcess::pid),
+        }
     }
 
     fn kubelets(&self) -> crate::capi::kubelet::KubeletControl {
@@ -542,12 +559,12 @@ impl Stack for RealStack {
     }
 
     fn operator_requests(&self) -> anyhow::Result<RequestCounts> {
-        audit_counts(self.audit(), Some(&Self::operator_user()))
+        audit_counts(self.audit(), Some(&self.provider_user()))
     }
 
     fn throttled(&self) -> anyhow::Result<Option<(u64, u64)>> {
         let requests = audit_requests(self.audit())?;
-        let operator = Self::operator_user();
+        let operator = self.provider_user();
         let throttled = requests.iter().filter(|e| e.code() == 429);
         let (all, ours) = throttled.fold((0, 0), |(all, ours), e| {
             (all + 1, ours + u64::from(e.user.username == operator))
@@ -556,7 +573,7 @@ impl Stack for RealStack {
     }
 
     fn operator_denials(&self) -> anyhow::Result<Option<(u64, Vec<String>)>> {
-        let operator = Self::operator_user();
+        let operator = self.provider_user();
         let requests = audit_requests(self.audit())?;
         let ours: Vec<_> = requests
             .iter()
