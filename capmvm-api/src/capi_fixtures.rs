@@ -53,32 +53,6 @@ pub fn capi_crd_dir() -> PathBuf {
     shared.join("capi-crds").join(CAPI_CRD_RELEASE)
 }
 
-/// The CRD directory, or `None` when it is missing and the test should be skipped (said on the
-/// terminal, past the test harness's capture). Panics when it is missing under CI (`CI` set to
-/// anything but empty, `0` or `false`): CI must not pass by skipping.
-pub fn capi_crd_dir_or_skip(test: &str) -> Option<PathBuf> {
-    let dir = capi_crd_dir();
-    if dir.is_dir() {
-        return Some(dir);
-    }
-    let hint = "set CAPMVM_SHARED_DIR to the directory holding capi-crds/";
-    let under_ci = std::env::var("CI")
-        .is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"));
-    if under_ci {
-        panic!(
-            "{test}: CAPI CRDs not found at {} and CI=true: the check cannot be skipped ({hint})",
-            dir.display()
-        );
-    }
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: CAPI CRDs not found at {} ({hint})",
-        dir.display()
-    );
-    None
-}
-
 /// The CRD in the YAML file `path`.
 pub fn read_crd(path: &Path) -> Result<Value, FixtureError> {
     let text = std::fs::read_to_string(path).map_err(|source| FixtureError::Read {

@@ -6,6 +6,8 @@
 //! - [`MicrovmMachine`]: one machine's microVM.
 //! - [`MicrovmMachineTemplate`]: what CAPI clones MicrovmMachines from.
 //! - [`MicrovmMachinePool`]: a MachinePool's microVMs, one MicrovmMachine each.
+//! - [`MicrovmClusterTemplate`] and [`MicrovmMachinePoolTemplate`]: what a ClusterClass clones
+//!   MicrovmClusters and MicrovmMachinePools from.
 //!
 //! MicrovmCluster, MicrovmMachine and MicrovmMachineTemplate are also served at the Go provider's
 //! `v1alpha1` ([`v1alpha1`]), converted by the operator's webhook with the pure functions of
@@ -19,6 +21,7 @@ pub mod capi;
 #[cfg(feature = "test-support")]
 pub mod capi_fixtures;
 pub mod cluster;
+pub mod cluster_template;
 pub mod conditions;
 pub mod conversion;
 pub mod endpoint;
@@ -26,6 +29,7 @@ pub mod host_selection;
 pub mod keys;
 pub mod machine;
 pub mod pool;
+pub mod pool_template;
 pub mod provider_id;
 mod schema;
 pub mod template;
@@ -37,6 +41,9 @@ pub use cluster::{
     MicrovmCluster, MicrovmClusterSpec, MicrovmClusterStatus, MicrovmHost, Placement, Proxy,
     SshPublicKey, StaticPoolPlacement,
 };
+pub use cluster_template::{
+    MicrovmClusterTemplate, MicrovmClusterTemplateResource, MicrovmClusterTemplateSpec,
+};
 pub use endpoint::{EndpointError, HostEndpoint};
 pub use machine::{
     IfaceType, Initrd, Kernel, MachineAddress, MachineAddressType, MicrovmMachine,
@@ -45,6 +52,9 @@ pub use machine::{
 pub use pool::{
     DeletePolicy, MicrovmMachinePool, MicrovmMachinePoolSpec, MicrovmMachinePoolStatus,
     PoolStrategy, PoolStrategyType, RollingUpdate,
+};
+pub use pool_template::{
+    MicrovmMachinePoolTemplate, MicrovmMachinePoolTemplateResource, MicrovmMachinePoolTemplateSpec,
 };
 pub use provider_id::{ProviderId, ProviderIdError};
 pub use template::{
@@ -78,7 +88,9 @@ pub mod webhook {
 
 /// Every CRD of this provider, in a stable order. MicrovmCluster, MicrovmMachine and
 /// MicrovmMachineTemplate serve `v1alpha1` beside `v1alpha2` (the storage version), converted by the
-/// operator's webhook; the caBundle is injected by cert-manager.
+/// operator's webhook; the caBundle is injected by cert-manager. The ClusterClass templates
+/// (MicrovmClusterTemplate, MicrovmMachinePoolTemplate) are `v1alpha2` only: the Go provider had
+/// neither.
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
@@ -91,6 +103,8 @@ pub fn crds()
             v1alpha1::MicrovmMachineTemplate::crd(),
         ),
         MicrovmMachinePool::crd(),
+        MicrovmClusterTemplate::crd(),
+        MicrovmMachinePoolTemplate::crd(),
     ]
 }
 

@@ -46,13 +46,39 @@ use crate::machine::MicrovmMachineSpec;
 pub struct MicrovmMachineTemplateSpec {
     /// What every cloned MicrovmMachine gets. Immutable, as Cluster API's templates are: Machines
     /// already cloned would no longer match it, so a change is a new template that the
-    /// MachineDeployment or control plane is pointed at (which rolls the Machines).
-    #[schemars(extend("x-kubernetes-validations" = [{
-        "rule": "self == oldSelf",
-        "message": "spec.template is immutable: create a new MicrovmMachineTemplate and point the owner at it"
-    }]))]
+    /// MachineDeployment or control plane is pointed at (which rolls the Machines). Enforced by the
+    /// ValidatingAdmissionPolicy `capmvm-template-immutability`, which lets Cluster API's topology
+    /// controller dry-run a change.
     pub template: MicrovmMachineTemplateResource,
 }
+
+/// Name of the ValidatingAdmissionPolicy (and its binding) in the install manifests that refuses a
+/// change of `spec.template` on every template kind of [`IMMUTABLE_TEMPLATES`].
+///
+/// Not a CRD rule (`self == oldSelf`), which is what this was: Cluster API's topology controller
+/// (ClusterClass) compares a template with what it wants by a server-side-apply dry run of the
+/// changed template, marked with [`TOPOLOGY_DRY_RUN_ANNOTATION`], and rotates to a new template
+/// only if that dry run succeeds. A CRD rule cannot read annotations nor tell a dry run, so it
+/// refused the dry run and no topology-managed MachineDeployment could ever roll. CAPI's contract
+/// asks templates to let exactly those dry runs through; an admission policy sees `request.dryRun`
+/// and the annotations.
+pub const IMMUTABILITY_POLICY: &str = "capmvm-template-immutability";
+
+/// The resources (plurals) whose `spec.template` is immutable.
+pub const IMMUTABLE_TEMPLATES: &[&str] = &[
+    "microvmclustertemplates",
+    "microvmmachinetemplates",
+    "microvmmachinepooltemplates",
+];
+
+/// The annotation CAPI's topology controller puts on the objects of its dry runs.
+pub const TOPOLOGY_DRY_RUN_ANNOTATION: &str = "topology.cluster.x-k8s.io/dry-run";
+
+/// The policy's CEL expression: `spec.template` unchanged, or a dry run of the topology controller.
+pub const IMMUTABILITY_RULE: &str = "object.spec.template == oldObject.spec.template || (request.dryRun == true && has(object.metadata.annotations) && 'topology.cluster.x-k8s.io/dry-run' in object.metadata.annotations)";
+
+/// What the policy answers when it refuses a change.
+pub const IMMUTABILITY_MESSAGE_EXPRESSION: &str = "'spec.template of ' + object.kind + ' ' + object.metadata.name + ' is immutable: create a new template and point its owner (MachineDeployment, control plane, ClusterClass) at it'";
 
 /// Metadata and spec of the MicrovmMachines cloned from a template.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

@@ -8,13 +8,30 @@ use std::path::Path;
 
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::capi_fixtures::{
-    capi_crd_dir_or_skip, crd_schema, full_object, has_path, schema_paths, with_wrong_shape,
+    capi_crd_dir, crd_schema, full_object, has_path, schema_paths, with_wrong_shape,
 };
 use serde_json::Value;
 
 const MACHINES: &str = "cluster.x-k8s.io_machines.yaml";
 const CLUSTERS: &str = "cluster.x-k8s.io_clusters.yaml";
 const MACHINE_POOLS: &str = "cluster.x-k8s.io_machinepools.yaml";
+
+/// CAPI's CRD directory, or `None` with the test skipped (said past the harness's capture, counted
+/// under its summary, a failure under CI: `capmvm_upstream::skip`).
+fn capi_crd_dir_or_skip(test: &str) -> Option<std::path::PathBuf> {
+    let dir = capi_crd_dir();
+    if dir.is_dir() {
+        return Some(dir);
+    }
+    capmvm_upstream::skip::skip(
+        test,
+        &format!(
+            "CAPI's CRDs are not at {}: set CAPMVM_SHARED_DIR to the directory holding capi-crds/",
+            dir.display()
+        ),
+    );
+    None
+}
 
 /// A generated object of `file`, checked to hold every path of its schema.
 fn generated(dir: &Path, file: &str) -> (Value, Vec<String>) {

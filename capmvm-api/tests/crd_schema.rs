@@ -357,7 +357,8 @@ fn check_structural_catches_violations() {
 
 /// MicrovmCluster, MicrovmMachine and MicrovmMachineTemplate serve the Go provider's v1alpha1
 /// beside v1alpha2 (the one stored), converted by the operator's webhook behind its Service, whose
-/// CA cert-manager injects; the pool, new in v1alpha2, has no other version.
+/// CA cert-manager injects; the pool and the ClusterClass templates, new in v1alpha2 (the Go
+/// provider had none), have no other version.
 #[test]
 fn the_go_providers_kinds_serve_v1alpha1_through_the_conversion_webhook() {
     for crd in crds() {
@@ -375,7 +376,14 @@ fn the_go_providers_kinds_serve_v1alpha1_through_the_conversion_webhook() {
                 )
             })
             .collect();
-        if name.starts_with("microvmmachinepools.") {
+        if [
+            "microvmmachinepools.",
+            "microvmclustertemplates.",
+            "microvmmachinepooltemplates.",
+        ]
+        .iter()
+        .any(|p| name.starts_with(p))
+        {
             assert_eq!(versions, [("v1alpha2", true, true)]);
             assert!(crd["spec"]["conversion"].is_null(), "{name}");
             continue;
@@ -504,5 +512,54 @@ fn the_go_providers_own_crds_have_v1alpha1_alone() {
                 .is_none()
         );
         assert!(crd["spec"]["conversion"].is_null());
+    }
+}
+
+/// CAPI's InfraClusterTemplate and InfraMachinePoolTemplate contracts, which ClusterClass needs:
+/// `<Kind>Template`, namespaced, the contract label, `spec.template.spec` the very spec of the kind
+/// it clones (so every field of a MicrovmCluster can be set from a ClusterClass) and an optional
+/// `spec.template.metadata`.
+#[test]
+fn the_clusterclass_templates_follow_capis_template_contract() {
+    let all: Vec<Value> = crds()
+        .iter()
+        .map(|c| serde_json::to_value(c).unwrap())
+        .collect();
+    let named = |name: &str| {
+        all.iter()
+            .find(|c| c["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no CRD {name}"))
+    };
+    let schema = |crd: &Value| crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"].clone();
+    for (kind, template) in [
+        ("microvmclusters", "microvmclustertemplates"),
+        ("microvmmachinepools", "microvmmachinepooltemplates"),
+    ] {
+        let object = named(&format!("{kind}.infrastructure.cluster.x-k8s.io"));
+        let template = named(&format!("{template}.infrastructure.cluster.x-k8s.io"));
+        assert_eq!(
+            template["spec"]["names"]["kind"],
+            format!(
+                "{}Template",
+                object["spec"]["names"]["kind"].as_str().unwrap()
+            )
+        );
+        assert_eq!(template["spec"]["scope"], "Namespaced");
+        assert_eq!(
+            template["metadata"]["labels"]["cluster.x-k8s.io/v1beta2"],
+            "v1alpha2"
+        );
+        let inner = &schema(template)["properties"]["spec"]["properties"]["template"];
+        assert_eq!(inner["required"], serde_json::json!(["spec"]), "{template}");
+        let mut want = schema(object)["properties"]["spec"].clone();
+        let mut got = inner["properties"]["spec"].clone();
+        // Descriptions differ (the template's field is documented as the clone's spec).
+        want["description"] = Value::Null;
+        got["description"] = Value::Null;
+        assert_eq!(
+            got, want,
+            "{template}: spec.template.spec is the {kind} spec"
+        );
+        assert!(inner["properties"]["metadata"].is_object(), "{template}");
     }
 }

@@ -24,113 +24,15 @@ async fn refused_list(pool: &ClientPool, host: &HostConfig) -> capmvm_flintlock:
         .expect_err("the list is refused")
 }
 
-fn with_token(endpoint: &str, token: Option<&str>) -> HostConfig {
-    HostConfig {
-        basic_auth_token: token.map(SecretString::new),
-        ..HostConfig::new(endpoint)
-    }
-}
-
+/// A deliberate divergence: `overrides {}` without a bridge name makes flintlockd v0.11.0
+/// dereference nil and exit (checked against the real one: the caller gets Unavailable, "error
+/// reading from server: EOF", and the host is gone); the hollow host refuses it and keeps serving.
 #[tokio::test]
-async fn basic_auth_right_token_passes_wrong_or_missing_token_is_unauthenticated() {
-    let mut config = fast_config();
-    config.basic_auth_token = Some(SecretString::new(TOKEN));
-    let host = start(config).await;
-    let pool = pool();
-
-    let good = pool
-        .client(&with_token(&host.endpoint(), Some(TOKEN)))
-        .unwrap();
-    good.create(valid_spec("m")).await.unwrap();
-    assert_eq!(good.list("", None).await.unwrap().len(), 1);
-
-    let wrong = pool
-        .client(&with_token(&host.endpoint(), Some("not-the-token")))
-        .unwrap();
-    let err = wrong.list("", None).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
-    assert_eq!(
-        err.message(),
-        "invalid auth token: failed basic authentication. Check the token supplied"
-    );
-    assert!(
-        !err.to_string().contains("not-the-token") && !format!("{err:?}").contains("not-the-token")
-    );
-
-    let none = pool.client(&with_token(&host.endpoint(), None)).unwrap();
-    let err = none.get("x").await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
-    assert_eq!(
-        err.message(),
-        "could not extract token from request header: rpc error: code = Unauthenticated desc = Request unauthenticated with basic"
-    );
-    // Every method is guarded, the stream included.
-    let err = match none.list_stream("ns1").await {
-        Ok(_) => panic!("stream opened without credentials"),
-        Err(err) => err,
-    };
-    assert_eq!(err.kind(), ErrorKind::Unauthenticated);
-    assert_eq!(pool.channel_count(), 3, "one channel per token");
-}
-
-/// The header forms flintlock's middleware distinguishes, sent raw.
-#[tokio::test]
-async fn malformed_authorization_headers_get_flintlocks_texts() {
-    let mut config = fast_config();
-    config.basic_auth_token = Some(SecretString::new(TOKEN));
-    let host = start(config).await;
-    let mut raw = MicroVmClient::connect(format!("http://{}", host.endpoint()))
-        .await
-        .unwrap();
-    let prefix =
-        "could not extract token from request header: rpc error: code = Unauthenticated desc = ";
-    let cases = [
-        ("Basic", format!("{prefix}Bad authorization string")),
-        (
-            "Bearer abc",
-            format!("{prefix}Request unauthenticated with basic"),
-        ),
-        (
-            "Basic ",
-            "invalid auth token: empty authentication token".to_owned(),
-        ),
-        ("basic ZjFpbnRsMGNrLXQwa2Vu", String::new()), // scheme is case-insensitive; base64(TOKEN)
-    ];
-    for (header, expected) in cases {
-        let mut request = tonic::Request::new(ListMicroVMsRequest {
-            namespace: String::new(),
-            name: None,
-        });
-        request
-            .metadata_mut()
-            .insert("authorization", header.parse().unwrap());
-        match raw.list_micro_v_ms(request).await {
-            Ok(_) => assert!(expected.is_empty(), "{header:?} was accepted"),
-            Err(status) => {
-                assert_eq!(status.code(), Code::Unauthenticated, "{header:?}");
-                assert_eq!(status.message(), expected, "{header:?}");
-            }
-        }
-    }
-}
-
-#[tokio::test]
-async fn create_without_a_spec_is_invalid_argument() {
+async fn overrides_without_a_bridge_name_are_refused_and_the_host_keeps_serving() {
     let host = start(fast_config()).await;
     let mut raw = MicroVmClient::connect(format!("http://{}", host.endpoint()))
         .await
         .unwrap();
-    let status = raw
-        .create_micro_vm(CreateMicroVmRequest::default())
-        .await
-        .unwrap_err();
-    assert_eq!(status.code(), Code::InvalidArgument);
-    assert_eq!(
-        status.message(),
-        "invalid create microvm request: MicroVMSpec required"
-    );
-
-    // flintlockd panics on `overrides {}` without bridge_name; the hollow host refuses it.
     let mut spec = capmvm_flintlock::proto::types::MicroVmSpec::from(&valid_spec("m"));
     spec.interfaces[0].overrides = Some(Default::default());
     let status = raw
@@ -145,44 +47,6 @@ async fn create_without_a_spec_is_invalid_argument() {
     raw.list_micro_v_ms(ListMicroVMsRequest::default())
         .await
         .unwrap();
-}
-
-#[tokio::test]
-async fn tls_with_the_right_ca_works_and_with_another_ca_or_plaintext_fails() {
-    let pki = TestPki::generate().unwrap();
-    let mut config = fast_config();
-    config.tls = Some(pki.server_tls(false));
-    let host = start(config).await;
-    let pool = pool();
-
-    let tls = HostConfig {
-        tls: Some(pki.client_tls(false)),
-        ..HostConfig::new(host.endpoint())
-    };
-    let client = pool.client(&tls).unwrap();
-    client.create(valid_spec("m")).await.unwrap();
-    assert_eq!(client.list("", None).await.unwrap().len(), 1);
-
-    // The server name is the endpoint's host: "localhost" is in the certificate too.
-    let port = host.endpoint().rsplit_once(':').unwrap().1.to_owned();
-    let by_name = HostConfig {
-        tls: Some(pki.client_tls(false)),
-        ..HostConfig::new(format!("localhost:{port}"))
-    };
-    pool.client(&by_name).unwrap().list("", None).await.unwrap();
-
-    let stranger = TestPki::generate().unwrap();
-    let wrong_ca = HostConfig {
-        tls: Some(stranger.client_tls(false)),
-        ..HostConfig::new(host.endpoint())
-    };
-    let err = refused_list(&pool, &wrong_ca).await;
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
-    assert!(err.message().contains("TLS handshake"), "{err}");
-
-    let plaintext = pool.client(&HostConfig::new(host.endpoint())).unwrap();
-    let err = plaintext.list("", None).await.unwrap_err();
-    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
 }
 
 #[tokio::test]

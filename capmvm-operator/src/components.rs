@@ -39,6 +39,9 @@ pub const DEPLOYMENT: &str = "capmvm-controller-manager";
 pub const CONTAINER: &str = "manager";
 /// Read access to our templates (and pools, once served) for cluster-autoscaler.
 pub const AUTOSCALER_ROLE_NAME: &str = "capmvm-cluster-autoscaler-reader";
+/// Everything cluster-autoscaler's Cluster API provider does on the management cluster for our
+/// clusters: bind the autoscaler's ServiceAccount to it (its `--cloud-config` identity).
+pub const AUTOSCALER_MANAGEMENT_ROLE_NAME: &str = "capmvm-cluster-autoscaler";
 /// Label that aggregates [`AUTOSCALER_ROLE_NAME`] into a ClusterRole selecting it. Neither CAPI nor
 /// cluster-autoscaler defines such a label (their docs say to grant get/list on the provider's
 /// templates), so this is ours; a ClusterRoleBinding to the role works as well.
@@ -378,6 +381,133 @@ pub fn autoscaler_role() -> ClusterRole {
     }
 }
 
+/// What cluster-autoscaler's Cluster API provider (1.36) does on the management cluster, read from
+/// its code: informers on MachineDeployments, MachineSets, MachinePools and Machines; the
+/// `delete-machine` annotation written with an update of the Machine; replicas read and changed
+/// through the scale subresource with a merge patch; scale from zero read from our templates and
+/// pools. The autoscaler's own example role grants `update` but not `patch` on the scale
+/// subresource and no `machinepools/scale`, so under it every scale-up is refused
+/// (docs/autoscaler.md).
+pub fn autoscaler_management_role() -> ClusterRole {
+    let rule = |group: &str, resources: &[&str], verbs: &[&str]| PolicyRule {
+        api_groups: Some(vec![group.to_string()]),
+        resources: Some(resources.iter().map(|r| r.to_string()).collect()),
+        verbs: verbs.iter().map(|v| v.to_string()).collect(),
+        ..Default::default()
+    };
+    ClusterRole {
+        metadata: meta(AUTOSCALER_MANAGEMENT_ROLE_NAME, None),
+        rules: Some(vec![
+            rule(
+                "cluster.x-k8s.io",
+                &[
+                    "machinedeployments",
+                    "machinesets",
+                    "machinepools",
+                    "machines",
+                ],
+                &["get", "list", "watch"],
+            ),
+            rule("cluster.x-k8s.io", &["machines"], &["update"]),
+            rule(
+                "cluster.x-k8s.io",
+                &[
+                    "machinedeployments/scale",
+                    "machinesets/scale",
+                    "machinepools/scale",
+                ],
+                &["get", "patch", "update"],
+            ),
+            rule(
+                "infrastructure.cluster.x-k8s.io",
+                &["microvmmachinetemplates", "microvmmachinepools"],
+                &["get", "list", "watch"],
+            ),
+        ]),
+        ..Default::default()
+    }
+}
+
+/// Name of the ClusterRole CAPI core's manager aggregates (see [`CAPI_AGGREGATION_LABEL`]).
+pub const CAPI_ROLE_NAME: &str = "capmvm-capi-manager";
+/// The label CAPI core's `aggregated-manager-role` selects: the contract's way for a provider to
+/// grant core (the Cluster, Machine and MachinePool controllers, and ClusterClass's topology
+/// controller) what it does to the provider's kinds.
+pub const CAPI_AGGREGATION_LABEL: &str = "cluster.x-k8s.io/aggregate-to-manager";
+
+/// What CAPI core does to our kinds: owner references and labels on every one; with ClusterClass,
+/// MicrovmClusters, MicrovmMachinePools and MicrovmMachineTemplates created, patched (server-side
+/// apply) and deleted from our templates, and the ClusterClass's own templates labelled and owned.
+/// CAPI's own manager role grants `*` on `infrastructure.cluster.x-k8s.io` today; this role keeps
+/// core working where that role is narrowed, as the contract asks of every provider.
+pub fn capi_manager_role() -> ClusterRole {
+    let mut metadata = meta(CAPI_ROLE_NAME, None);
+    if let Some(labels) = metadata.labels.as_mut() {
+        labels.insert(CAPI_AGGREGATION_LABEL.to_string(), "true".to_string());
+    }
+    let mut resources: Vec<String> = capmvm_api::crds()
+        .iter()
+        .map(|crd| crd.spec.names.plural.clone())
+        .collect();
+    resources.sort();
+    ClusterRole {
+        metadata,
+        rules: Some(vec![PolicyRule {
+            api_groups: Some(vec![capmvm_api::GROUP.to_string()]),
+            resources: Some(resources),
+            verbs: [
+                "create", "delete", "get", "list", "patch", "update", "watch",
+            ]
+            .map(String::from)
+            .to_vec(),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    }
+}
+
+/// The ValidatingAdmissionPolicy that keeps every template's `spec.template` unchanged, except in
+/// the server-side-apply dry runs of CAPI's topology controller (why a policy and not a CRD rule:
+/// [`capmvm_api::template::IMMUTABILITY_POLICY`]), and its binding (every namespace, deny).
+pub fn template_immutability_policy() -> Vec<Value> {
+    use capmvm_api::template::{
+        IMMUTABILITY_MESSAGE_EXPRESSION, IMMUTABILITY_POLICY, IMMUTABILITY_RULE,
+        IMMUTABLE_TEMPLATES,
+    };
+    let labels = provider_labels();
+    vec![
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": IMMUTABILITY_POLICY, "labels": labels},
+            "spec": {
+                "failurePolicy": "Fail",
+                "matchConstraints": {
+                    // Equivalent: a write at v1alpha1 is judged at v1alpha2 too.
+                    "matchPolicy": "Equivalent",
+                    "resourceRules": [{
+                        "apiGroups": [capmvm_api::GROUP],
+                        "apiVersions": [capmvm_api::VERSION],
+                        "operations": ["UPDATE"],
+                        "resources": IMMUTABLE_TEMPLATES,
+                    }],
+                },
+                "validations": [{
+                    "expression": IMMUTABILITY_RULE,
+                    "messageExpression": IMMUTABILITY_MESSAGE_EXPRESSION,
+                    "reason": "Invalid",
+                }],
+            },
+        }),
+        json!({
+            "apiVersion": "admissionregistration.k8s.io/v1",
+            "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": IMMUTABILITY_POLICY, "labels": labels},
+            "spec": {"policyName": IMMUTABILITY_POLICY, "validationActions": ["Deny"]},
+        }),
+    ]
+}
+
 fn operator_subject() -> Subject {
     Subject {
         kind: "ServiceAccount".to_string(),
@@ -425,6 +555,9 @@ pub fn components() -> Result<Vec<Value>, Error> {
         subjects: Some(vec![operator_subject()]),
     })?);
     docs.push(document(&autoscaler_role())?);
+    docs.push(document(&autoscaler_management_role())?);
+    docs.push(document(&capi_manager_role())?);
+    docs.extend(template_immutability_policy());
     docs.push(document(&webhook_service())?);
     docs.extend(cert_manager_objects());
     docs.push(document(&deployment()?)?);
@@ -541,6 +674,42 @@ mod tests {
             Flags::try_parse_from(["capmvm-operator", "--microvmmachinepool-concurrency=3"])
                 .unwrap();
         assert_eq!(flags.microvmmachinepool_concurrency, 3);
+    }
+
+    /// What cluster-autoscaler's clusterapi provider does on the management cluster: a missing
+    /// verb here is a 403 in the real-stack autoscale test; this keeps the ones that bit.
+    #[test]
+    fn the_autoscaler_role_grants_scaling_through_a_patch_of_the_scale_subresource() {
+        let role = autoscaler_management_role();
+        let grants = |resource: &str, verb: &str| {
+            role.rules.as_ref().unwrap().iter().any(|r| {
+                r.resources
+                    .as_ref()
+                    .is_some_and(|rs| rs.iter().any(|x| x == resource))
+                    && r.verbs.iter().any(|v| v == verb)
+            })
+        };
+        for resource in ["machinedeployments/scale", "machinepools/scale"] {
+            assert!(grants(resource, "patch"), "patch {resource}");
+            assert!(grants(resource, "get"), "get {resource}");
+        }
+        assert!(
+            grants("machines", "update"),
+            "the delete-machine annotation"
+        );
+        for resource in ["microvmmachinetemplates", "microvmmachinepools"] {
+            assert!(
+                grants(resource, "watch"),
+                "scale from zero reads {resource}"
+            );
+        }
+        assert!(
+            components()
+                .unwrap()
+                .iter()
+                .any(|d| d["metadata"]["name"] == AUTOSCALER_MANAGEMENT_ROLE_NAME),
+            "shipped in infrastructure-components.yaml"
+        );
     }
 
     #[test]

@@ -14,12 +14,12 @@ use std::io::Write as _;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use capmvm_api::MicrovmMachine;
-use capmvm_api::conditions::types::READY;
 use futures::StreamExt as _;
 use kube::Api;
+use kube::api::DynamicObject;
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 
+use crate::bench_provider::BenchProvider;
 use crate::real::RealStack;
 use crate::stack::{RequestCounts, Stack};
 use crate::world::{World, WorldOptions};
@@ -62,6 +62,11 @@ pub struct BenchArgs {
     /// initialised one), then the clock starts as its MachineDeployment is scaled to `--machines`.
     #[arg(long, value_enum, default_value_t = crate::demo::ControlPlane::Embedded)]
     pub control_plane: crate::demo::ControlPlane,
+    /// The infrastructure provider measured: `capmvm` (ours) or `go` (the Go provider v0.10.1
+    /// itself, on `--control-plane real` only; its row names are the same, "operator" meaning its
+    /// manager).
+    #[arg(long, value_enum, default_value_t = BenchProvider::Capmvm)]
+    pub provider: BenchProvider,
 }
 
 /// What a run measured.
@@ -71,6 +76,9 @@ pub struct Report {
     pub args: BenchArgs,
     /// Time from applying the cluster to every machine ready.
     pub time_to_ready: Duration,
+    /// `(ready, expected)` when the Go provider had not brought every machine to Ready by
+    /// `--timeout-secs`: its progress then is the figure (the other measures run to that time).
+    pub unfinished: Option<(usize, usize)>,
     /// The operator's requests until ready.
     pub operator_requests: RequestCounts,
     /// Every client's API requests (operator, CAPI or its stand-in, hollow kubelets) until ready:
@@ -107,7 +115,8 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
         .context("starting the async runtime")?;
     let report = runtime.block_on(run(args))?;
     print!("{}", report.render());
-    if report.failures().is_empty() {
+    // Our targets are ours: the Go provider's misses are its figures, not a failed run.
+    if report.failures().is_empty() || report.args.provider == BenchProvider::Go {
         Ok(())
     } else {
         bail!("targets missed: {}", report.failures().join("; "))
@@ -157,9 +166,20 @@ pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldO
 /// Runs one measurement.
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
+    run_with(args, exe).await
+}
+
+/// Runs one measurement with `exe` as the capmvm-sim executable that runs the operator (a test's
+/// `CARGO_BIN_EXE_capmvm-sim`).
+pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Result<Report> {
     let options = world_options(&args, exe);
     let own_cpu_before = own_cpu();
     match args.control_plane {
+        crate::demo::ControlPlane::Embedded if args.provider == BenchProvider::Go => {
+            bail!(
+                "--provider go needs --control-plane real: the Go provider is a Go program that runs only against a real kube-apiserver"
+            )
+        }
         crate::demo::ControlPlane::Embedded => {
             let mut world = World::start(options).await?;
             world.start_operator(&[])?;
@@ -169,16 +189,28 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             result.map(|report| with_own_cpu(report, own_cpu_before))
         }
         crate::demo::ControlPlane::Real => {
-            let mut real = RealStack::start(options).await?;
+            let mut real = match args.provider {
+                BenchProvider::Capmvm => RealStack::start(options).await?,
+                BenchProvider::Go => {
+                    let mut real = RealStack::start_without_components(options).await?;
+                    real.install_go_provider(&[]).await?;
+                    real
+                }
+            };
             let vip = real.prepare_cluster("default", "demo").await?;
-            real.start_operator(&[])?;
+            if args.provider == BenchProvider::Capmvm {
+                real.start_operator(&[])?;
+            }
             let result = measure(&real, &args, Start::ScaleAfterControlPlane(vip)).await;
             let upstream_cpu: f64 = real
                 .upstream_pids()
                 .into_iter()
                 .filter_map(|pid| crate::world::process_usage(pid).map(|(cpu, _)| cpu))
                 .sum();
-            eprintln!("operator log: {}", real.operator_log().display());
+            match real.go_provider() {
+                Some(go) => eprintln!("Go provider log: {}", go.log().display()),
+                None => eprintln!("operator log: {}", real.operator_log().display()),
+            }
             if result.is_err() {
                 real.keep_dir();
                 eprintln!("logs kept in {}", real.dir.display());
@@ -214,15 +246,23 @@ async fn measure<S: Stack + Sync>(
     start: Start,
 ) -> anyhow::Result<Report> {
     eprintln!(
-        "bench: {} machines on {} hosts, provisioning {} ms, host poll {} s",
-        args.machines, args.hosts, args.provision_ms, args.poll_secs
+        "bench: {}: {} machines on {} hosts, provisioning {} ms, host poll {} s",
+        args.provider.describe(),
+        args.machines,
+        args.hosts,
+        args.provision_ms,
+        args.poll_secs
     );
+    let provider = args.provider;
     // Let the operator start and settle before the clock starts.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let machines: Api<MicrovmMachine> = Api::namespaced(stack.client().clone(), "default");
+    let resource = provider.machines();
+    let machines: Api<DynamicObject> =
+        Api::namespaced_with(stack.client().clone(), "default", &resource);
     // A watch cache, not a list every half second: listing 10 000 objects twice a second made the
     // bench itself a noticeable share of the simulators' CPU.
-    let (cache, writer) = reflector::store::<MicrovmMachine>();
+    let writer = reflector::store::Writer::<DynamicObject>::new(resource.clone());
+    let cache = writer.as_reader();
     let watch = tokio::spawn(
         watcher(machines, watcher::Config::default())
             .reflect(writer)
@@ -232,19 +272,13 @@ async fn measure<S: Stack + Sync>(
         cache
             .state()
             .iter()
-            .filter(|m| {
-                m.status.as_ref().is_some_and(|s| {
-                    s.conditions
-                        .iter()
-                        .any(|c| c.type_ == READY && c.status == "True")
-                })
-            })
+            .filter(|m| provider.is_ready(m))
             .count()
     };
     let mut expected = args.machines;
     let (api_before, all_before, started) = match start {
         Start::Apply => {
-            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            let (api_before, all_before) = (stack.operator_requests()?, stack.api_requests()?);
             for h in stack.hosts() {
                 h.control().reset_counters();
             }
@@ -262,6 +296,7 @@ async fn measure<S: Stack + Sync>(
             (api_before, all_before, started)
         }
         Start::ScaleAfterControlPlane(vip) => {
+            let mut rewritten = Ok(());
             crate::stack::apply_template(
                 stack,
                 crate::world::DEMO_CLUSTER,
@@ -270,9 +305,10 @@ async fn measure<S: Stack + Sync>(
                     ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
                     ("WORKER_MACHINE_COUNT", "0".to_string()),
                 ],
-                |_| {},
+                |objects| rewritten = provider.rewrite(objects),
             )
             .await?;
+            rewritten?;
             let deadline = Instant::now() + Duration::from_secs(args.timeout_secs);
             while ready_count() < 1 {
                 if Instant::now() > deadline {
@@ -289,7 +325,7 @@ async fn measure<S: Stack + Sync>(
                 args.machines
             );
             expected += 1;
-            let (api_before, all_before) = (stack.operator_requests(), stack.api_requests());
+            let (api_before, all_before) = (stack.operator_requests()?, stack.api_requests()?);
             for h in stack.hosts() {
                 h.control().reset_counters();
             }
@@ -305,12 +341,17 @@ async fn measure<S: Stack + Sync>(
             (api_before, all_before, started)
         }
     };
-    let throttled_before = stack.throttled();
+    let throttled_before = stack.throttled()?;
     let deadline = started + Duration::from_secs(args.timeout_secs);
+    let mut unfinished = None;
     loop {
         let ready = ready_count();
         progress(ready, expected, started.elapsed());
         if ready == expected {
+            break;
+        }
+        if Instant::now() > deadline && provider == BenchProvider::Go {
+            unfinished = Some((ready, expected));
             break;
         }
         if Instant::now() > deadline {
@@ -326,10 +367,10 @@ async fn measure<S: Stack + Sync>(
     let time_to_ready = started.elapsed();
     watch.abort();
     eprintln!();
-    let operator_requests = stack.operator_requests().since(&api_before);
-    let all_requests = stack.api_requests().since(&all_before);
+    let operator_requests = stack.operator_requests()?.since(&api_before);
+    let all_requests = stack.api_requests()?.since(&all_before);
     let throttled = stack
-        .throttled()
+        .throttled()?
         .zip(throttled_before)
         .map(|((all, op), (all0, op0))| (all.saturating_sub(all0), op.saturating_sub(op0)));
     let flintlock_to_ready = crate::stack::flintlock_calls(stack.hosts());
@@ -357,6 +398,7 @@ async fn measure<S: Stack + Sync>(
     Ok(Report {
         args: args.clone(),
         time_to_ready,
+        unfinished,
         operator_requests,
         all_requests,
         flintlock_to_ready,
@@ -566,7 +608,8 @@ impl Report {
         };
         let real = a.control_plane == crate::demo::ControlPlane::Real;
         line(format!(
-            "### {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            "### {}: {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            a.provider.describe(),
             a.machines,
             a.hosts,
             a.provision_ms,
@@ -579,10 +622,16 @@ impl Report {
         ));
         line("| measure | value | target |".into());
         line("|---|---|---|".into());
-        line(format!(
-            "| time to all ready | {:.1} s | |",
-            self.time_to_ready.as_secs_f64()
-        ));
+        line(match self.unfinished {
+            Some((ready, expected)) => format!(
+                "| time to all ready | not reached: {ready} of {expected} ready after {:.1} s | |",
+                self.time_to_ready.as_secs_f64()
+            ),
+            None => format!(
+                "| time to all ready | {:.1} s | |",
+                self.time_to_ready.as_secs_f64()
+            ),
+        });
         if real {
             line(format!(
                 "| time to ready / (provision + poll) | {:.2} | none: real CAPI's pace |",
@@ -605,6 +654,10 @@ impl Report {
         line(format!(
             "| of which to MicrovmMachines | {:.2} | |",
             self.machine_writes_per_machine()
+        ));
+        line(format!(
+            "| operator API requests per machine (every verb) | {:.2} | |",
+            self.operator_requests.total() as f64 / m
         ));
         line(format!(
             "| all operator writes / machines (adds the per-cluster status writes) | {:.3} | |",

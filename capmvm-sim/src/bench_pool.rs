@@ -38,7 +38,8 @@ const POOL: &str = "demo-mp-0";
 /// The targets.
 const SCALE_TARGET: f64 = 1.5;
 const ROLL_TARGET: f64 = 1.5;
-const WRITES_PER_CREATED_TARGET: f64 = 4.2;
+/// At most this many instance-caused operator API writes per instance created while scaling up.
+pub const WRITES_PER_CREATED_TARGET: f64 = 4.2;
 
 /// The sizes the pool goes through.
 #[derive(Debug, Clone, Copy)]

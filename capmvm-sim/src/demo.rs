@@ -29,7 +29,7 @@ use crate::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, World, WorldOptions};
 #[derive(Debug, Clone, clap::Args)]
 pub struct DemoArgs {
     /// Leave everything running once the cluster is ready, print the kubeconfig path, and wait for
-    /// Ctrl-C (the cluster is not deleted).
+    /// Ctrl-C, SIGTERM or SIGHUP, then stop everything it started (the cluster is not deleted).
     #[arg(long)]
     pub keep: bool,
     /// Milliseconds from create to CREATED on the hosts.
@@ -186,9 +186,26 @@ async fn demo<S: Stack + Sync>(
             println!("  (the same file: {})", path.display());
         }
         println!("Ctrl-C stops it all.");
-        let _ = tokio::signal::ctrl_c().await;
+        stop_requested().await?;
     }
     result
+}
+
+/// Waits for SIGINT (Ctrl-C), SIGTERM (a supervisor, `timeout`) or SIGHUP (a closed terminal): the
+/// caller then stops what it started. Should the demo die without a word (SIGKILL), its processes
+/// die with it (`capmvm_upstream::process::die_with_parent`).
+async fn stop_requested() -> anyhow::Result<()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut interrupt = signal(SignalKind::interrupt()).context("handling SIGINT")?;
+    let mut terminate = signal(SignalKind::terminate()).context("handling SIGTERM")?;
+    let mut hangup = signal(SignalKind::hangup()).context("handling SIGHUP")?;
+    let name = tokio::select! {
+        _ = interrupt.recv() => "SIGINT",
+        _ = terminate.recv() => "SIGTERM",
+        _ = hangup.recv() => "SIGHUP",
+    };
+    println!("{name}: stopping everything the demo started");
+    Ok(())
 }
 
 async fn drive<S: Stack + Sync>(
@@ -197,8 +214,8 @@ async fn drive<S: Stack + Sync>(
     timeout: Duration,
     vars: &[(&'static str, String)],
 ) -> anyhow::Result<()> {
-    let api_before = stack.api_requests();
-    let operator_before = stack.operator_requests();
+    let api_before = stack.api_requests()?;
+    let operator_before = stack.operator_requests()?;
     let started = Instant::now();
     let with = |extra: (&'static str, String)| {
         let mut all = vars.to_vec();
@@ -246,14 +263,14 @@ async fn drive<S: Stack + Sync>(
     )
     .await?;
     let time_to_ready = started.elapsed();
-    let api_to_ready = stack.api_requests().since(&api_before);
+    let api_to_ready = stack.api_requests()?.since(&api_before);
     let flintlock_to_ready = crate::stack::flintlock_calls(stack.hosts());
     println!(
         "\nall {total} machines ready in {:.1}s (provisioning takes {:.1}s on the hosts)",
         time_to_ready.as_secs_f64(),
         args.provision_ms as f64 / 1000.0
     );
-    let operator_to_ready = stack.operator_requests().since(&operator_before);
+    let operator_to_ready = stack.operator_requests()?.since(&operator_before);
     if args.keep {
         summary(
             time_to_ready,
@@ -302,9 +319,30 @@ async fn drive<S: Stack + Sync>(
     summary(
         time_to_ready,
         Some(time_to_clean),
-        &stack.api_requests().since(&api_before),
-        &stack.operator_requests().since(&operator_before),
+        &stack.api_requests()?.since(&api_before),
+        &stack.operator_requests()?.since(&operator_before),
         &crate::stack::flintlock_calls(stack.hosts()),
+    );
+    rbac_refused_nothing(stack)
+}
+
+/// On the real stack, the API server's audit log: the operator's ServiceAccount made requests and
+/// RBAC refused none of them (a refusal is a role the install manifests lack).
+fn rbac_refused_nothing<S: Stack>(stack: &S) -> anyhow::Result<()> {
+    let Some((requests, denied)) = stack.operator_denials()? else {
+        return Ok(());
+    };
+    if requests == 0 {
+        bail!("the audit log holds no request of the operator's ServiceAccount");
+    }
+    if !denied.is_empty() {
+        bail!(
+            "RBAC refused {} of the operator's {requests} requests: {denied:?}",
+            denied.len()
+        );
+    }
+    println!(
+        "RBAC refused none of the operator's {requests} requests (the API server's audit log)"
     );
     Ok(())
 }

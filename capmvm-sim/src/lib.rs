@@ -5,8 +5,10 @@
 //!   the operator talk to as they would to a real API server; the `capmvm-kube-emulator` crate, re-exported.
 //! - [`hosts`]: serving hollow flintlock hosts (the simulated flintlock of `capmvm-flintlock`).
 
+pub mod autoscale;
 pub mod bench;
 pub mod bench_pool;
+pub mod bench_provider;
 pub mod capi;
 pub mod demo;
 pub mod hosts;

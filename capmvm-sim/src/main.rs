@@ -24,6 +24,10 @@ enum Command {
     Kube(capmvm_sim::kube::KubeArgs),
     /// The main job: a cluster of 1 control plane and 3 workers created and deleted on simulators.
     Demo(capmvm_sim::demo::DemoArgs),
+    /// The real cluster-autoscaler drives microVM pools on the real stack: scale from zero on a
+    /// MachineDeployment and a MachinePool, max size, scale down by Node, a failed scale-up. Exits 0
+    /// only if every scenario held.
+    Autoscale(capmvm_sim::autoscale::AutoscaleArgs),
     /// Measure a large cluster: time to ready, API and flintlock calls per machine, operator CPU and memory.
     Bench(capmvm_sim::bench::BenchArgs),
     /// The whole system under API faults, host partitions and operator kills: exits non-zero if a
@@ -42,6 +46,7 @@ fn main() -> anyhow::Result<()> {
             .build()?
             .block_on(capmvm_sim::kube::run(args))?,
         Command::Demo(args) => capmvm_sim::demo::main(args)?,
+        Command::Autoscale(args) => capmvm_sim::autoscale::main(args)?,
         Command::Bench(args) => capmvm_sim::bench::main(args)?,
         Command::Soak(args) => capmvm_sim::soak::main(args)?,
         Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()

@@ -117,15 +117,22 @@ pub trait Stack {
     fn kubelets(&self) -> crate::capi::kubelet::KubeletControl;
     /// The kubeconfig a user would use for the management cluster.
     fn kubeconfig(&self) -> PathBuf;
-    /// Every API request counted so far, as the API server counts them.
-    fn api_requests(&self) -> RequestCounts;
-    /// The operator's API requests counted so far.
-    fn operator_requests(&self) -> RequestCounts;
+    /// Every API request counted so far, as the API server counts them; an error when they cannot
+    /// be counted (the real stack's audit log missing or unreadable), never zero.
+    fn api_requests(&self) -> anyhow::Result<RequestCounts>;
+    /// The operator's API requests counted so far (an error as for [`Stack::api_requests`]).
+    fn operator_requests(&self) -> anyhow::Result<RequestCounts>;
     /// Requests the server answered 429 (priority and fairness) so far, of all clients and of the
     /// operator, where the server reports it (the real stack's audit log; the emulator throttles
     /// nobody unless told to).
-    fn throttled(&self) -> Option<(u64, u64)> {
-        None
+    fn throttled(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        Ok(None)
+    }
+    /// The operator's requests so far and those of them authorization (RBAC) refused, as
+    /// `verb URI`, where the server reports it (the real stack's audit log; the emulator has no
+    /// RBAC).
+    fn operator_denials(&self) -> anyhow::Result<Option<(u64, Vec<String>)>> {
+        Ok(None)
     }
     /// Renders a cluster template with `vars` as clusterctl fills them.
     fn render(

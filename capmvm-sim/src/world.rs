@@ -194,6 +194,8 @@ pub fn spawn_operator(
         .stdout(log.try_clone().context("cloning the log handle")?)
         .stderr(log)
         .kill_on_drop(true);
+    // The operator must not outlive the simulator, however the simulator ends (issue 34).
+    capmvm_upstream::process::die_with_parent(&mut command);
     for (k, v) in env {
         command.env(k, v);
     }
@@ -646,12 +648,14 @@ impl Stack for World {
         self.kubeconfig.clone()
     }
 
-    fn api_requests(&self) -> RequestCounts {
-        request_counts(&self.emulator.counters())
+    fn api_requests(&self) -> anyhow::Result<RequestCounts> {
+        Ok(request_counts(&self.emulator.counters()))
     }
 
-    fn operator_requests(&self) -> RequestCounts {
-        request_counts(&self.emulator.counters_of_agent(capmvm_operator::USER_AGENT))
+    fn operator_requests(&self) -> anyhow::Result<RequestCounts> {
+        Ok(request_counts(
+            &self.emulator.counters_of_agent(capmvm_operator::USER_AGENT),
+        ))
     }
 
     async fn render(

@@ -3,7 +3,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use capmvm_sim::bench::BenchArgs;
-use capmvm_sim::bench_pool::PoolPlan;
+use capmvm_sim::bench_pool::{PoolPlan, WRITES_PER_CREATED_TARGET};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_pool_scales_rolls_and_is_reported() {
@@ -16,6 +16,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         timeout_secs: 120,
         pool: true,
         control_plane: capmvm_sim::demo::ControlPlane::Embedded,
+        provider: capmvm_sim::bench_provider::BenchProvider::Capmvm,
     };
     let plan = PoolPlan {
         peak: 6,
@@ -37,7 +38,28 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
     assert_eq!(report.steps[1].deleted, 4);
     // The roll's ideal: 6/2 waves of (provision + poll).
     assert_eq!(report.steps[3].budget.as_millis(), 3 * 2500);
-    assert!(report.steps[0].writes_per_created().unwrap() > 0.0);
+    // The writes-per-instance bound of the scale-ups. Each instance created costs its create, two
+    // patches (host record, providerID) and one status write; the step adds one Event. At this
+    // size that Event is a visible share (4 instances: 4.25 per instance), so the bound is checked
+    // as those counts; from 5 instances up it is within the bench's target of 4.2 per instance,
+    // which the 6-instance step must meet as the 200-instance bench does.
+    for step in [&report.steps[0], &report.steps[2]] {
+        assert!(step.writes_target, "{} has the writes target", step.name);
+        let created = step.created as u64;
+        assert!(
+            (created..=4 * created + 1).contains(&step.instance_writes()),
+            "{}: {} instance-caused operator writes for {created} instances created:\n{}",
+            step.name,
+            step.instance_writes(),
+            report.render()
+        );
+    }
+    let first = report.steps[0].writes_per_created().unwrap();
+    assert!(
+        first <= WRITES_PER_CREATED_TARGET,
+        "scale 0 -> 6: {first:.2} writes per instance created > {WRITES_PER_CREATED_TARGET}:\n{}",
+        report.render()
+    );
     let text = report.render();
     assert!(text.contains("| roll 6 (maxSurge 2) |"), "{text}");
     assert!(report.operator_usage.is_some());

@@ -128,6 +128,13 @@ async fn every_object_of_templates_and_examples_validates_against_capi_crds() {
     let mut files = Vec::new();
     yaml_files(&repo_root().join("templates"), &mut files);
     yaml_files(&repo_root().join("examples"), &mut files);
+    // The clusterclass flavor needs CAPI's ClusterClass and KubeadmControlPlaneTemplate CRDs and
+    // its topology webhooks, which are not among these CRDs: the real API server and CAPI check it
+    // in tests/clusterclass.rs.
+    files.retain(|f| {
+        !f.file_name()
+            .is_some_and(|n| n.to_string_lossy().contains("clusterclass"))
+    });
     files.sort();
     assert!(
         files

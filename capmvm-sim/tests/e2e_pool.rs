@@ -284,6 +284,60 @@ async fn a_scale_up_places_each_instance_once_core_adopted_it_without_a_lost_wri
     w.shutdown().await;
 }
 
+/// A pool instance's write lost to another writer (409: its resourceVersion is stale; a 422 from a
+/// JSON patch's failed `test` is classed the same): the operator reads the instance afresh and
+/// decides again within the same reconcile, and the scale-up still ends with one microVM per
+/// instance. The emulator answers three of the operator's patches of instances 409, as the API
+/// server does when another writer won; at most three, so none reaches the round limit, and each
+/// is then the one GET of a MicrovmMachine the operator makes (it reads them from its caches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_write_lost_to_a_conflict_is_decided_again_from_a_fresh_read() {
+    use capmvm_sim::kube::{FaultKind, FaultRule, Verb};
+    let w = pool_world(3, 0, 4, 0).await;
+    wait_pool(&w, 0).await;
+    let faults = w.emulator.faults();
+    faults
+        .add_rule(
+            FaultRule::new(FaultKind::Conflict)
+                .verbs([Verb::Patch])
+                .resources(["microvmmachines.infrastructure.cluster.x-k8s.io"])
+                .unwrap()
+                .user_agent_prefix(capmvm_operator::USER_AGENT)
+                .times(3),
+        )
+        .unwrap();
+    let gets = || {
+        w.emulator
+            .counters_of_agent(capmvm_operator::USER_AGENT)
+            .get(Verb::Get, "infrastructure.cluster.x-k8s.io/microvmmachines")
+    };
+    let gets_before = gets();
+    set_replicas(&w, 4).await;
+    let four = wait_pool(&w, 4).await;
+    assert_eq!(
+        faults.counts().kind_total(FaultKind::Conflict),
+        3,
+        "the conflicts were injected"
+    );
+    assert_eq!(gets() - gets_before, 3, "one fresh read per lost write");
+    assert_no_duplicate_or_leak(&w, &four);
+    assert_eq!(
+        w.hosts
+            .iter()
+            .map(|h| h.control().counters().of(capmvm_flintlock::Method::Create))
+            .sum::<u64>(),
+        4,
+        "one create per instance"
+    );
+    let log = std::fs::read_to_string(w.operator_log()).unwrap();
+    assert!(
+        !log.lines().any(|l| l.contains("reconcile failed")),
+        "a conflict is no failure: {}",
+        w.operator_log().display()
+    );
+    w.shutdown().await;
+}
+
 /// While its counts move, the pool's status is written at most about once a second, and its last
 /// state is always written: a scale of 12 on 3 hosts changes a count dozens of times in a few
 /// seconds.

@@ -82,7 +82,28 @@ fn every_object_is_labelled_for_clusterctl_and_the_deployment_runs_the_manager()
     ] {
         assert!(kinds.iter().any(|k| k == kind), "no {kind}");
     }
-    assert_eq!(kinds.iter().filter(|k| *k == "ClusterRole").count(), 2);
+    // The operator's, the autoscaler's reader and the one CAPI core aggregates.
+    assert_eq!(kinds.iter().filter(|k| *k == "ClusterRole").count(), 3);
+    let aggregated = objects
+        .iter()
+        .find(|o| o.name_any() == "capmvm-capi-manager")
+        .expect("a ClusterRole for CAPI core");
+    assert_eq!(
+        aggregated
+            .labels()
+            .get("cluster.x-k8s.io/aggregate-to-manager")
+            .map(String::as_str),
+        Some("true")
+    );
+    for kind in [
+        "ValidatingAdmissionPolicy",
+        "ValidatingAdmissionPolicyBinding",
+    ] {
+        assert!(
+            kinds.iter().any(|k| k == kind),
+            "no {kind}: the templates' immutability"
+        );
+    }
 
     let deployment = objects
         .iter()

@@ -1,12 +1,11 @@
-//! The move from the Go provider (`cluster-api-provider-microvm` v0.10) to us, end to end on the
-//! real stack (etcd, kube-apiserver, kube-controller-manager, Cluster API v1.14's core and CABPK,
-//! the real clusterctl and kubectl, hollow flintlock hosts).
+//! The move from the Go provider (`cluster-api-provider-microvm` v0.10.1) to us, end to end on
+//! the real stack (etcd, kube-apiserver, kube-controller-manager, Cluster API v1.14's core and
+//! CABPK, the real clusterctl and kubectl, hollow flintlock hosts).
 //!
-//! The Go provider itself cannot be built here (the Go module proxy answers 403 for its module and
-//! its flintlock modules, docs/real-stack.md): its part is played by
-//! `capmvm_sim::real::go_provider`, a reproduction of what its code writes (its v1alpha1 CRDs, its
-//! finalizer, its providerID `microvm://<failure domain>/<uid>`, its conditions, its admission
-//! webhooks left behind), not the program.
+//! The cluster is made by the Go provider itself: its manager built from its pinned archive
+//! (`hack/upstream.sh build go-provider`), its CRDs, RBAC and webhooks from the archive's
+//! `config/` as `clusterctl init` installs them, running as its ServiceAccount and creating the
+//! microVMs through its own flintlock Go client.
 //!
 //! Needs the upstream binaries (`hack/upstream.sh build`): under CI a missing one fails the test,
 //! locally the test is reported as skipped.
@@ -18,11 +17,11 @@ mod real_support;
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use capmvm_api::conversion::{V1ALPHA2_FIELDS_ANNOTATION, convert_object};
 use capmvm_api::keys::{HOST_ANNOTATION, MACHINE_FINALIZER};
 use capmvm_api::{GROUP, MicrovmMachine, MicrovmMachineTemplate};
 use capmvm_flintlock::{Method, MicrovmState};
-use capmvm_sim::real::go_provider::{self, GoProvider};
+use capmvm_sim::bench_provider::as_go_provider_users_write;
+use capmvm_sim::real::go_provider;
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
 use capmvm_sim::world::{DEMO_CLUSTER, wait_for};
@@ -75,8 +74,9 @@ async fn wait_ready(real: &RealStack, version: &str, n: usize) -> BTreeMap<Strin
     let machines = resource("v1beta2", "Machine", "machines");
     let what = format!(
         "{n} Ready MicrovmMachines at {version} with Machines and Nodes of the same providerID \
-         (operator log {})",
-        real.operator_log().display()
+         (operator log {}, Go provider log {:?})",
+        real.operator_log().display(),
+        real.go_provider().map(|g| g.log().display().to_string())
     );
     wait_for(&what, WAIT, POLL, || async {
         let ms = Api::<DynamicObject>::namespaced_with(real.client.clone(), NS, &mvms)
@@ -181,49 +181,85 @@ async fn apply_go_provider_cluster(real: &mut RealStack, workers: usize) {
         ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
         ("WORKER_MACHINE_COUNT", workers.to_string()),
     ];
-    let old = format!("{GROUP}/v1alpha1");
+    let mut rewritten = Ok(());
     stack::apply_template(&*real, DEMO_CLUSTER, &vars, |objects| {
-        for o in objects.iter_mut() {
-            if !o
-                .types
-                .as_ref()
-                .is_some_and(|t| t.kind.starts_with("Microvm"))
-            {
-                continue;
-            }
-            let value = serde_json::to_value(&*o).unwrap();
-            let mut converted: DynamicObject =
-                serde_json::from_value(convert_object(value, &old).unwrap()).unwrap();
-            // The Go provider's users never had our fields.
-            converted
-                .annotations_mut()
-                .remove(V1ALPHA2_FIELDS_ANNOTATION);
-            *o = converted;
-        }
+        rewritten = as_go_provider_users_write(objects);
     })
     .await
     .unwrap();
+    rewritten.unwrap();
 }
 
-/// A cluster of 1 control plane and 3 workers made Ready by the Go-provider reproduction moves to
+/// Prints what the Go provider wrote (its objects at v1alpha1) and what it asked the hosts for
+/// (each microVM's labels, interfaces and meta-data keys): the record of what its users have.
+async fn print_what_it_made(real: &RealStack) {
+    for (kind, plural) in [
+        ("MicrovmCluster", "microvmclusters"),
+        ("MicrovmMachine", "microvmmachines"),
+    ] {
+        let api = Api::<DynamicObject>::namespaced_with(
+            real.client.clone(),
+            NS,
+            &resource("v1alpha1", kind, plural),
+        );
+        for mut o in api.list(&ListParams::default()).await.unwrap() {
+            o.metadata.managed_fields = None;
+            println!(
+                "the Go provider's {kind}:\n{}",
+                serde_json::to_string_pretty(&o).unwrap()
+            );
+        }
+    }
+    for (endpoint, vm) in real.all_vms() {
+        let spec = &vm.microvm.spec;
+        println!(
+            "on {endpoint}: {}/{} uid {} labels {:?} interfaces {:?} metadata keys {:?} meta-data {:?} vendor-data {:?}",
+            spec.namespace,
+            spec.id,
+            vm.uid(),
+            spec.labels,
+            spec.interfaces,
+            spec.metadata.keys().collect::<Vec<_>>(),
+            spec.metadata.get("meta-data").map(|d| decode(d)),
+            spec.metadata.get("vendor-data").map(|d| decode(d)),
+        );
+    }
+}
+
+fn decode(b64: &str) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD
+        .decode(b64)
+        .map(|b| String::from_utf8_lossy(&b).to_string())
+        .unwrap_or_else(|e| format!("not base64: {e}"))
+}
+
+/// A cluster of 1 control plane and 3 workers made Ready by the Go provider v0.10.1 moves to
 /// us: our components installed over its CRDs, storage migrated (every object rewritten at v1alpha2
 /// in etcd, storedVersions v1alpha2 only), every MicrovmMachine adopted with its microVM untouched
 /// (same uid, no create, no delete) and the same providerID on MicrovmMachine, Machine and Node;
 /// then the MachineDeployment is scaled and rolled by us and the cluster deleted with nothing left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_go_provider_cluster_moves_to_us_with_no_microvm_touched() {
-    if Binaries::for_test("a_go_provider_cluster_moves_to_us", BINARIES).is_none() {
+    let needs: Vec<&str> = BINARIES
+        .iter()
+        .copied()
+        .chain([go_provider::BINARY])
+        .collect();
+    if Binaries::for_test("a_go_provider_cluster_moves_to_us_with_no_microvm_touched", &needs)
+        .is_none()
+    {
         return;
     }
     let mut real = RealStack::start_without_components(options())
         .await
         .expect("the real stack starts");
 
-    // Under the Go provider (its reproduction): its CRDs as clusterctl installed them.
-    go_provider::install(&real.client).await.unwrap();
-    let go = GoProvider::start(real.client.clone(), real.workloads().clone());
+    // Under the Go provider: its components as clusterctl installed them, its manager running.
+    real.install_go_provider(&[]).await.unwrap();
     apply_go_provider_cluster(&mut real, 3).await;
     let before = wait_ready(&real, "v1alpha1", 4).await;
+    print_what_it_made(&real).await;
     let uids_before = live_uids(&real);
     assert_eq!(uids_before.len(), 4, "{uids_before:?}");
     for (name, pid) in &before {
@@ -253,11 +289,19 @@ async fn a_go_provider_cluster_moves_to_us_with_no_microvm_touched() {
 
     // The Go provider stopped as a user does (its Deployment scaled to zero): its admission webhook
     // configurations stay, pointing at nothing.
-    go.stop();
-    let nothing_listens = capmvm_upstream::free_port().unwrap();
-    let webhooks = go_provider::register_stopped_webhooks(&real.client, nothing_listens)
-        .await
-        .unwrap();
+    real.stop_go_provider().await;
+    let webhooks = real
+        .go_provider()
+        .unwrap()
+        .webhook_configurations()
+        .to_vec();
+    assert_eq!(
+        webhooks,
+        [
+            "capmvm-mutating-webhook-configuration",
+            "capmvm-validating-webhook-configuration"
+        ]
+    );
     let (creates, deletes) = (calls(&real, Method::Create), calls(&real, Method::Delete));
     let stored = stored_versions_in_etcd(&real).await;
     assert!(

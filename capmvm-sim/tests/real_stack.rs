@@ -17,18 +17,17 @@ use std::time::Duration;
 use capmvm_api::MicrovmMachine;
 use capmvm_api::capi::Machine;
 use capmvm_api::keys::{DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
-use capmvm_flintlock::{Method, MicrovmState};
+use capmvm_flintlock::Method;
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
 use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
-use real_support::options;
+use real_support::{
+    POLL, WAIT, assert_no_forbidden, live_vms, options, wait_no_vms_in, wait_ready_with_nodes,
+};
 use serde_json::json;
-
-const WAIT: Duration = Duration::from_secs(180);
-const POLL: Duration = Duration::from_millis(500);
 
 /// One real stack at a time: each is an etcd, two kube-apiservers and four controllers, and the
 /// machine has two cores.
@@ -80,123 +79,6 @@ async fn apply_cluster(
         .await
         .unwrap();
     }
-}
-
-fn is_ready(m: &MicrovmMachine) -> bool {
-    m.status.as_ref().is_some_and(|s| {
-        s.conditions
-            .iter()
-            .any(|c| c.type_ == "Ready" && c.status == "True")
-    })
-}
-
-/// Waits until `ns` has exactly `n` MicrovmMachines, all Ready, each with a CAPI Machine of the
-/// same providerID whose `status.nodeRef` names a Node with that providerID in the workload cluster.
-async fn wait_ready_with_nodes(
-    real: &RealStack,
-    ns: &str,
-    cluster: &str,
-    n: usize,
-) -> Vec<MicrovmMachine> {
-    let key = capmvm_sim::capi::workload::ClusterKey::new(ns, cluster);
-    let log = real.operator_log();
-    wait_for(
-        &format!(
-            "{n} ready machines with Nodes in {ns} (operator log {})",
-            log.display()
-        ),
-        WAIT,
-        POLL,
-        || async {
-            let ms = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
-                .list(&ListParams::default())
-                .await?
-                .items;
-            if ms.len() != n || !ms.iter().all(is_ready) {
-                return Ok(None);
-            }
-            // Machines as CAPI writes them (the provider's view of a Machine leaves out nodeRef).
-            let machines = Api::<DynamicObject>::namespaced_with(
-                real.client.clone(),
-                ns,
-                &ApiResource::erase::<Machine>(&()),
-            )
-            .list(&ListParams::default())
-            .await?
-            .items;
-            let all_matched = ms.iter().all(|m| {
-                let Some(pid) = m.spec.provider_id.as_deref() else {
-                    return false;
-                };
-                let node = real.workloads().node_by_provider_id(&key, pid);
-                machines.iter().any(|capi| {
-                    capi.data
-                        .pointer("/spec/providerID")
-                        .and_then(|v| v.as_str())
-                        == Some(pid)
-                        && node.as_ref().is_some_and(|node| {
-                            capi.data
-                                .pointer("/status/nodeRef/name")
-                                .and_then(|v| v.as_str())
-                                == Some(node.name_any().as_str())
-                        })
-                })
-            });
-            Ok(all_matched.then_some(ms))
-        },
-    )
-    .await
-    .unwrap()
-}
-
-/// The microVMs on the hosts that are not being deleted: (host, uid, namespace/name).
-fn live_vms(real: &RealStack) -> Vec<(String, String, String)> {
-    real.all_vms()
-        .into_iter()
-        .filter(|(_, vm)| vm.state() != MicrovmState::Deleting)
-        .map(|(h, vm)| {
-            let id = format!("{}/{}", vm.microvm.spec.namespace, vm.microvm.spec.id);
-            (h, vm.uid().to_string(), id)
-        })
-        .collect()
-}
-
-/// Waits until no microVM of namespace `ns` is left on any host.
-async fn wait_no_vms_in(real: &RealStack, ns: &str) {
-    wait_for(
-        &format!("every microVM of {ns} gone"),
-        WAIT,
-        POLL,
-        || async {
-            let left: Vec<_> = real
-                .all_vms()
-                .into_iter()
-                .filter(|(_, vm)| vm.microvm.spec.namespace == ns)
-                .collect();
-            Ok(left.is_empty().then_some(()))
-        },
-    )
-    .await
-    .unwrap();
-}
-
-/// No request of our ServiceAccount was refused by RBAC in the whole run.
-fn assert_no_forbidden(real: &RealStack) {
-    let audit = real.audit().expect("the management API keeps an audit log");
-    let forbidden = audit.forbidden_for(&RealStack::operator_user()).unwrap();
-    let requests = audit.counts_for(&RealStack::operator_user()).unwrap();
-    assert!(
-        requests.requests > 0,
-        "the audit log holds the operator's requests"
-    );
-    assert!(
-        forbidden.is_empty(),
-        "403s for our ServiceAccount: {:?}",
-        forbidden
-            .iter()
-            .map(|e| format!("{} {}", e.verb, e.request_uri))
-            .collect::<Vec<_>>()
-    );
 }
 
 async fn machines_in(real: &RealStack, ns: &str) -> Vec<Machine> {
@@ -299,7 +181,33 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         "the victim's microVM is gone"
     );
 
-    // Paused: a scale-up waits, nothing is created on the hosts; resumed, it happens.
+    // Paused, on an object core has already made and we alone would act on: the operator down, a
+    // scale-up gives a Machine with its bootstrap data and a MicrovmMachine without a microVM.
+    // Then the Cluster is paused and the operator started: it marks that MicrovmMachine Paused and
+    // creates nothing (core's pause of the MachineDeployment plays no part: the Machine was made
+    // before it); resumed, the microVM is created.
+    real.stop_operator().await;
+    real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
+    let pending = wait_for(
+        "a MicrovmMachine whose Machine has its bootstrap data, without a microVM",
+        WAIT,
+        POLL,
+        || async {
+            let machines = machines_in(&real, ns).await;
+            let infra = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
+                .list(&ListParams::default())
+                .await?
+                .items;
+            Ok(infra.into_iter().find_map(|m| {
+                let owner = m.owner_references().iter().find(|o| o.kind == "Machine")?;
+                let machine = machines.iter().find(|x| x.name_any() == owner.name)?;
+                (m.spec.provider_id.is_none() && machine.spec.bootstrap.data_secret_name.is_some())
+                    .then(|| m.name_any())
+            }))
+        },
+    )
+    .await
+    .unwrap();
     let creates_before = stack::host_calls(&real.hosts, Method::Create);
     real.kubectl
         .run(&[
@@ -314,29 +222,26 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         ])
         .await
         .unwrap();
-    wait_for("every MicrovmMachine Paused", WAIT, POLL, || async {
-        let ms = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns)
-            .list(&ListParams::default())
-            .await?
-            .items;
-        let paused = ms.iter().all(|m| {
-            m.status.as_ref().is_some_and(|s| {
-                s.conditions
-                    .iter()
-                    .any(|c| c.type_ == "Paused" && c.status == "True")
-            })
+    real.start_operator(&[]).unwrap();
+    let infra = Api::<MicrovmMachine>::namespaced(real.client.clone(), ns);
+    wait_for("the pending MicrovmMachine Paused", WAIT, POLL, || async {
+        let m = infra.get(&pending).await?;
+        let paused = m.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "Paused" && c.status == "True")
         });
         Ok(paused.then_some(()))
     })
     .await
     .unwrap();
-    real.scale(&md, ns, "demo-md-0", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(10)).await;
-    let creates_paused = stack::host_calls(&real.hosts, Method::Create);
     assert_eq!(
-        creates_paused, creates_before,
+        stack::host_calls(&real.hosts, Method::Create),
+        creates_before,
         "nothing created while paused"
     );
+    assert_eq!(infra.get(&pending).await.unwrap().spec.provider_id, None);
     real.kubectl
         .run(&[
             "patch",
@@ -446,10 +351,20 @@ async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     let _one = ONE_AT_A_TIME.lock().await;
-    if Binaries::for_test("a_crash_after_create_adopts", BINARIES).is_none() {
+    if Binaries::for_test(
+        "a_crash_after_create_adopts_and_an_invalid_spec_is_refused",
+        BINARIES,
+    )
+    .is_none()
+    {
         return;
     }
-    let mut real = RealStack::start(options()).await.unwrap();
+    // One MicrovmMachine reconciled at a time, so a scale-up's creates reach the hosts one by one
+    // (below, each held 3 s at the host): the kill then lands between them.
+    let mut opts = options();
+    opts.operator_flags
+        .push("--microvmmachine-concurrency=1".into());
+    let mut real = RealStack::start(opts).await.unwrap();
     real.start_operator(&[("CAPMVM_FAULT_CRASH_AT", "after-create")])
         .unwrap();
     // Workers need a control plane on real CAPI (CABPK renders their join once it is initialised).
@@ -477,15 +392,21 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
         "one microVM per machine: {vms:?}"
     );
 
-    // SIGKILLed while creates are in flight: four more workers, the operator killed as soon as the
-    // first of their microVMs shows on a host, then restarted. Every machine ends with one microVM.
+    // SIGKILLed in the middle of a scale-up: four more workers, each create held 3 s at the host
+    // and the creates one at a time, the operator killed once the first of the four reached a host,
+    // with the other three still to come (asserted), then restarted. Every machine ends with one
+    // microVM, none created twice.
     let md = kube::api::ApiResource::from_gvk_with_plural(
         &kube::api::GroupVersionKind::gvk("cluster.x-k8s.io", "v1beta2", "MachineDeployment"),
         "machinedeployments",
     );
+    const HELD: Duration = Duration::from_secs(3);
+    for h in &real.hosts {
+        h.control().set_create_latency(HELD);
+    }
     real.scale(&md, "default", "crash-md-0", 5).await.unwrap();
     wait_for(
-        "a create of the scale-up on the hosts",
+        "the scale-up's first create on a host",
         WAIT,
         Duration::from_millis(20),
         || async { Ok((creates(&real) > 2).then_some(())) },
@@ -494,6 +415,22 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     .unwrap();
     real.kill_operator().await;
     let killed_at = creates(&real);
+    assert_eq!(
+        killed_at, 3,
+        "killed after 1 of the scale-up's 4 creates, 3 still to come"
+    );
+    // The create in flight at the kill: carried out after its hold, or dropped with the connection.
+    tokio::time::sleep(HELD + Duration::from_secs(1)).await;
+    let carried_out = live_vms(&real).len() - 2;
+    assert!(carried_out <= 1, "{:?}", live_vms(&real));
+    assert_eq!(
+        creates(&real),
+        3,
+        "nothing created while the operator is dead"
+    );
+    for h in &real.hosts {
+        h.control().set_create_latency(Duration::ZERO);
+    }
     real.start_operator(&[]).unwrap();
     let ready = wait_ready_with_nodes(&real, "default", "crash", 6).await;
     let vms = live_vms(&real);
@@ -501,9 +438,12 @@ async fn a_crash_after_create_adopts_and_an_invalid_spec_is_refused() {
     assert_eq!(
         (vms.len(), ids.len()),
         (6, 6),
-        "one microVM per machine after the kill (killed at {killed_at} creates): {vms:?}"
+        "one microVM per machine after the kill: {vms:?}"
     );
-    assert_eq!(creates(&real), 6, "one create per machine, none repeated");
+    // One create per machine; the one in flight at the kill counts twice only if the host dropped
+    // it (then it created nothing), and nothing was deleted to undo a second microVM.
+    assert_eq!(creates(&real), 6 + (1 - carried_out) as u64);
+    assert_eq!(stack::host_calls(&real.hosts, Method::Delete), 0);
     assert_eq!(ready.len(), 6);
 
     let invalid = r#"apiVersion: infrastructure.cluster.x-k8s.io/v1alpha2

@@ -20,6 +20,10 @@ const TEMPLATES: [&str; 2] = [
     "templates/cluster-template-machinepool.yaml",
 ];
 
+/// The `clusterclass` flavor: the Cluster, and the ClusterClass clusterctl adds to it.
+const CLUSTERCLASS_FLAVOR: &str = "templates/cluster-template-clusterclass.yaml";
+const CLUSTERCLASS: &str = "templates/clusterclass-microvm.yaml";
+
 fn repo_file(path: &str) -> String {
     std::fs::read_to_string(format!("{}/../{path}", env!("CARGO_MANIFEST_DIR")))
         .unwrap_or_else(|e| panic!("{path}: {e}"))
@@ -127,7 +131,10 @@ fn every_variable_is_documented_with_its_meaning() {
             Some((name.to_string(), meaning.to_string()))
         })
         .collect();
-    for template in TEMPLATES {
+    for template in TEMPLATES
+        .into_iter()
+        .chain([CLUSTERCLASS_FLAVOR, CLUSTERCLASS])
+    {
         for name in manifest::variables(&repo_file(template)).unwrap().keys() {
             let meaning = rows
                 .get(name)
@@ -190,4 +197,96 @@ async fn the_rendered_microvm_cluster_is_accepted_with_and_without_credentials()
         Some("flintlock-tokens")
     );
     emulator.shutdown().await;
+}
+
+/// The `clusterclass` flavor asks for what the others ask for: hosts, SSH key and VIP required,
+/// credentials optional (empty by default: a ClusterClass variable cannot be null); the class
+/// itself has no clusterctl variable (one class serves many clusters).
+#[test]
+fn the_clusterclass_flavor_requires_hosts_key_and_vip() {
+    let listed = manifest::variables(&repo_file(CLUSTERCLASS_FLAVOR)).unwrap();
+    let required: BTreeSet<&str> = listed
+        .iter()
+        .filter(|(_, default)| default.is_none())
+        .map(|(name, _)| name.as_str())
+        .collect();
+    assert_eq!(
+        required,
+        BTreeSet::from(["CONTROL_PLANE_VIP", "FLINTLOCK_HOSTS", "SSH_PUBLIC_KEY"])
+    );
+    for credentials in ["FLINTLOCK_BASIC_AUTH_SECRET", "FLINTLOCK_TLS_SECRET"] {
+        assert_eq!(
+            listed.get(credentials),
+            Some(&Some("\"\"".to_string())),
+            "{credentials} is optional, empty by default"
+        );
+    }
+    assert!(
+        manifest::variables(&repo_file(CLUSTERCLASS))
+            .unwrap()
+            .is_empty(),
+        "the ClusterClass is the same for every cluster"
+    );
+}
+
+/// The ClusterClass and the flavor agree: the Cluster sets every variable the class declares and
+/// no other, and every variable a patch or its `enabledIf` reads is declared.
+#[test]
+fn the_cluster_sets_exactly_the_variables_the_class_declares_and_patches_use() {
+    let class = manifest::parse(&repo_file(CLUSTERCLASS)).unwrap();
+    let class = class
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "ClusterClass"))
+        .expect("a ClusterClass");
+    let declared: BTreeSet<String> = class.data["spec"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    let vars = template_variables(&["10.0.0.11:9090".to_string()]);
+    let flavor =
+        manifest::parse(&manifest::envsubst(&repo_file(CLUSTERCLASS_FLAVOR), &vars).unwrap())
+            .unwrap();
+    let cluster = flavor
+        .iter()
+        .find(|o| o.types.as_ref().is_some_and(|t| t.kind == "Cluster"))
+        .expect("a Cluster");
+    assert_eq!(
+        cluster.data["spec"]["topology"]["classRef"]["name"],
+        "microvm"
+    );
+    let set: BTreeSet<String> = cluster.data["spec"]["topology"]["variables"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["name"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(set, declared, "the Cluster sets every declared variable");
+
+    // What the patches read: `valueFrom.variable` and `.name` inside templates and enabledIf.
+    let mut used = BTreeSet::new();
+    let text = serde_json::to_string(&class.data["spec"]["patches"]).unwrap();
+    for part in text.split("{{").skip(1) {
+        let expr = part.split("}}").next().unwrap_or_default();
+        for word in expr.split(|c: char| c.is_whitespace() || c == '(' || c == ')') {
+            if let Some(name) = word.strip_prefix('.') {
+                used.insert(name.to_string());
+            }
+        }
+    }
+    let patches = class.data["spec"]["patches"].as_array().unwrap();
+    for patch in patches {
+        for definition in patch["definitions"].as_array().unwrap() {
+            for json_patch in definition["jsonPatches"].as_array().unwrap() {
+                if let Some(v) = json_patch["valueFrom"]["variable"].as_str() {
+                    used.insert(v.to_string());
+                }
+            }
+        }
+    }
+    let undeclared: Vec<&String> = used.difference(&declared).collect();
+    assert!(undeclared.is_empty(), "used, not declared: {undeclared:?}");
+    let unused: Vec<&String> = declared.difference(&used).collect();
+    assert!(unused.is_empty(), "declared, never used: {unused:?}");
 }

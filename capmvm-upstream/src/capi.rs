@@ -391,7 +391,8 @@ fn manager_args(
         format!("--diagnostics-address=127.0.0.1:{}", free_port()?),
         "--insecure-diagnostics".to_string(),
         "--leader-elect=false".to_string(),
-        "--feature-gates=MachinePool=true".to_string(),
+        // ClusterTopology: ClusterClass and managed topologies (off by default in v1.14).
+        "--feature-gates=MachinePool=true,ClusterTopology=true".to_string(),
     ];
     args.extend(extra.iter().cloned());
     Ok(args)

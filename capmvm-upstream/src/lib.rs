@@ -1,4 +1,4 @@
-//! Upstream Kubernetes and Cluster API on loopback, for tests that need the real thing.
+//! Upstream Kubernetes, Cluster API and flintlock on loopback, for tests that need the real thing.
 //!
 //! The binaries come from `hack/upstream.sh build`, which builds them from the Go module proxy into a
 //! cache outside the repository ([`Binaries`]). This crate starts them the way a cluster runs them,
@@ -10,24 +10,32 @@
 //!   every request; several can share one etcd under different prefixes;
 //! - [`capi`]: Cluster API's CRDs and webhooks taken from the CAPI module and pointed at its managers by
 //!   URL with a generated CA (as CAPI's own envtest does), and the managers themselves;
-//! - [`tools`]: the pinned kubectl and clusterctl.
+//! - [`tools`]: the pinned kubectl and clusterctl;
+//! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]);
+//! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider.
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
 pub mod audit;
+pub mod autoscaler;
 pub mod binaries;
 pub mod capi;
 pub mod controllers;
 pub mod etcd;
+pub mod flintlock;
+pub mod go_provider;
 pub mod kubeapi;
 pub mod pki;
 pub mod process;
+pub mod skip;
 pub mod tools;
 
 pub use audit::{AuditEvent, AuditLog};
+pub use autoscaler::{AutoscalerOptions, ClusterAutoscaler};
 pub use binaries::Binaries;
 pub use controllers::ControlPlaneComponent;
 pub use etcd::Etcd;
+pub use flintlock::{Containerd, Flintlockd, FlintlockdOptions};
 pub use kubeapi::{ApiServerOptions, KubeApiServer};
 
 use std::path::PathBuf;

@@ -42,6 +42,7 @@ impl Process {
             .stdout(file)
             .stderr(err)
             .kill_on_drop(true);
+        die_with_parent(&mut command);
         for (k, v) in env {
             command.env(k, v);
         }
@@ -116,6 +117,33 @@ impl Process {
     pub async fn kill(mut self) {
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
+    }
+}
+
+/// Makes the process `command` starts receive SIGKILL when its parent dies: dropping a [`Process`]
+/// kills it, but no destructor runs when we are SIGKILLed or stopped by a signal we do not handle,
+/// and an etcd or kube-apiserver left behind holds its ports and data. Linux's parent-death signal
+/// fires on any death of the parent, SIGKILL included.
+///
+/// The kernel ties it to the spawning *thread*: spawn from a thread that lives as long as the child
+/// should (the main thread, a tokio runtime's worker or the test's own thread), never from a
+/// short-lived one (`spawn_blocking`), whose exit would kill the child.
+#[allow(unsafe_code)]
+pub fn die_with_parent(command: &mut tokio::process::Command) {
+    let parent = std::process::id();
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe calls
+    // are allowed: prctl, getppid and reading errno are; nothing here allocates or takes a lock.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL, 0, 0, 0) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent died between fork and prctl: no signal will come, so do not start.
+            if u32::try_from(libc::getppid()).ok() != Some(parent) {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
     }
 }
 

@@ -8,7 +8,7 @@ use tokio::io::AsyncWriteExt as _;
 use crate::{Binaries, Error, Result};
 
 /// Runs `program args` with `env`, `stdin` fed in; its stdout on success.
-async fn run(
+pub(crate) async fn run(
     program: &Path,
     args: &[&str],
     env: &[(String, String)],
@@ -26,6 +26,7 @@ async fn run(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
+    crate::process::die_with_parent(&mut command);
     for (k, v) in env {
         command.env(k, v);
     }

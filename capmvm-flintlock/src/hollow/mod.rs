@@ -10,6 +10,7 @@
 //! What tests get on top, through [`HostControl`]: failure injection, unreachability, latency,
 //! hanging deletes, a capacity limit, a time scale for flintlock's backoff, call counters.
 
+mod lifecycle;
 mod metadata;
 mod net;
 pub mod pki;
@@ -85,6 +86,10 @@ pub struct HollowConfig {
     pub backoff_base: Duration,
     /// Added before answering every call. Default none.
     pub latency: Duration,
+    /// `false`: image pulls fail as on a machine that cannot reach the registry (flintlockd's
+    /// containerd resolving `ghcr.io` with no network), so every provisioning attempt fails and
+    /// the microVM stays PENDING, counting `retry` up, until FAILED. Default `true`.
+    pub registry_reachable: bool,
 }
 
 impl Default for HollowConfig {
@@ -101,6 +106,7 @@ impl Default for HollowConfig {
             max_retry: 10,
             backoff_base: Duration::from_secs(20),
             latency: Duration::ZERO,
+            registry_reachable: true,
         }
     }
 }
@@ -528,6 +534,11 @@ struct Vm {
     holds_resources: bool,
     last_failure: Option<String>,
     removal_started: bool,
+    /// The end of the current retry backoff (flintlock's `status.not_before`): flintlock
+    /// reconciles nothing of this microVM before then, its deletion included.
+    not_before: Option<tokio::time::Instant>,
+    /// When it was last deleted, in Unix seconds (flintlock's `deleted_at`).
+    deleted_at: Option<u64>,
 }
 
 impl Vm {
@@ -568,12 +579,6 @@ impl Vm {
     }
 }
 
-/// What a provisioning attempt decided.
-enum Attempt {
-    Done,
-    RetryAfter(Duration),
-}
-
 impl Host {
     fn state(&self) -> MutexGuard<'_, State> {
         // No code path leaves the state half-updated on panic, so a poisoned lock is still usable.
@@ -597,195 +602,5 @@ impl Host {
             () = self.stopped.cancelled() => false,
             () = tokio::time::sleep(duration) => true,
         }
-    }
-
-    /// PENDING → (attempts with backoff) → CREATED or FAILED.
-    async fn provision(self: Arc<Self>, uid: String, provision_time: Duration) {
-        let mut wait = provision_time;
-        loop {
-            if !self.sleep(wait).await {
-                return;
-            }
-            let attempt = self.attempt(&uid);
-            match attempt {
-                Attempt::Done => return,
-                Attempt::RetryAfter(backoff) => wait = backoff,
-            }
-        }
-    }
-
-    fn attempt(&self, uid: &str) -> Attempt {
-        let mut state = self.state();
-        let state = &mut *state;
-        let used = state.used();
-        let capacity = state.capacity;
-        let Some(vm) = state.vms.get_mut(uid) else {
-            return Attempt::Done;
-        };
-        if vm.state() != MicrovmState::Pending {
-            return Attempt::Done;
-        }
-        let retry = vm.status_mut().retry;
-        if retry > self.config.max_retry {
-            vm.set_state(MicrovmState::Failed);
-            vm.record.version += 1;
-            tracing::warn!(
-                endpoint = %self.endpoint, uid, retry,
-                last_failure = vm.last_failure.as_deref().unwrap_or_default(),
-                "hollow host: microvm FAILED after exceeding the retry limit"
-            );
-            return Attempt::Done;
-        }
-        let outcome = if vm.doomed {
-            Err("injected failure: this create was set to fail (fail_next_creates)".to_owned())
-        } else if state.failing_attempts > 0 {
-            state.failing_attempts -= 1;
-            Err("injected failure: this attempt was set to fail (fail_next_attempts)".to_owned())
-        } else if let Some(bad) = vm
-            .spec()
-            .interfaces
-            .iter()
-            .find(|iface| !matches!(iface.r#type, 0 | 1))
-        {
-            Err(format!(
-                "network interface {}: unsupported interface type {}",
-                bad.device_id, bad.r#type
-            ))
-        } else {
-            check_capacity(capacity, used, vm.vcpu(), vm.memory_mb())
-        };
-        match outcome {
-            Ok(()) => {
-                let spec = vm.spec();
-                let status = vm.status_mut();
-                status.retry = 0;
-                status.state = i32::from(MicrovmState::Created);
-                fill_created_status(status, &spec, uid);
-                vm.record.version += 1;
-                vm.holds_resources = true;
-                vm.last_failure = None;
-                tracing::debug!(endpoint = %self.endpoint, uid, "hollow host: microvm CREATED");
-                Attempt::Done
-            }
-            Err(failure) => {
-                let status = vm.status_mut();
-                status.retry += 1;
-                let retry = status.retry;
-                vm.record.version += 1;
-                tracing::warn!(endpoint = %self.endpoint, uid, retry, failure = %failure, "hollow host: provisioning attempt failed");
-                vm.last_failure = Some(failure);
-                let factor = u32::try_from(retry).unwrap_or(u32::MAX);
-                Attempt::RetryAfter(self.scaled(self.config.backoff_base.saturating_mul(factor)))
-            }
-        }
-    }
-
-    /// DELETING → removed after the (scaled) delete time, unless deletes hang.
-    async fn remove(self: Arc<Self>, uid: String) {
-        if !self.sleep(self.scaled(self.config.delete_time)).await {
-            return;
-        }
-        let mut hang = self.hang.subscribe();
-        while *hang.borrow_and_update() {
-            tokio::select! {
-                () = self.stopped.cancelled() => return,
-                changed = hang.changed() => if changed.is_err() { return },
-            }
-        }
-        let mut state = self.state();
-        if state
-            .vms
-            .get(&uid)
-            .is_some_and(|vm| vm.state() == MicrovmState::Deleting)
-        {
-            state.vms.remove(&uid);
-            tracing::debug!(endpoint = %self.endpoint, uid, "hollow host: microvm removed");
-        }
-    }
-}
-
-fn check_capacity(
-    capacity: Option<Capacity>,
-    used: Capacity,
-    vcpu: i32,
-    memory_mb: i32,
-) -> Result<(), String> {
-    let Some(capacity) = capacity else {
-        return Ok(());
-    };
-    let (vcpu, memory_mb) = (i64::from(vcpu), i64::from(memory_mb));
-    if used.vcpu + vcpu > capacity.vcpu || used.memory_mb + memory_mb > capacity.memory_mb {
-        return Err(format!(
-            "insufficient capacity: needs {vcpu} vCPU and {memory_mb} MiB, host has {} of {} vCPU and {} of {} MiB free",
-            capacity.vcpu - used.vcpu,
-            capacity.vcpu,
-            capacity.memory_mb - used.memory_mb,
-            capacity.memory_mb,
-        ));
-    }
-    Ok(())
-}
-
-/// What flintlock records once the VMM runs: volume and kernel mounts, host interfaces.
-fn fill_created_status(status: &mut pb::MicroVmStatus, spec: &pb::MicroVmSpec, uid: &str) {
-    let mut snapshot = 0;
-    let mut next_device = || {
-        snapshot += 1;
-        format!("/dev/mapper/flintlock-thinpool-snap-{uid}-{snapshot}")
-    };
-    for volume in spec.root_volume.iter().chain(&spec.additional_volumes) {
-        let mount = pb::Mount {
-            r#type: pb::mount::MountType::Dev as i32,
-            source: next_device(),
-        };
-        status
-            .volumes
-            .insert(volume.id.clone(), pb::VolumeStatus { mount: Some(mount) });
-    }
-    let native = "/var/lib/containerd/io.containerd.snapshotter.v1.native/snapshots";
-    status.kernel_mount = Some(pb::Mount {
-        r#type: pb::mount::MountType::Hostpath as i32,
-        source: format!("{native}/{uid}-kernel"),
-    });
-    if spec.initrd.is_some() {
-        status.initrd_mount = Some(pb::Mount {
-            r#type: pb::mount::MountType::Hostpath as i32,
-            source: format!("{native}/{uid}-initrd"),
-        });
-    }
-    for (index, iface) in spec.interfaces.iter().enumerate() {
-        let prefix = if iface.r#type == pb::network_interface::IfaceType::Macvtap as i32 {
-            "flvtap"
-        } else {
-            "fltap"
-        };
-        let suffix: String = uid
-            .bytes()
-            .rev()
-            .take(7)
-            .map(|b| format!("{:x}", b % 16))
-            .collect();
-        let index = i32::try_from(index).unwrap_or(i32::MAX);
-        status.network_interfaces.insert(
-            iface.device_id.clone(),
-            pb::NetworkInterfaceStatus {
-                host_device_name: format!("{prefix}{suffix}{index}")
-                    .chars()
-                    .take(15)
-                    .collect(),
-                index: 100 + index,
-                mac_address: format!(
-                    "02:00:00:00:{:02x}:{:02x}",
-                    (index >> 8) & 0xff,
-                    index & 0xff
-                ),
-            },
-        );
-    }
-    if spec.allow_guest_agent {
-        status.vsock_path = format!(
-            "/var/lib/flintlock/vm/{}/{}/{uid}/guest-agent.vsock",
-            spec.namespace, spec.id
-        );
     }
 }

@@ -252,6 +252,8 @@ impl Service {
                 holds_resources: false,
                 last_failure: None,
                 removal_started: false,
+                not_before: None,
+                deleted_at: None,
             },
         );
         let provision_time = state.provision_time;
@@ -265,17 +267,26 @@ impl Service {
         if uid.is_empty() {
             return Err(Status::invalid_argument("invalid request"));
         }
-        self.host.state().vms.get(uid).map(|vm| vm.record.clone()).ok_or_else(|| {
-            Status::unknown(format!(
+        let state = self.host.state();
+        let Some(vm) = state.vms.get(uid) else {
+            return Err(Status::unknown(format!(
                 "getting microvm: error attempting to locate microvm with uid: {uid}: microvm spec //{uid} not found"
-            ))
-        })
+            )));
+        };
+        if let Some(why) = unreadable(&vm.record) {
+            return Err(Status::unknown(format!(
+                "getting microvm: error attempting to locate microvm with uid: {uid}: getting vm spec from store: {why}"
+            )));
+        }
+        Ok(vm.record.clone())
     }
 
-    /// The records in `namespace` (empty = all) named `name` (if given), in uid order.
-    fn list(&self, namespace: &str, name: Option<&str>) -> Vec<pb::MicroVm> {
+    /// The records in `namespace` (empty = all) named `name` (if given and not empty), in uid
+    /// order (flintlockd answers in no particular order). One unreadable record fails the list.
+    fn list(&self, namespace: &str, name: Option<&str>) -> Result<Vec<pb::MicroVm>, Status> {
         let state = self.host.state();
-        state
+        let name = name.filter(|name| !name.is_empty());
+        let records: Vec<pb::MicroVm> = state
             .vms
             .values()
             .filter(|vm| {
@@ -286,7 +297,18 @@ impl Service {
                 namespace_ok && name_ok
             })
             .map(|vm| vm.record.clone())
-            .collect()
+            .collect();
+        if let Some(why) = records.iter().find_map(unreadable) {
+            // Go prints the query, a map, with its keys sorted.
+            let query = match name {
+                Some(name) => format!("map[name:{name} namespace:{namespace}]"),
+                None => format!("map[namespace:{namespace}]"),
+            };
+            return Err(Status::unknown(format!(
+                "getting all microvms: error attempting to list microvms: {query}: getting microvm spec: {why}"
+            )));
+        }
+        Ok(records)
     }
 
     fn delete(&self, uid: &str) -> Result<(), Status> {
@@ -299,9 +321,26 @@ impl Service {
                 "deleting microvm: checking to see if spec exists: microvm spec //{uid} not found"
             )));
         };
-        vm.set_state(MicrovmState::Deleting);
-        vm.status_mut().retry = 0;
-        vm.record.version += 1;
+        if let Some(why) = unreadable(&vm.record) {
+            return Err(Status::unknown(format!(
+                "deleting microvm: checking to see if spec exists: getting vm spec from store: {why}"
+            )));
+        }
+        // flintlockd saves `deleted_at` (Unix seconds), DELETING and retry 0, and its store skips
+        // a save that changes nothing: a repeated delete within the same second leaves the
+        // version as it is, one a second later is a new version.
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |elapsed| elapsed.as_secs());
+        let unchanged = vm.state() == MicrovmState::Deleting
+            && vm.status_mut().retry == 0
+            && vm.deleted_at == Some(now);
+        if !unchanged {
+            vm.set_state(MicrovmState::Deleting);
+            vm.status_mut().retry = 0;
+            vm.deleted_at = Some(now);
+            vm.record.version += 1;
+        }
         let start_removal = !vm.removal_started;
         vm.removal_started = true;
         drop(state);
@@ -355,7 +394,7 @@ impl MicroVm for Service {
     ) -> Result<Response<ListMicroVMsResponse>, Status> {
         self.enter(Method::List, request.metadata()).await?;
         let request = request.get_ref();
-        let microvm = self.list(&request.namespace, request.name.as_deref());
+        let microvm = self.list(&request.namespace, request.name.as_deref())?;
         Ok(Response::new(ListMicroVMsResponse { microvm }))
     }
 
@@ -372,13 +411,28 @@ impl MicroVm for Service {
             return Err(Status::invalid_argument("invalid request"));
         }
         // flintlock's stream ignores `name`.
-        let messages = self.list(namespace, None).into_iter().map(|microvm| {
+        let messages = self.list(namespace, None)?.into_iter().map(|microvm| {
             Ok(ListMessage {
                 microvm: Some(microvm),
             })
         });
         Ok(Response::new(Box::pin(futures::stream::iter(messages))))
     }
+}
+
+/// Why flintlockd cannot read a stored record back: it stores the id `<namespace>/<name>/<uid>`
+/// and parses it by splitting at `/`, so a slash in the name or namespace (which the create
+/// accepted) makes every read of the record fail.
+pub(crate) fn unreadable(record: &pb::MicroVm) -> Option<String> {
+    let spec = record.spec.as_ref()?;
+    if !spec.namespace.contains('/') && !spec.id.contains('/') {
+        return None;
+    }
+    let uid = spec.uid.as_deref().unwrap_or_default();
+    Some(format!(
+        "unmarshalling json content to microvm: parsing vmid from string: unexpected vmid format: {}/{}/{uid}",
+        spec.namespace, spec.id
+    ))
 }
 
 /// Trims whitespace and deletes control characters, as flintlock does to image references.

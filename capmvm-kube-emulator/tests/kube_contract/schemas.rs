@@ -423,59 +423,6 @@ async fn cel_rules_are_evaluated_with_old_self(server: Server) {
     );
 }
 
-/// Our MicrovmMachineTemplate's `spec.template` carries a CEL transition rule (`self == oldSelf`):
-/// once created it cannot change, as Cluster API's templates cannot; its metadata can.
-async fn a_microvm_machine_template_is_immutable(server: Server) {
-    let client = server.client();
-    install_project_crds(&client).await;
-    let templates: Api<DynamicObject> = Api::namespaced_with(
-        client.clone(),
-        "default",
-        &kube::core::ApiResource::from_gvk_with_plural(
-            &kube::core::GroupVersionKind::gvk(
-                "infrastructure.cluster.x-k8s.io",
-                "v1alpha2",
-                "MicrovmMachineTemplate",
-            ),
-            "microvmmachinetemplates",
-        ),
-    );
-    let spec = machine("unused")["spec"].clone();
-    let created = templates
-        .create_json(json!({
-            "apiVersion": "infrastructure.cluster.x-k8s.io/v1alpha2",
-            "kind": "MicrovmMachineTemplate",
-            "metadata": {"name": "t"},
-            "spec": {"template": {"spec": spec}}
-        }))
-        .await;
-    let s = status_of(
-        templates
-            .try_merge("t", json!({"spec": {"template": {"spec": {"vcpu": 4}}}}))
-            .await
-            .unwrap_err(),
-    );
-    assert_eq!(
-        (s.code, s.reason.as_str()),
-        (422, "Invalid"),
-        "{}",
-        s.message
-    );
-    let causes = s.details.unwrap().causes;
-    assert_eq!(causes.len(), 1, "{causes:?}");
-    assert_eq!(causes[0].field, "spec.template");
-    assert_eq!(causes[0].reason, "FieldValueInvalid");
-    assert!(
-        causes[0].message.contains("spec.template is immutable"),
-        "{}",
-        causes[0].message
-    );
-    // The same template again, and a change of its labels, are accepted.
-    let relabelled = templates
-        .merge("t", json!({"metadata": {"labels": {"a": "b"}}, "spec": {"template": {"spec": {"vcpu": 2}}}})).await;
-    assert_eq!(relabelled.data["spec"], created.data["spec"]);
-}
-
 async fn defaults_are_applied_and_unknown_fields_pruned(server: Server) {
     let client = server.client();
     create_crd(&client, &widget_crd()).await;
@@ -521,5 +468,4 @@ crate::on_both_servers!(
     every_invalid_field_is_named_in_one_answer,
     schema_validation_reports_422_with_field_paths,
     defaults_are_applied_and_unknown_fields_pruned,
-    a_microvm_machine_template_is_immutable,
 );

@@ -561,35 +561,28 @@ fn shared_dir() -> PathBuf {
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared"))
 }
 
-/// Whether this run is CI's (`CI` set to anything but empty, `0` or `false`, as CI services set
-/// `CI=true`): there a check that needs an input must not pass by skipping.
+/// Whether this run is CI's: the one rule every reader of `CI` uses ([`capmvm_upstream::skip::means_ci`]:
+/// anything but unset, empty, `0` or `false`); there a check that needs an input must not pass by
+/// skipping.
 pub fn under_ci() -> bool {
-    std::env::var("CI").is_ok_and(|v| !matches!(v.trim(), "" | "0" | "false" | "FALSE" | "False"))
+    capmvm_upstream::skip::under_ci()
 }
 
 /// [`real_crds_dir`] for a test that checks against CAPI's own CRDs: `None` (skip) when they are
 /// missing on a developer's machine, said on the terminal whatever the harness captures; a panic
 /// naming where they were looked for under CI ([`under_ci`]), where a skip would pass the run
-/// without the check.
+/// without the check ([`capmvm_upstream::skip::skip`]).
 pub fn real_crds_dir_or_skip(test: &str) -> Option<PathBuf> {
     if let Some(dir) = real_crds_dir() {
         return Some(dir);
     }
     let looked = shared_dir().join("capi-crds").join(CAPI_CRDS_VERSION);
-    let hint = "set CAPMVM_SHARED_DIR to the directory holding capi-crds/";
-    if under_ci() {
-        panic!(
-            "{test}: CAPI's CRDs are not at {} and CI=true: the check cannot be skipped ({hint})",
+    capmvm_upstream::skip::skip(
+        test,
+        &format!(
+            "CAPI's CRDs are not at {}: set CAPMVM_SHARED_DIR to the directory holding capi-crds/",
             looked.display()
-        );
-    }
-    // Straight to the process's stderr: the test harness captures `eprintln!`, and a skip nobody
-    // sees looks like a pass.
-    use std::io::Write as _;
-    let _ = writeln!(
-        std::io::stderr(),
-        "SKIPPED {test}: CAPI's CRDs are not at {} ({hint})",
-        looked.display()
+        ),
     );
     None
 }

@@ -4,7 +4,8 @@
 //! (the first `kubeadm init`, the others `kubeadm join` as control-plane members, created only once
 //! the control plane is initialized), scaling up and down one Machine at a time as KCP's preflight
 //! checks allow (every Machine provisioned before the next joins; a deleted one gone before the
-//! next goes), and `status.replicas`, `readyReplicas`, `selector`, `version` and
+//! next goes), and `status.replicas`, `readyReplicas`, `upToDateReplicas`, `availableReplicas`,
+//! `selector`, `version` and
 //! `initialization.controlPlaneInitialized` (once its first machine is provisioned: hollow machines
 //! run no API server to probe).
 
@@ -189,9 +190,16 @@ async fn reconcile(kcp: Arc<DynamicObject>, ctx: Arc<Ctx>) -> Result<Action, Err
         ScaleStep::Wait | ScaleStep::Settled => {}
     }
     let ready = mine.iter().filter(|m| machine_provisioned(m)).count();
+    // The stand-in never rolls its Machines, so every one is up to date; a provisioned one counts
+    // as available. CAPI's topology controller reads both: a control plane whose replicas,
+    // upToDateReplicas, readyReplicas and availableReplicas differ from spec.replicas (or lack)
+    // is scaling, and no MachineDeployment or MachinePool of a ClusterClass is created until it
+    // is stable.
     let mut status = json!({
         "replicas": mine.len(),
         "readyReplicas": ready,
+        "upToDateReplicas": mine.len(),
+        "availableReplicas": ready,
         "selector": format!("{CLUSTER_NAME_LABEL}={cluster},{CONTROL_PLANE_LABEL},{CONTROL_PLANE_NAME_LABEL}={name}"),
     });
     if let Some(v) = spec.get("version").and_then(Value::as_str) {

@@ -2,13 +2,16 @@
 //! cluster; Cluster API v1.14's own core and kubeadm bootstrap managers with their webhooks;
 //! our components rendered by the real clusterctl and applied with the real kubectl; the operator
 //! out of cluster as its ServiceAccount (so RBAC judges every request); per Cluster a workload
-//! kube-apiserver whose Nodes the hollow kubelets register; the hollow flintlock hosts.
+//! kube-apiserver, kube-scheduler and kube-controller-manager whose Nodes the hollow kubelets
+//! register and whose Pods they run; the hollow flintlock hosts; on demand cluster-autoscaler
+//! ([`autoscaler`]).
 //!
 //! Two parts are not upstream's: the KubeadmControlPlane is played by the stand-in
 //! ([`crate::capi::kcp`]; the real one needs etcd inside the workload cluster, reached through a
 //! kubelet's port-forward), and the hollow kubelets, which register Nodes from each microVM's
 //! cloud-init as on the emulator. docs/real-stack.md says why and what that leaves out.
 
+pub mod autoscaler;
 pub mod components;
 pub mod go_provider;
 pub mod workload;
@@ -26,7 +29,7 @@ use capmvm_upstream::tools::{Clusterctl, Kubectl};
 use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
 use kube::api::{ApiResource, DynamicObject};
 
-use crate::capi::kubelet::{KubeletControl, Kubelets};
+use crate::capi::kubelet::{KubeletControl, KubeletOptions, Kubelets};
 use crate::capi::workload::{ClusterKey, WorkloadClusters};
 use crate::capi::{self, StandIn, StandInOptions, StandInPlays};
 use crate::stack::{self, RequestCounts, Stack};
@@ -39,6 +42,7 @@ pub const BINARIES: &[&str] = &[
     "etcd",
     "kube-apiserver",
     "kube-controller-manager",
+    "kube-scheduler",
     "kubectl",
     "capi-manager",
     "capi-kubeadm-bootstrap-manager",
@@ -86,6 +90,8 @@ pub struct RealStack {
     management: Option<KubeApiServer>,
     etcd: Option<Etcd>,
     operator: Option<OperatorProcess>,
+    autoscaler: Option<autoscaler::Autoscaler>,
+    go_provider: Option<go_provider::GoProvider>,
     options: WorldOptions,
 }
 
@@ -98,7 +104,7 @@ impl RealStack {
     }
 
     /// Like [`RealStack::start`], without our components: a management cluster as another
-    /// provider's users have it (see [`go_provider`]); [`RealStack::install_components`] adds ours.
+    /// provider's users have it (the Go provider: [`RealStack::install_go_provider`]); [`RealStack::install_components`] adds ours.
     pub async fn start_without_components(options: WorldOptions) -> anyhow::Result<RealStack> {
         Self::start_with(options, None, false).await
     }
@@ -210,8 +216,14 @@ impl RealStack {
                 plays: StandInPlays::ControlPlaneOnly,
             },
         );
-        let kubelets =
-            Kubelets::start(stand_in.management_view(), host_controls, workloads.clone());
+        // The workload clusters schedule (a kube-scheduler and kube-controller-manager each), so
+        // the kubelets keep their Leases and run the Pods bound to their Nodes.
+        let kubelets = Kubelets::start_with(
+            stand_in.management_view(),
+            host_controls,
+            workloads.clone(),
+            KubeletOptions { runs_pods: true },
+        );
         let mut real = RealStack {
             operator_kubeconfig: dir.join("operator.kubeconfig"),
             webhook: None,
@@ -232,6 +244,8 @@ impl RealStack {
             management: Some(management),
             etcd: Some(etcd),
             operator: None,
+            autoscaler: None,
+            go_provider: None,
             options,
         };
         if ours {
@@ -253,6 +267,16 @@ impl RealStack {
     /// The username the operator's requests carry.
     pub fn operator_user() -> String {
         service_account_user(components::NAMESPACE, components::SERVICE_ACCOUNT)
+    }
+
+    /// The user of the infrastructure provider that runs: our operator's ServiceAccount, or the
+    /// Go provider's where it runs without ours (what the bench counts as "operator").
+    pub fn provider_user(&self) -> String {
+        if self.operator.is_none() && self.go_provider.is_some() {
+            Self::go_provider_user()
+        } else {
+            Self::operator_user()
+        }
     }
 
     /// Starts the workload API of Cluster `namespace/name` (before the Cluster is created) and
@@ -307,12 +331,16 @@ impl RealStack {
     /// into its Pod does); its output, or its error output.
     pub async fn migrate_storage(&self) -> anyhow::Result<Result<String, String>> {
         let (program, prefix) = &self.options.operator_command;
-        let output = tokio::process::Command::new(program)
+        let mut command = tokio::process::Command::new(program);
+        command
             .args(prefix)
             .arg("--kubeconfig")
             .arg(&self.operator_kubeconfig)
             .arg("migrate-storage")
             .env_remove("KUBECONFIG")
+            .kill_on_drop(true);
+        capmvm_upstream::process::die_with_parent(&mut command);
+        let output = command
             .output()
             .await
             .with_context(|| format!("running {} migrate-storage", program.display()))?;
@@ -395,7 +423,11 @@ impl RealStack {
                 .as_ref()
                 .and_then(ControlPlaneComponent::pid),
         ];
-        pids.extend(self.workload_apis.iter().map(|a| a.server.pid()));
+        pids.extend(
+            self.workload_apis
+                .iter()
+                .flat_map(|a| a.pids().into_iter().map(Some)),
+        );
         if let Some(capi) = &self.capi {
             pids.extend(
                 [
@@ -435,15 +467,16 @@ impl RealStack {
 
     /// Stops everything, in the reverse order of starting; keeps the directory if asked to.
     pub async fn shutdown(mut self) {
+        self.stop_autoscaler().await;
         self.stop_operator().await;
+        self.stop_go_provider().await;
         self.kubelets = None;
         if let Some(s) = self.stand_in.take() {
             s.stop();
         }
         self.workloads.stop_all().await;
         for api in std::mem::take(&mut self.workload_apis) {
-            api.server.stop().await;
-            workload::release_vip(api.vip);
+            api.stop().await;
         }
         if let Some(capi) = self.capi.take() {
             capi.stop().await;
@@ -499,8 +532,12 @@ impl Stack for RealStack {
         self.dir.join("operator.log")
     }
 
+    /// Ours, or the Go provider's manager where it runs without ours.
     fn operator_pid(&self) -> Option<u32> {
-        self.operator.as_ref().and_then(OperatorProcess::pid)
+        match (&self.operator, &self.go_provider) {
+            (None, Some(go)) => go.pid(),
+            (op, _) => op.as_ref().and_then(OperatorProcess::pid),
+        }
     }
 
     fn kubelets(&self) -> crate::capi::kubelet::KubeletControl {
@@ -517,22 +554,37 @@ impl Stack for RealStack {
             .unwrap_or_default()
     }
 
-    fn api_requests(&self) -> RequestCounts {
+    fn api_requests(&self) -> anyhow::Result<RequestCounts> {
         audit_counts(self.audit(), None)
     }
 
-    fn operator_requests(&self) -> RequestCounts {
-        audit_counts(self.audit(), Some(&Self::operator_user()))
+    fn operator_requests(&self) -> anyhow::Result<RequestCounts> {
+        audit_counts(self.audit(), Some(&self.provider_user()))
     }
 
-    fn throttled(&self) -> Option<(u64, u64)> {
-        let requests = self.audit()?.requests().ok()?;
-        let operator = Self::operator_user();
+    fn throttled(&self) -> anyhow::Result<Option<(u64, u64)>> {
+        let requests = audit_requests(self.audit())?;
+        let operator = self.provider_user();
         let throttled = requests.iter().filter(|e| e.code() == 429);
         let (all, ours) = throttled.fold((0, 0), |(all, ours), e| {
             (all + 1, ours + u64::from(e.user.username == operator))
         });
-        Some((all, ours))
+        Ok(Some((all, ours)))
+    }
+
+    fn operator_denials(&self) -> anyhow::Result<Option<(u64, Vec<String>)>> {
+        let operator = self.provider_user();
+        let requests = audit_requests(self.audit())?;
+        let ours: Vec<_> = requests
+            .iter()
+            .filter(|e| e.user.username == operator)
+            .collect();
+        let denied = ours
+            .iter()
+            .filter(|e| e.denied_by_authorization())
+            .map(|e| format!("{} {}", e.verb, e.request_uri))
+            .collect();
+        Ok(Some((ours.len() as u64, denied)))
     }
 
     /// `clusterctl generate cluster <name> --from <template>` with `vars` in its environment, as
@@ -652,20 +704,73 @@ fn counter_resource(e: &capmvm_upstream::AuditEvent) -> String {
     }
 }
 
+/// Every request of the audit log. A log that is not there or cannot be read is an error: the
+/// numbers a bench reports from it would read as zero requests.
+fn audit_requests(log: Option<AuditLog>) -> anyhow::Result<Vec<capmvm_upstream::AuditEvent>> {
+    let log =
+        log.context("the management API keeps no audit log: its requests cannot be counted")?;
+    // `requests` reads a log not written yet as empty; by the time anything is counted the server
+    // has logged its own start, so a missing file means the log is elsewhere or gone.
+    if !log.path().is_file() {
+        anyhow::bail!(
+            "the audit log {} is missing: the API requests cannot be counted",
+            log.path().display()
+        );
+    }
+    log.requests()
+        .with_context(|| format!("reading the audit log {}", log.path().display()))
+}
+
 /// Requests by verb and resource from the audit log, of one user or of all.
-fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> RequestCounts {
+fn audit_counts(log: Option<AuditLog>, user: Option<&str>) -> anyhow::Result<RequestCounts> {
     let mut counts = RequestCounts::default();
-    let Some(log) = log else {
-        return counts;
-    };
-    let Ok(requests) = log.requests() else {
-        return counts;
-    };
-    for e in requests
+    for e in audit_requests(log)?
         .iter()
         .filter(|e| user.is_none_or(|u| e.user.username == u))
     {
         counts.add(&e.verb, &counter_resource(e), 1);
     }
-    counts
+    Ok(counts)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    /// The bench's numbers come from the audit log: a log that is not there or cannot be read is
+    /// an error naming it, never a count of zero requests.
+    #[test]
+    fn an_audit_log_that_cannot_be_read_is_an_error_not_zero_requests() {
+        let dir = std::env::temp_dir().join(format!("capmvm-audit-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.log");
+        let error = audit_counts(Some(AuditLog::new(&missing)), None).unwrap_err();
+        assert!(
+            format!("{error:#}").contains(&missing.display().to_string()),
+            "{error:#}"
+        );
+        // A directory where the log should be: it exists but cannot be read as a file.
+        let unreadable = dir.join("unreadable.log");
+        std::fs::create_dir_all(&unreadable).unwrap();
+        assert!(audit_counts(Some(AuditLog::new(&unreadable)), None).is_err());
+        assert!(audit_counts(None, None).is_err());
+
+        let log = dir.join("audit.log");
+        std::fs::write(
+            &log,
+            r#"{"auditID":"a","stage":"ResponseComplete","verb":"create","user":{"username":"u"},"objectRef":{"resource":"pods"},"responseStatus":{"code":201}}"#,
+        )
+        .unwrap();
+        let counts = audit_counts(Some(AuditLog::new(&log)), Some("u")).unwrap();
+        assert_eq!((counts.total(), counts.writes()), (1, 1));
+        assert_eq!(
+            audit_counts(Some(AuditLog::new(&log)), Some("someone else"))
+                .unwrap()
+                .total(),
+            0
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

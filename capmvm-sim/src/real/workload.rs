@@ -4,6 +4,12 @@
 //! `<cluster>-ca` is created before the Cluster, so Cluster API (CABPK's join configuration, the
 //! ClusterCache's kubeconfig) trusts and reaches this server, and `<cluster>-kubeconfig` is written
 //! from it as the control-plane provider writes it.
+//!
+//! Beside each workload API run a kube-scheduler and a kube-controller-manager, as on a kubeadm
+//! control plane: Deployments become Pods, the scheduler binds them to Nodes, the node lifecycle
+//! controller lifts the `not-ready` taint the API server puts on every new Node (and watches the
+//! hollow kubelets' Leases), the ServiceAccount controller makes each namespace's `default`
+//! account, and node IPAM gives each Node the pod CIDR its kubelet takes Pod IPs from.
 
 use std::collections::{BTreeMap, HashSet};
 use std::net::{IpAddr, Ipv4Addr};
@@ -13,7 +19,7 @@ use anyhow::Context as _;
 use base64::Engine as _;
 use capmvm_api::keys::CLUSTER_NAME_LABEL;
 use capmvm_upstream::pki::Ca;
-use capmvm_upstream::{ApiServerOptions, KubeApiServer};
+use capmvm_upstream::{ApiServerOptions, ControlPlaneComponent, KubeApiServer};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{Namespace, Secret};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -58,7 +64,11 @@ pub fn release_vip(ip: Ipv4Addr) {
     }
 }
 
-/// A workload cluster's API, started before its Cluster exists.
+/// The pod network Nodes get their `podCIDR` from (kubeadm's usual Flannel/Calico range).
+pub const CLUSTER_CIDR: &str = "10.244.0.0/16";
+
+/// A workload cluster's API, started before its Cluster exists, with its scheduler and
+/// controller-manager.
 pub struct WorkloadApi {
     /// The Cluster it serves.
     pub cluster: ClusterKey,
@@ -66,6 +76,58 @@ pub struct WorkloadApi {
     pub vip: Ipv4Addr,
     /// The server.
     pub server: KubeApiServer,
+    /// Its kube-scheduler.
+    pub scheduler: ControlPlaneComponent,
+    /// Its kube-controller-manager (every default controller, node IPAM on).
+    pub controller_manager: ControlPlaneComponent,
+}
+
+impl WorkloadApi {
+    /// The processes' ids: the API server, the scheduler, the controller-manager.
+    pub fn pids(&self) -> Vec<u32> {
+        [
+            self.server.pid(),
+            self.scheduler.pid(),
+            self.controller_manager.pid(),
+        ]
+        .into_iter()
+        .flatten()
+        .collect()
+    }
+
+    /// Stops the scheduler, the controller-manager, then the API server.
+    pub async fn stop(self) {
+        self.scheduler.stop().await;
+        self.controller_manager.stop().await;
+        self.server.stop().await;
+        release_vip(self.vip);
+    }
+}
+
+/// Starts the scheduler and controller-manager of a workload API.
+async fn control_plane(
+    binaries: &capmvm_upstream::Binaries,
+    server: &KubeApiServer,
+    cluster: &ClusterKey,
+) -> anyhow::Result<(ControlPlaneComponent, ControlPlaneComponent)> {
+    let scheduler = ControlPlaneComponent::scheduler(binaries, server, &[])
+        .await
+        .with_context(|| format!("starting the kube-scheduler of {cluster}"))?;
+    let controller_manager = ControlPlaneComponent::controller_manager(
+        binaries,
+        server,
+        "*",
+        &[
+            format!("--cluster-name={}", cluster.name),
+            "--allocate-node-cidrs=true".to_string(),
+            format!("--cluster-cidr={CLUSTER_CIDR}"),
+            "--node-cidr-mask-size=24".to_string(),
+            "--service-cluster-ip-range=10.96.0.0/12".to_string(),
+        ],
+    )
+    .await
+    .with_context(|| format!("starting the kube-controller-manager of {cluster}"))?;
+    Ok((scheduler, controller_manager))
 }
 
 /// Creates `<cluster>-ca` and starts the workload API on a free 127.0.0.x:6443, its certificates
@@ -114,6 +176,14 @@ pub async fn start(
             return Err(e).context(format!("starting the workload API of {cluster}"));
         }
     };
+    let (scheduler, controller_manager) = match control_plane(binaries, &server, cluster).await {
+        Ok(c) => c,
+        Err(e) => {
+            server.stop().await;
+            release_vip(vip);
+            return Err(e);
+        }
+    };
     let kubeconfig = capi_kubeconfig(&cluster.name, server.url(), &ca_pem.cert, &admin);
     secrets
         .create(
@@ -130,6 +200,8 @@ pub async fn start(
         cluster: cluster.clone(),
         vip,
         server,
+        scheduler,
+        controller_manager,
     })
 }
 
