@@ -246,8 +246,11 @@ async fn a_go_provider_cluster_moves_to_us_with_no_microvm_touched() {
         .copied()
         .chain([go_provider::BINARY])
         .collect();
-    if Binaries::for_test("a_go_provider_cluster_moves_to_us_with_no_microvm_touched", &needs)
-        .is_none()
+    if Binaries::for_test(
+        "a_go_provider_cluster_moves_to_us_with_no_microvm_touched",
+        &needs,
+    )
+    .is_none()
     {
         return;
     }
