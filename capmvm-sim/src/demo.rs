@@ -593,8 +593,9 @@ impl LiveTable {
     }
 }
 
-/// What a machine belongs to: the MachinePool, the MachineDeployment or the control plane.
-fn group_of(m: &MicrovmMachine) -> String {
+/// What a machine belongs to: `mp/<pool>`, `md/<deployment>` or `control-plane` (the demo's and
+/// the autoscale run's tables).
+pub(crate) fn group_of(m: &MicrovmMachine) -> String {
     let labels = m.labels();
     if let Some(pool) = labels.get(POOL_NAME_LABEL) {
         format!("mp/{pool}")

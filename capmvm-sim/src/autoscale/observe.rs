@@ -8,16 +8,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use capmvm_api::MicrovmMachine;
-use capmvm_api::keys::{CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
+use capmvm_api::keys::DELETE_MACHINE_ANNOTATION;
 use capmvm_flintlock::MicrovmState;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod};
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::core::GroupVersionKind;
 use kube::{Api, ResourceExt as _};
 
-use crate::capi::DEPLOYMENT_NAME_LABEL;
 use crate::capi::machinepool::machine_pool_resource;
 use crate::capi::workload::ClusterKey;
+use crate::demo::group_of;
 use crate::real::RealStack;
 use crate::stack::Stack as _;
 
@@ -355,20 +355,6 @@ async fn status_backoff(workload: &kube::Client) -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
-}
-
-/// What a machine belongs to: `mp/<pool>`, `md/<deployment>` or `control-plane`.
-fn group_of(m: &MicrovmMachine) -> String {
-    let labels = m.labels();
-    if let Some(pool) = labels.get(POOL_NAME_LABEL) {
-        format!("mp/{pool}")
-    } else if let Some(md) = labels.get(DEPLOYMENT_NAME_LABEL) {
-        format!("md/{md}")
-    } else if labels.contains_key(CONTROL_PLANE_LABEL) {
-        "control-plane".to_string()
-    } else {
-        "-".to_string()
-    }
 }
 
 /// A live table, redrawn in place on a terminal, printed on change otherwise.
