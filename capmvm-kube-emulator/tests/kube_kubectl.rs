@@ -176,15 +176,20 @@ async fn kubectl_discovers_builtin_and_custom_resources() {
         return;
     };
     let out = k.ok(&["api-resources"]);
+    // kubectl pads its columns to the longest name in the table, so rows are compared as
+    // fields: a new CRD with a longer name must not break the assertion.
+    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
     for expected in [
-        "microvmmachines             mvmm         infrastructure.cluster.x-k8s.io/v1alpha2   true         MicrovmMachine",
-        "microvmclusters             mvmc",
-        "microvmmachinetemplates     mvmmt",
-        "namespaces                  ns           v1                                         false        Namespace",
-        "leases                                   coordination.k8s.io/v1",
-        "customresourcedefinitions   crd,crds     apiextensions.k8s.io/v1",
+        "microvmmachines mvmm infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmMachine",
+        "microvmclusters mvmc infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmCluster",
+        "microvmmachinetemplates mvmmt infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmMachineTemplate",
+        "microvmclustertemplates mvmct infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmClusterTemplate",
+        "namespaces ns v1 false Namespace",
+        "leases coordination.k8s.io/v1 true Lease",
+        "customresourcedefinitions crd,crds apiextensions.k8s.io/v1 false CustomResourceDefinition",
     ] {
-        assert!(out.contains(expected), "missing {expected:?} in:\n{out}");
+        let want: Vec<&str> = expected.split(' ').collect();
+        assert!(rows.contains(&want), "missing row {expected:?} in:\n{out}");
     }
     let cats = k.ok(&["api-resources", "--categories=cluster-api", "-o", "name"]);
     let mut names: Vec<&str> = cats.lines().collect();
@@ -193,7 +198,9 @@ async fn kubectl_discovers_builtin_and_custom_resources() {
         names,
         vec![
             "microvmclusters.infrastructure.cluster.x-k8s.io",
+            "microvmclustertemplates.infrastructure.cluster.x-k8s.io",
             "microvmmachinepools.infrastructure.cluster.x-k8s.io",
+            "microvmmachinepooltemplates.infrastructure.cluster.x-k8s.io",
             "microvmmachines.infrastructure.cluster.x-k8s.io",
             "microvmmachinetemplates.infrastructure.cluster.x-k8s.io"
         ]
