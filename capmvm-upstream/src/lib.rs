@@ -12,7 +12,8 @@
 //!   URL with a generated CA (as CAPI's own envtest does), and the managers themselves;
 //! - [`tools`]: the pinned kubectl and clusterctl;
 //! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]);
-//! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider.
+//! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider;
+//! - [`link`]: a loopback TCP link that can be cut, for partitions between processes.
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
@@ -25,6 +26,7 @@ pub mod etcd;
 pub mod flintlock;
 pub mod go_provider;
 pub mod kubeapi;
+pub mod link;
 pub mod pki;
 pub mod process;
 pub mod skip;
