@@ -18,6 +18,9 @@ use crate::cluster::ApiEndpoint;
 /// The API group of CAPI core.
 pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 
+/// The version of CAPI core's API this provider reads (contract v1beta2).
+pub const CAPI_VERSION: &str = "v1beta2";
+
 /// Reads any JSON value, then `T` from it, or `T::default()` (absent) if it has another shape.
 fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
 where

@@ -39,6 +39,9 @@ pub const POOL_FINALIZER: &str = "microvmmachinepool.infrastructure.cluster.x-k8
 /// Label CAPI sets on control-plane Machines (and, by template cloning, on their MicrovmMachines).
 pub const CONTROL_PLANE_LABEL: &str = "cluster.x-k8s.io/control-plane";
 
+/// Label CAPI's MachineSet puts on the Machines of a MachineDeployment: the deployment's name.
+pub const DEPLOYMENT_NAME_LABEL: &str = "cluster.x-k8s.io/deployment-name";
+
 /// Annotation that pauses reconciliation of the object carrying it.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 

@@ -82,6 +82,14 @@ pub const RULES: &[Rule] = &[
         verbs: &["list", "watch"],
         names: &[],
     },
+    // A machine on an evacuating host is released only while its MachineDeployment has all the
+    // Machines it wants (`spec.replicas`), read by name when its turn is decided.
+    Rule {
+        group: "cluster.x-k8s.io",
+        resources: &["machinedeployments"],
+        verbs: &["get"],
+        names: &[],
+    },
     // A pool scales down, rolls and repairs by deleting its instances' Machines (CAPI drains them).
     Rule {
         group: "cluster.x-k8s.io",

@@ -72,6 +72,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         operator: "decide-example".to_string(),
         claim_seen_for: None,
         failed_host_call: None,
+        evacuation: None,
     };
 
     let mut now = Timestamp::from_second(1_800_000_000)?;

@@ -28,9 +28,9 @@ pub mod template;
 pub use cluster::decide_cluster;
 pub use machine::decide;
 pub use observe::{
-    BootstrapData, ClusterFacts, CredentialSecret, FailedHostCall, HostFacts, HostLookup, HostedVm,
-    MachineFacts, MachinePoolFacts, ObservedCluster, ObservedMachine, ObservedVm, Reachability,
-    RunningSpec, Sensitive, VmState,
+    BootstrapData, ClusterFacts, CredentialSecret, EvacuationGroup, EvacuationPeer, FailedHostCall,
+    HostFacts, HostLookup, HostedVm, MachineFacts, MachinePoolFacts, ObservedCluster,
+    ObservedMachine, ObservedVm, Reachability, RunningSpec, Sensitive, VmState,
 };
 pub use plan::{ClusterPlan, Event, EventKind, HostCall, HostRecord, MachinePlan, Requeue};
 pub use pool::{PoolPlan, decide_pool};

@@ -35,6 +35,7 @@ use std::time::Duration;
 
 mod adoption;
 mod deletion;
+mod evacuation;
 mod lookup;
 mod normal;
 mod ours;
@@ -45,6 +46,7 @@ pub use adoption::{
     PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
 };
 
+pub use evacuation::wants_evacuation_group;
 pub use lookup::{after_direct_get, concerns, wants_direct_get, wants_fresh_lookup};
 pub use record::{
     foreign_claim, origin_uid, placement_attempts, placement_claim, provider_id, recorded_host,
@@ -74,6 +76,10 @@ pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
 /// host: the flintlock client's connect timeout (5 s) and call deadline (10 s), with a margin. Until
 /// then a process that finds no microVM waits instead of creating a second one.
 pub const CREATE_CLAIM_TTL: Duration = Duration::from_secs(20);
+
+/// How often a machine waiting its turn to leave an evacuating host looks again at its group: the
+/// peers' changes (a replacement's Node turning Ready) do not wake it.
+pub const EVACUATION_TURN_RECHECK: Duration = Duration::from_secs(10);
 
 /// How long to wait when the operator has not gathered something the decision needs.
 pub const NOT_OBSERVED_RECHECK: Duration = Duration::from_secs(5);

@@ -74,6 +74,36 @@ pub struct ObservedMachine {
     /// A host call of the last plan that failed, when this observation follows it: the engine reports
     /// it and says whether it is retried ([`crate::machine::record_host_call_failure`]).
     pub failed_host_call: Option<FailedHostCall>,
+    /// The machine's group, while its microVM is on a host being evacuated (see
+    /// [`crate::machine::wants_evacuation_group`]): it is released to Cluster API one at a time.
+    pub evacuation: Option<EvacuationGroup>,
+}
+
+/// The Machines a machine on an evacuating host is replaced among: its MachineDeployment's, or its
+/// cluster's control plane. Cluster API replaces a released machine through this group, so the group
+/// must be whole and Ready before the next is released.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvacuationGroup {
+    /// How many Machines the group wants (the MachineDeployment's `spec.replicas`), if known.
+    pub desired: Option<i32>,
+    /// Every other Machine of the group.
+    pub peers: Vec<EvacuationPeer>,
+}
+
+/// Another Machine of an [`EvacuationGroup`], with its MicrovmMachine.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EvacuationPeer {
+    /// The MicrovmMachine's name (the Machine's `spec.infrastructureRef.name`); the Machine's when it
+    /// has none yet.
+    pub name: String,
+    /// The Machine is being deleted.
+    pub deleting: bool,
+    /// The Machine's `Ready` condition is `True` (its Node is healthy).
+    pub ready: bool,
+    /// The MicrovmMachine's recorded host (canonical endpoint), if any.
+    pub host: Option<String>,
+    /// The reason of the MicrovmMachine's `Ready` condition, if any.
+    pub ready_reason: Option<String>,
 }
 
 /// A CAPI Cluster, as the engines read it: pause, provisioning and endpoint, not the object.
@@ -111,6 +141,8 @@ pub struct MachineFacts {
     pub failure_domain: Option<String>,
     /// CAPI marks it a control-plane machine.
     pub control_plane: bool,
+    /// The MachineDeployment it belongs to (label `cluster.x-k8s.io/deployment-name`), if any.
+    pub deployment: Option<String>,
 }
 
 impl From<&Machine> for MachineFacts {
@@ -120,6 +152,12 @@ impl From<&Machine> for MachineFacts {
             bootstrap_data_secret_name: machine.spec.bootstrap.data_secret_name.clone(),
             failure_domain: machine.spec.failure_domain.clone(),
             control_plane: machine.is_control_plane(),
+            deployment: machine
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(capmvm_api::keys::DEPLOYMENT_NAME_LABEL))
+                .cloned(),
         }
     }
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use capmvm_api::conditions::reasons;
 use capmvm_api::{HostMaintenance, HostState};
+use capmvm_reconcile::machine::{EVACUATION_TURN_RECHECK, wants_evacuation_group};
 use capmvm_reconcile::*;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use support::*;
@@ -144,6 +145,48 @@ fn a_running_machine_on_an_evacuating_host_says_so_and_keeps_its_microvm() {
     bend_host(&mut obs, 0, &[], None);
     let plan = decide(&obs, now());
     expect_condition(ready(&plan), ("True", reasons::READY));
+}
+
+#[test]
+fn a_machine_on_an_evacuating_host_waits_its_turn_while_its_deployment_is_not_whole() {
+    let mut obs = placed_on(HOSTS[0], vec![vm("01A", VmState::Created, true)]);
+    with_provider_id(&mut obs, HOSTS[0], "01A");
+    obs.owner.as_mut().unwrap().deployment = Some("md-0".into());
+    bend_host(&mut obs, 0, &[], Some(HostMaintenance::Evacuate));
+    assert!(
+        wants_evacuation_group(&obs),
+        "the operator is asked for the group"
+    );
+    let replacement_not_ready = EvacuationPeer {
+        name: "md-0-new".into(),
+        deleting: false,
+        ready: false,
+        host: Some(HOSTS[1].into()),
+        ready_reason: None,
+    };
+    obs.evacuation = Some(EvacuationGroup {
+        desired: Some(2),
+        peers: vec![replacement_not_ready.clone()],
+    });
+    let plan = decide(&obs, now());
+    let message = expect_condition(ready(&plan), ("True", reasons::READY));
+    assert!(
+        message.contains("waits its turn: md-0-new is not Ready"),
+        "{message}"
+    );
+    assert_eq!(plan.requeue, Requeue::After(EVACUATION_TURN_RECHECK));
+    assert_eq!(deletes(&plan), vec![]);
+
+    // The replacement's Node is Ready: this one goes.
+    obs.evacuation = Some(EvacuationGroup {
+        desired: Some(2),
+        peers: vec![EvacuationPeer {
+            ready: true,
+            ..replacement_not_ready
+        }],
+    });
+    let plan = decide(&obs, now());
+    expect_condition(ready(&plan), ("False", reasons::HOST_EVACUATING));
 }
 
 #[test]

@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use capmvm_api::capi::{CAPI_GROUP, CAPI_VERSION};
 use capmvm_api::keys::{
     HOST_ANNOTATION, MACHINE_FINALIZER, ORIGIN_UID_ANNOTATION, PLACEMENT_ATTEMPT_ANNOTATION,
     PLACEMENT_CLAIM_ANNOTATION,
@@ -17,12 +18,13 @@ use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
     CallOutcome, HostCallFailure, after_direct_get, cluster_name, concerns, foreign_claim,
     instance_pool, judge_host_error, may_create, provider_id, recorded_host, wants_bootstrap_data,
-    wants_direct_get, wants_fresh_lookup, wants_pool_facts,
+    wants_direct_get, wants_evacuation_group, wants_fresh_lookup, wants_pool_facts,
 };
 use capmvm_reconcile::{
-    BootstrapData, ClusterFacts, FailedHostCall, HostCall, HostFacts, HostLookup, MachinePlan,
-    ObservedMachine, ObservedVm, Requeue, decide,
+    BootstrapData, ClusterFacts, EvacuationGroup, FailedHostCall, HostCall, HostFacts, HostLookup,
+    MachinePlan, ObservedMachine, ObservedVm, Requeue, decide,
 };
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::controller::Action;
 use kube::{Api, Resource, ResourceExt};
 use tracing::{debug, info, instrument, warn};
@@ -211,6 +213,7 @@ async fn gather(
             foreign_claim(machine, operator_identity()),
         ),
         failed_host_call: None,
+        evacuation: None,
     };
     let Some(mc) = obs.infra_cluster.clone() else {
         return Ok(obs);
@@ -245,11 +248,42 @@ async fn gather(
             None => lookup(ctx, machine, &config).await,
         },
     };
+    // A machine on an evacuating host is released one at a time within its group.
+    if wants_evacuation_group(&obs)
+        && let Some(owner) = &obs.owner
+        && let Some(peers) = ctx.stores.evacuation_peers(machine, owner)
+    {
+        let desired = match &owner.deployment {
+            Some(deployment) => deployment_replicas(&ctx.client, &ns, deployment).await,
+            None => None,
+        };
+        obs.evacuation = Some(EvacuationGroup { desired, peers });
+    }
     // The bootstrap Secret is read only when the engine may create a microVM now.
     if let Some(secret) = wants_bootstrap_data(&obs) {
         obs.bootstrap = credentials::bootstrap_data(&ctx.client, &ns, secret).await?;
     }
     Ok(obs)
+}
+
+/// A MachineDeployment's `spec.replicas`, read by name (the operator caches no MachineDeployment:
+/// only a machine on an evacuating host asks). `None` when it cannot be read: the engine then judges
+/// the group by its Machines alone.
+async fn deployment_replicas(client: &kube::Client, ns: &str, name: &str) -> Option<i32> {
+    let gvk = GroupVersionKind::gvk(CAPI_GROUP, CAPI_VERSION, "MachineDeployment");
+    let resource = ApiResource::from_gvk_with_plural(&gvk, "machinedeployments");
+    let deployments: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, &resource);
+    match deployments.get(name).await {
+        Ok(deployment) => deployment
+            .data
+            .pointer("/spec/replicas")
+            .and_then(serde_json::Value::as_i64)
+            .and_then(|r| i32::try_from(r).ok()),
+        Err(e) => {
+            warn!(namespace = ns, deployment = name, error = %e, "reading the MachineDeployment of a machine on an evacuating host");
+            None
+        }
+    }
 }
 
 /// A host's facts, or the problem with its credentials.

@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use capmvm_api::capi::{CAPI_GROUP, Cluster};
-use capmvm_api::keys::CLUSTER_NAME_LABEL;
+use capmvm_api::capi::{CAPI_GROUP, Cluster, Machine};
+use capmvm_api::conditions::types;
+use capmvm_api::keys::{CLUSTER_NAME_LABEL, DEPLOYMENT_NAME_LABEL};
 use capmvm_api::{GROUP, MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
-use capmvm_reconcile::machine::instance_pool;
-use capmvm_reconcile::{ClusterFacts, MachineFacts, MachinePoolFacts};
+use capmvm_reconcile::machine::{instance_pool, recorded_host};
+use capmvm_reconcile::{ClusterFacts, EvacuationPeer, MachineFacts, MachinePoolFacts};
 use kube::ResourceExt;
 use kube::runtime::reflector::ObjectRef;
 
@@ -25,6 +26,68 @@ impl Stores {
             .find(|o| o.kind == "Machine" && api_group(&o.api_version) == CAPI_GROUP)
             .and_then(|o| self.capi_machines.get(&ObjectRef::new(&o.name).within(&ns)))
             .map(|m| MachineFacts::from(m.as_ref()))
+    }
+
+    /// The other Machines of the group `machine` is released within when its host is evacuated:
+    /// those of its MachineDeployment, or its cluster's control-plane Machines; `None` for a
+    /// Machine in neither (nothing to keep whole). Read from the caches, only while the engine asks
+    /// ([`capmvm_reconcile::machine::wants_evacuation_group`]).
+    pub fn evacuation_peers(
+        &self,
+        machine: &MicrovmMachine,
+        owner: &MachineFacts,
+    ) -> Option<Vec<EvacuationPeer>> {
+        if owner.deployment.is_none() && !owner.control_plane {
+            return None;
+        }
+        let ns = machine.namespace().unwrap_or_default();
+        let own = machine
+            .owner_references()
+            .iter()
+            .find(|o| o.kind == "Machine" && api_group(&o.api_version) == CAPI_GROUP)
+            .map(|o| o.name.clone());
+        let in_group = |m: &Machine| match &owner.deployment {
+            Some(deployment) => m.labels().get(DEPLOYMENT_NAME_LABEL) == Some(deployment),
+            None => m.is_control_plane() && m.spec.cluster_name == owner.cluster_name,
+        };
+        let peers = self
+            .capi_machines
+            .state()
+            .into_iter()
+            .filter(|m| m.namespace().as_deref() == Some(ns.as_str()))
+            .filter(|m| own.as_deref() != m.metadata.name.as_deref())
+            .filter(|m| in_group(m))
+            .map(|m| {
+                let reference = &m.spec.infrastructure_ref;
+                let infra_name = (reference.api_group == GROUP
+                    && reference.kind == "MicrovmMachine")
+                    .then(|| reference.name.clone());
+                let infra = infra_name
+                    .as_ref()
+                    .and_then(|n| self.machines.get(&ObjectRef::new(n).within(&ns)));
+                EvacuationPeer {
+                    name: infra_name.unwrap_or_else(|| m.name_any()),
+                    deleting: m.metadata.deletion_timestamp.is_some(),
+                    ready: m.status.as_ref().is_some_and(|s| {
+                        s.conditions
+                            .iter()
+                            .any(|c| c.r#type == types::READY && c.status == "True")
+                    }),
+                    host: infra
+                        .as_deref()
+                        .and_then(recorded_host)
+                        .map(|h| h.to_string()),
+                    ready_reason: infra.as_deref().and_then(|i| {
+                        let conditions = &i.status.as_ref()?.conditions;
+                        conditions
+                            .iter()
+                            .find(|c| c.type_ == types::READY)
+                            .map(|c| c.reason.clone())
+                    }),
+                }
+            })
+            .collect();
+        Some(peers)
     }
 
     /// The CAPI MachinePool owning `pool` (ownerReference kind MachinePool, group cluster.x-k8s.io),

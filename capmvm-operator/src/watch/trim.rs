@@ -5,9 +5,10 @@ use std::collections::BTreeMap;
 
 use capmvm_api::MicrovmMachine;
 use capmvm_api::capi::{Machine, OWNER_REMEDIATED_CONDITION};
+use capmvm_api::conditions::types::READY as MACHINE_READY_CONDITION;
 use capmvm_api::keys::{
-    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION, PAUSED_ANNOTATION,
-    POOL_NAME_LABEL,
+    CLUSTER_NAME_LABEL, CONTROL_PLANE_LABEL, DELETE_MACHINE_ANNOTATION, DEPLOYMENT_NAME_LABEL,
+    PAUSED_ANNOTATION, POOL_NAME_LABEL,
 };
 use k8s_openapi::api::core::v1::Secret;
 use kube::Resource;
@@ -28,20 +29,24 @@ pub(super) fn secret(secret: &mut PartialObjectMeta<Secret>) {
 /// Keeps of a CAPI Machine only what the operator reads, before the cache holds it (at 10 000
 /// Machines the labels CAPI sets, deployment, set and template hash, cost about 5 MiB). The
 /// operator never writes a Machine, so nothing is written back from the trimmed copy.
-/// - Labels: `cluster.x-k8s.io/control-plane` (placement).
+/// - Labels: `cluster.x-k8s.io/control-plane` (placement), `cluster.x-k8s.io/deployment-name` (the
+///   group a machine on an evacuating host is released within).
 /// - Annotations: `cluster.x-k8s.io/delete-machine` (a pool's scale-down choice).
-/// - Conditions (core writes about ten): `OwnerRemediated`.
+/// - Conditions (core writes about ten): `OwnerRemediated`, `Ready` (an evacuating group's health).
 /// - Not `spec.version` nor `spec.bootstrap.configRef`.
 pub(super) fn machine(m: &mut Machine) {
     let meta = m.meta_mut();
-    meta.labels = keep_keys(meta.labels.take(), &[CONTROL_PLANE_LABEL]);
+    meta.labels = keep_keys(
+        meta.labels.take(),
+        &[CONTROL_PLANE_LABEL, DEPLOYMENT_NAME_LABEL],
+    );
     meta.annotations = keep_keys(meta.annotations.take(), &[DELETE_MACHINE_ANNOTATION]);
     m.spec.version = None;
     m.spec.bootstrap.config_ref = None;
     if let Some(status) = &mut m.status {
-        status
-            .conditions
-            .retain(|c| c.r#type == OWNER_REMEDIATED_CONDITION);
+        status.conditions.retain(|c| {
+            c.r#type == OWNER_REMEDIATED_CONDITION || c.r#type == MACHINE_READY_CONDITION
+        });
     }
 }
 
@@ -111,6 +116,7 @@ mod tests {
                     CLUSTER_NAME_LABEL: "demo",
                     CONTROL_PLANE_LABEL: "",
                     "cluster.x-k8s.io/set-name": "demo-md-0-abc",
+                    DEPLOYMENT_NAME_LABEL: "demo-md-0",
                     "machine-template-hash": "123",
                 },
                 "annotations": {
@@ -126,6 +132,7 @@ mod tests {
             "status": {"conditions": [
                 {"type": "Ready", "status": "False", "reason": "x", "lastTransitionTime": "2026-01-01T00:00:00Z"},
                 {"type": OWNER_REMEDIATED_CONDITION, "status": "False", "reason": "y", "lastTransitionTime": "2026-01-01T00:00:00Z"},
+                {"type": "NodeHealthy", "status": "True", "reason": "z", "lastTransitionTime": "2026-01-01T00:00:00Z"},
             ]},
         }))
         .unwrap();
@@ -137,9 +144,23 @@ mod tests {
                 .annotations()
                 .contains_key(DELETE_MACHINE_ANNOTATION)
         );
-        assert_eq!(machine.labels().len(), 1);
+        assert_eq!(
+            capmvm_reconcile::MachineFacts::from(&machine)
+                .deployment
+                .as_deref(),
+            Some("demo-md-0")
+        );
+        assert_eq!(machine.labels().len(), 2);
         assert_eq!(machine.annotations().len(), 1);
-        assert_eq!(machine.status.as_ref().unwrap().conditions.len(), 1);
+        let kept: Vec<&str> = machine
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .map(|c| c.r#type.as_str())
+            .collect();
+        assert_eq!(kept, ["Ready", OWNER_REMEDIATED_CONDITION]);
         assert_eq!(
             machine.spec.bootstrap.data_secret_name.as_deref(),
             Some("m")

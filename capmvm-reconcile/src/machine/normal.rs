@@ -7,11 +7,13 @@ use capmvm_api::{
 };
 use kube::ResourceExt;
 
+use super::evacuation::{self, Turn, evacuating_host};
 use super::record::{annotated_host, claim_value};
 use super::report::{addresses, failure_domain_of, starting_message};
 use super::{
-    CREDENTIALS_RECHECK, Decision, NOT_OBSERVED_RECHECK, PENDING_RECHECK, Provenance,
-    bootstrap_secret_name, instance_pool, origin_uid, placement_attempts, provenance, provider_id,
+    CREDENTIALS_RECHECK, Decision, EVACUATION_TURN_RECHECK, NOT_OBSERVED_RECHECK, PENDING_RECHECK,
+    Provenance, bootstrap_secret_name, instance_pool, origin_uid, placement_attempts, provenance,
+    provider_id,
 };
 use crate::cloudinit::{self, CloudInit};
 use crate::conditions::Status;
@@ -362,20 +364,38 @@ impl Decision<'_> {
                 self.status.initialization = Some(Initialization {
                     provisioned: Some(true),
                 });
-                match evacuating_host(infra, host) {
-                    // A pool replaces its own instances within its rolling-update limits; any other
-                    // machine says so on Ready, which CAPI mirrors as the Machine's
-                    // InfrastructureReady for a MachineHealthCheck to remediate. The microVM runs on.
-                    Some(name) if instance_pool(self.machine).is_none() => self.not_ready(
-                        reasons::HOST_EVACUATING,
-                        format!(
-                            "host {name} ({host}) is being evacuated; microVM {} keeps running until Cluster API replaces this Machine (a MachineHealthCheck with unhealthyMachineConditions InfrastructureReady=False remediates it)",
-                            vm.uid
-                        ),
-                    ),
-                    _ => self.condition(types::READY, Status::True, reasons::READY, ""),
+                // A pool replaces its own instances within its rolling-update limits; any other
+                // machine says so on Ready when its turn comes, which CAPI mirrors as the Machine's
+                // InfrastructureReady for a MachineHealthCheck to remediate. The microVM runs on.
+                let evacuating =
+                    evacuating_host(infra, host).filter(|_| instance_pool(self.machine).is_none());
+                let Some(name) = evacuating else {
+                    self.condition(types::READY, Status::True, reasons::READY, "");
+                    return Requeue::Await;
+                };
+                match evacuation::turn(self.machine, infra, self.obs.evacuation.as_ref()) {
+                    Turn::Now => {
+                        self.not_ready(
+                            reasons::HOST_EVACUATING,
+                            format!(
+                                "host {name} ({host}) is being evacuated; microVM {} keeps running until Cluster API replaces this Machine (a MachineHealthCheck with unhealthyMachineConditions InfrastructureReady=False remediates it)",
+                                vm.uid
+                            ),
+                        );
+                        Requeue::Await
+                    }
+                    Turn::Waiting(why) => {
+                        self.condition(
+                            types::READY,
+                            Status::True,
+                            reasons::READY,
+                            format!(
+                                "host {name} ({host}) is being evacuated; this machine waits its turn: {why}"
+                            ),
+                        );
+                        Requeue::After(EVACUATION_TURN_RECHECK)
+                    }
                 }
-                Requeue::Await
             }
             VmState::Failed => {
                 self.status.vm_state = Some(ApiVmState::Failed);
@@ -409,23 +429,4 @@ impl Decision<'_> {
             }
         }
     }
-}
-
-/// The display name of `host` when the MicrovmCluster lists it under `maintenance: Evacuate`.
-fn evacuating_host<'a>(infra: &'a MicrovmCluster, host: &HostEndpoint) -> Option<&'a str> {
-    let key = host.to_string();
-    infra
-        .spec
-        .placement
-        .static_pool
-        .as_ref()?
-        .hosts
-        .iter()
-        .find(|h| {
-            h.evacuating()
-                && h.endpoint
-                    .parse::<HostEndpoint>()
-                    .is_ok_and(|e| e.to_string() == key)
-        })
-        .map(|h| h.display_name())
 }

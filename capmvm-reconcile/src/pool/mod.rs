@@ -312,7 +312,7 @@ fn scale_and_roll(
 }
 
 /// The canonical endpoints of the MicrovmCluster's hosts under `maintenance: Evacuate`.
-fn evacuating_hosts(infra: Option<&MicrovmCluster>) -> BTreeSet<String> {
+pub(crate) fn evacuating_hosts(infra: Option<&MicrovmCluster>) -> BTreeSet<String> {
     infra
         .and_then(|c| c.spec.placement.static_pool.as_ref())
         .map(|pool| {

@@ -209,6 +209,7 @@ pub fn observed() -> ObservedMachine {
         operator: OPERATOR.into(),
         claim_seen_for: None,
         failed_host_call: None,
+        evacuation: None,
     }
 }
 
