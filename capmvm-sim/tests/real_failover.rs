@@ -28,7 +28,7 @@ use std::time::{Duration, Instant};
 use capmvm_flintlock::hollow::pki::TestPki;
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
-use capmvm_sim::world::{DEMO_CLUSTER, HostAuth, wait_for};
+use capmvm_sim::world::{DEMO_CLUSTER, HostAuth, OperatorProcess, wait_for};
 use capmvm_upstream::link::{Cut, Link};
 use capmvm_upstream::{AuditEvent, Binaries};
 use jiff::Timestamp;
@@ -182,6 +182,17 @@ fn logged(log: &std::path::Path, messages: &[&str]) -> Vec<(Timestamp, String)> 
         .collect()
 }
 
+/// Flintlock calls the operator made that failed, from its metrics.
+async fn failed_host_calls(operator: &OperatorProcess) -> u64 {
+    let metrics = operator.scrape_metrics().await.unwrap();
+    let failed: f64 = metrics
+        .lines()
+        .filter(|l| l.starts_with("capmvm_flintlock_calls_total{") && !l.contains("code=\"ok\""))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    failed as u64
+}
+
 /// The leaf certificate (DER) served on 127.0.0.1:`port`, verified against `ca_pem`.
 async fn served_certificate(port: u16, ca_pem: &str) -> anyhow::Result<Vec<u8>> {
     let mut roots = rustls::RootCertStore::empty();
@@ -273,6 +284,8 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
     let mut o = options();
     o.auth = HostAuth::MtlsAndToken(TOKEN.into());
     let mut real = RealStack::start(o).await.expect("the real stack starts");
+    // A failed run leaves the directory (shutdown removes it): its logs are named here.
+    println!("logs in {}", real.dir.display());
     let link = Link::start(real.management_addr().unwrap()).await.unwrap();
     let direct = real.operator_kubeconfig.clone();
     let via_link = real
@@ -381,13 +394,22 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
             secs(last, rotation_end)
         );
     }
+    // Nothing goes on failing: the observers under the old credentials are gone (they would
+    // list the hosts in vain every poll for the sweep's grace, a minute).
+    let failed_after = failed_host_calls(a.as_ref().unwrap()).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert_eq!(
+        failed_host_calls(a.as_ref().unwrap()).await,
+        failed_after,
+        "host calls still fail after the rotation"
+    );
     assert!(
         a.as_ref().unwrap().pid().is_some(),
         "no restart: replica a still runs"
     );
     let creates = assert_one_vm_per_machine(&real, machines);
     println!(
-        "rotation: hosts + Secret + webhook rotated in {:.3} s; host-call failures logged: {} (last {:?} s after the rotation began); webhook served the renewed certificate {:.1} s after it was written; {conversion_calls} conversions, 0 failed; {creates} creates for {machines} machines",
+        "rotation: hosts + Secret + webhook rotated in {:.3} s; host-call failures logged: {} (last {:?} s after the rotation began), {failed_after} failed calls in the metrics and none in the 6 s after; webhook served the renewed certificate {:.1} s after it was written; {conversion_calls} conversions, 0 failed; {creates} creates for {machines} machines",
         secs(rotation_end, rotation_start),
         host_failures.len(),
         last_failure.map(|l| secs(l, rotation_start)),
