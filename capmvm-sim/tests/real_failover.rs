@@ -145,7 +145,7 @@ fn writes_of(real: &RealStack, name: &str) -> Vec<AuditEvent> {
         .into_iter()
         .filter(|e| e.stage == "ResponseComplete" && e.is_write() && e.user_agent.ends_with(&agent))
         .collect();
-    writes.sort_by_key(|e| received(e));
+    writes.sort_by_key(received);
     writes
 }
 
@@ -443,8 +443,8 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
     assert!(a_last < b_first_lease, "a's last write precedes b's first");
     let creates = assert_one_vm_per_machine(&real, machines);
     println!(
-        "kill: Lease acquired {takeover:.1} s after the SIGKILL (audit: a's last write {:.1} s before the kill, b's Lease write {:.1} s and first other write {:.1} s after it); {creates} creates for {machines} machines",
-        secs(killed_at, a_last),
+        "kill: Lease acquired {takeover:.1} s after the SIGKILL (audit, from the kill: a's last write answered at {:+.1} s, b's Lease write at {:+.1} s, its first other write at {:+.1} s); {creates} creates for {machines} machines",
+        secs(a_last, killed_at),
         secs(b_first_lease, killed_at),
         secs(b_first_act, killed_at),
     );
@@ -503,11 +503,11 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
     );
     let creates = assert_one_vm_per_machine(&real, machines);
     println!(
-        "partition: b stopped acting {:.1} s after the cut ({:.1} s by its log), a acquired the Lease {:.1} s after the cut; audit: b's last write {:.1} s before the cut, a's first write {:.1} s and first other write {:.1} s after it; {creates} creates for {machines} machines",
+        "partition: b stopped acting {:.1} s after the cut ({:.1} s by its log), a acquired the Lease {:.1} s after the cut; audit, from the cut: b's last write answered at {:+.1} s, a's first write at {:+.1} s, its first other write at {:+.1} s; {creates} creates for {machines} machines",
         secs(b_exited_at, cut_at),
         secs(stopped[0].0, cut_at),
         secs(a_acquired, cut_at),
-        secs(cut_at, b_last),
+        secs(b_last, cut_at),
         secs(a_first, cut_at),
         secs(a_first_act, cut_at),
     );
