@@ -182,6 +182,52 @@ async fn mtls_accepts_our_client_certificate_and_refuses_others() {
     );
 }
 
+/// A host's certificate and CA rotated at run time (flintlockd restarted with new files): clients
+/// trusting only the old CA are refused from then on, even on a connection opened before; the new
+/// material is served, and the host's microVMs are still there.
+#[tokio::test]
+async fn a_rotated_certificate_is_served_to_every_new_and_open_connection() {
+    let old = TestPki::generate().unwrap();
+    let new = TestPki::generate().unwrap();
+    let mut config = fast_config();
+    config.tls = Some(old.server_tls(true));
+    let host = start(config).await;
+    let pool = pool();
+    let with = |pki: &TestPki| HostConfig {
+        tls: Some(pki.client_tls(true)),
+        ..HostConfig::new(host.endpoint())
+    };
+    pool.client(&with(&old))
+        .unwrap()
+        .create(valid_spec("m"))
+        .await
+        .unwrap();
+
+    host.control()
+        .set_tls(Some(new.server_tls(true)))
+        .await
+        .unwrap();
+    let err = refused_list(&pool, &with(&old)).await;
+    assert_eq!(err.kind(), ErrorKind::Unavailable, "{err}");
+    let listed = pool
+        .client(&with(&new))
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 1, "the microVM survived the rotation");
+
+    // Unusable material is refused and the new certificate stays served.
+    let mut broken = new.server_tls(true);
+    broken.cert_pem = b"not a certificate".to_vec();
+    assert!(host.control().set_tls(Some(broken)).await.is_err());
+    pool.client(&with(&new))
+        .unwrap()
+        .list("", None)
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn unusable_tls_material_is_invalid_config_and_keys_never_show() {
     let pki = TestPki::generate().unwrap();

@@ -76,38 +76,33 @@ impl Election {
         let api: Api<Lease> = Api::namespaced(client, &self.namespace);
         let mut observed = None;
         info!(lease = %self.name, namespace = %self.namespace, identity = %self.identity, "waiting for leadership");
-        loop {
+        let acquired_at = loop {
+            let started = Instant::now();
             match self.try_acquire_or_renew(&api, &mut observed).await {
-                Ok(true) => break,
+                Ok(true) => break started,
                 Ok(false) => {}
                 Err(e) => warn!(error = %e, "leader election: lease call failed"),
             }
             tokio::time::sleep(self.retry_period).await;
-        }
+        };
         info!(lease = %self.name, identity = %self.identity, "became leader");
         let (tx, lost) = watch::channel(false);
         let this = self.clone();
         let renew_api = api.clone();
         let task = tokio::spawn(async move {
-            let mut observed = None;
-            let mut last_renew = Instant::now();
-            loop {
-                tokio::time::sleep(this.retry_period).await;
-                match this.try_acquire_or_renew(&renew_api, &mut observed).await {
-                    Ok(true) => last_renew = Instant::now(),
-                    Ok(false) => {
-                        warn!(lease = %this.name, "lease taken by another candidate");
-                        let _ = tx.send(true);
-                        return;
-                    }
-                    Err(e) => debug!(error = %e, "lease renewal failed; retrying"),
-                }
-                if last_renew.elapsed() > this.renew_deadline {
-                    warn!(lease = %this.name, deadline = ?this.renew_deadline, "could not renew the lease in time");
-                    let _ = tx.send(true);
-                    return;
+            // Renewing: the holder is us, so there is no one else's record to track between calls.
+            let why = keep_renewing(this.retry_period, this.renew_deadline, acquired_at, || {
+                let (this, api) = (this.clone(), renew_api.clone());
+                async move { this.try_acquire_or_renew(&api, &mut None).await }
+            })
+            .await;
+            match why {
+                Loss::TakenOver => warn!(lease = %this.name, "lease taken by another candidate"),
+                Loss::DeadlinePassed => {
+                    warn!(lease = %this.name, deadline = ?this.renew_deadline, "could not renew the lease in time; stopping")
                 }
             }
+            let _ = tx.send(true);
         });
         Leadership {
             lost,
@@ -187,6 +182,53 @@ impl Election {
     }
 }
 
+/// Why a leader stopped renewing.
+#[derive(Debug, PartialEq, Eq)]
+enum Loss {
+    /// Another candidate holds the lease.
+    TakenOver,
+    /// No renewal succeeded within the renew deadline.
+    DeadlinePassed,
+}
+
+/// Renews every `retry_period` until a renewal says someone else holds the lease, or none succeeds
+/// within `renew_deadline` of the start of the last one that did (`renewed_at` at first).
+///
+/// Each attempt is cut off when the deadline passes: against an API server that stopped answering
+/// (a partition drops packets, so a request hangs until the client's own timeout, minutes) an
+/// attempt would otherwise outlive the deadline, and this replica would go on acting after another
+/// one, seeing the lease unrenewed for its duration, took over. The deadline counts from the
+/// *start* of the last successful attempt: its renew time was written no earlier, so the other
+/// candidates' wait of a lease duration starts no earlier either, and renew deadline < lease duration
+/// leaves this replica the difference to stop.
+async fn keep_renewing<F, Fut>(
+    retry_period: Duration,
+    renew_deadline: Duration,
+    mut renewed_at: Instant,
+    mut attempt: F,
+) -> Loss
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<bool, kube::Error>>,
+{
+    loop {
+        let deadline = renewed_at + renew_deadline;
+        if tokio::time::timeout_at(deadline.into(), tokio::time::sleep(retry_period))
+            .await
+            .is_err()
+        {
+            return Loss::DeadlinePassed;
+        }
+        let started = Instant::now();
+        match tokio::time::timeout_at(deadline.into(), attempt()).await {
+            Ok(Ok(true)) => renewed_at = started,
+            Ok(Ok(false)) => return Loss::TakenOver,
+            Ok(Err(e)) => debug!(error = %e, "lease renewal failed; retrying"),
+            Err(_) => return Loss::DeadlinePassed,
+        }
+    }
+}
+
 /// A unique identity for this process: the pod name (or host name) plus the process id and start time.
 pub fn identity() -> String {
     let host = std::env::var("POD_NAME")
@@ -194,4 +236,89 @@ pub fn identity() -> String {
         .unwrap_or_else(|_| "capmvm".to_string());
     let nanos = Timestamp::now().as_nanosecond() % 1_000_000_000;
     format!("{host}_{}_{nanos}", std::process::id())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU32, Ordering};
+
+    use super::*;
+
+    const RETRY: Duration = Duration::from_millis(20);
+    const DEADLINE: Duration = Duration::from_millis(300);
+    /// Room for a loaded machine's scheduling: the assertions are about never hanging on a call.
+    const SLACK: Duration = Duration::from_secs(2);
+
+    fn unavailable() -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure("the server is unavailable", "ServiceUnavailable")
+                .with_code(503)
+                .boxed(),
+        )
+    }
+
+    /// A partitioned API server: the first renewal succeeds, every later one hangs (as a request
+    /// whose packets are dropped does). The leader gives up at the renew deadline, not when the
+    /// hung request would end.
+    #[tokio::test]
+    async fn a_renewal_that_hangs_ends_leadership_at_the_renew_deadline() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let start = Instant::now();
+        let counted = calls.clone();
+        let loss = tokio::time::timeout(
+            DEADLINE + SLACK,
+            keep_renewing(RETRY, DEADLINE, start, move || {
+                let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+                async move {
+                    if first {
+                        Ok(true)
+                    } else {
+                        futures::future::pending().await
+                    }
+                }
+            }),
+        )
+        .await
+        .expect("leadership ends although the renewal never returns");
+        assert_eq!(loss, Loss::DeadlinePassed);
+        // The deadline counts from the start of the successful renewal, one retry period in.
+        assert!(start.elapsed() >= RETRY + DEADLINE, "{:?}", start.elapsed());
+        assert_eq!(calls.load(Ordering::SeqCst), 2);
+    }
+
+    /// Renewals that fail fast (the server answers 503) are retried until the deadline.
+    #[tokio::test]
+    async fn failing_renewals_are_retried_until_the_deadline() {
+        let calls = Arc::new(AtomicU32::new(0));
+        let counted = calls.clone();
+        let start = Instant::now();
+        let loss = keep_renewing(RETRY, DEADLINE, start, move || {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err(unavailable()) }
+        })
+        .await;
+        assert_eq!(loss, Loss::DeadlinePassed);
+        assert!(start.elapsed() >= DEADLINE, "{:?}", start.elapsed());
+        assert!(start.elapsed() < DEADLINE + SLACK, "{:?}", start.elapsed());
+        assert!(calls.load(Ordering::SeqCst) >= 2, "retried");
+    }
+
+    /// Another holder: leadership ends at once.
+    #[tokio::test]
+    async fn a_lease_held_by_another_ends_leadership_at_once() {
+        let loss = keep_renewing(RETRY, DEADLINE, Instant::now(), || async { Ok(false) }).await;
+        assert_eq!(loss, Loss::TakenOver);
+    }
+
+    /// Renewals that succeed keep the leadership well past one deadline.
+    #[tokio::test]
+    async fn successful_renewals_keep_leadership() {
+        let kept = tokio::time::timeout(
+            DEADLINE * 4,
+            keep_renewing(RETRY, DEADLINE, Instant::now(), || async { Ok(true) }),
+        )
+        .await;
+        assert!(kept.is_err(), "still leading: {kept:?}");
+    }
 }

@@ -51,6 +51,18 @@ pub const CACHE_REPORT_INTERVAL: Duration = Duration::from_secs(30);
 /// User agent of the operator's Kubernetes requests (lets an API server tell them apart).
 pub const USER_AGENT: &str = concat!("capmvm-operator/", env!("CARGO_PKG_VERSION"));
 
+/// [`USER_AGENT`] with the replica's pod name (`POD_NAME`, set by the Deployment) in brackets, so
+/// an audit log tells the replicas of one ServiceAccount apart, as it must when the leader changes.
+/// A name that cannot sit in a header (not printable ASCII) is left out.
+pub fn replica_user_agent(pod_name: Option<&str>) -> String {
+    match pod_name {
+        Some(pod) if !pod.is_empty() && pod.bytes().all(|b| b.is_ascii_graphic()) => {
+            format!("{USER_AGENT} ({pod})")
+        }
+        _ => USER_AGENT.to_string(),
+    }
+}
+
 /// The whole binary after flag parsing: a subcommand, or logging, the client, and [`run`] until SIGTERM
 /// or Ctrl-C.
 pub async fn main_with(flags: Flags) -> anyhow::Result<()> {
@@ -132,9 +144,11 @@ async fn client_from_flags(flags: &Flags) -> anyhow::Result<kube::Client> {
             .await
             .context("no kubeconfig found (set --kubeconfig or KUBECONFIG)")?,
     };
+    let agent = replica_user_agent(std::env::var("POD_NAME").ok().as_deref());
     config.headers.push((
         axum::http::header::USER_AGENT,
-        axum::http::HeaderValue::from_static(USER_AGENT),
+        axum::http::HeaderValue::from_str(&agent)
+            .unwrap_or_else(|_| axum::http::HeaderValue::from_static(USER_AGENT)),
     ));
     kube::Client::try_from(config).context("building the Kubernetes client")
 }
@@ -444,5 +458,23 @@ async fn report_caches(readiness: Readiness, every: Duration) {
                 "watch cache stale: no successful list, watch or event; /readyz fails until its watch succeeds"
             );
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Each replica's requests carry its pod name; a name no header can carry is left out.
+    #[test]
+    fn the_user_agent_names_the_replica() {
+        assert_eq!(
+            replica_user_agent(Some("capmvm-controller-manager-7d9f-abcde")),
+            format!("{USER_AGENT} (capmvm-controller-manager-7d9f-abcde)")
+        );
+        assert_eq!(replica_user_agent(None), USER_AGENT);
+        assert_eq!(replica_user_agent(Some("")), USER_AGENT);
+        assert_eq!(replica_user_agent(Some("bad\nname")), USER_AGENT);
+        assert_eq!(replica_user_agent(Some("späť")), USER_AGENT);
     }
 }

@@ -190,6 +190,8 @@ pub fn spawn_operator(
         .arg("--log-format=json")
         .args(flags)
         .env_remove("KUBECONFIG")
+        // A replica's name is what a caller gives it (its user agent and Lease identity carry it).
+        .env_remove("POD_NAME")
         .stdin(Stdio::null())
         .stdout(log.try_clone().context("cloning the log handle")?)
         .stderr(log)

@@ -396,6 +396,21 @@ impl HostControl {
         Ok(())
     }
 
+    /// Serves `tls` (`None`: plain, flintlockd `--insecure`) from now on, as flintlockd restarted
+    /// with rotated certificate files: open connections are closed, the microVMs stay. An unusable
+    /// certificate or key is refused and the host keeps serving the old ones.
+    pub async fn set_tls(&self, tls: Option<ServerTls>) -> Result<(), HollowError> {
+        let acceptor = tls.as_ref().map(net::tls_acceptor).transpose()?;
+        self.host
+            .listener
+            .lock()
+            .await
+            .replace_tls(acceptor)
+            .await?;
+        tracing::info!(endpoint = %self.host.endpoint, tls = tls.is_some(), "hollow host serves a new certificate");
+        Ok(())
+    }
+
     /// Whether the host is listening.
     pub async fn is_reachable(&self) -> bool {
         self.host.listener.lock().await.is_listening()

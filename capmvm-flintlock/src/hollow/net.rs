@@ -198,6 +198,21 @@ impl Listener {
         Ok(())
     }
 
+    /// Serves with `tls` from now on. A listening host closes its socket and every connection and
+    /// listens again, as flintlockd restarted with new certificate files would: clients reconnect
+    /// and meet the new certificate.
+    pub(crate) async fn replace_tls(
+        &mut self,
+        tls: Option<tokio_rustls::TlsAcceptor>,
+    ) -> Result<(), HollowError> {
+        self.tls = tls;
+        if self.period.is_some() {
+            self.close().await;
+            self.reopen().await?;
+        }
+        Ok(())
+    }
+
     fn start_period(&mut self, socket: TcpListener) {
         let token = CancellationToken::new();
         let accept = tokio::spawn(accept_loop(

@@ -216,13 +216,44 @@ impl Hosts {
     /// Records the configs MicrovmCluster `owner` uses now (its pool's hosts and those its machines
     /// live on), replacing what it declared before. Observers nobody declares stop at the next
     /// [`Hosts::sweep`].
+    ///
+    /// Credentials `owner` replaced for a host it still uses (a rotated token or certificate) are
+    /// stopped at once when nobody else declares them: against a host that moved to the new ones
+    /// they could only fail, and would go on failing for the sweep's grace.
     pub fn declare(self: &Arc<Self>, owner: &str, configs: impl IntoIterator<Item = HostConfig>) {
         let configs: HashSet<HostConfig> = configs.into_iter().collect();
         for config in &configs {
             self.ensure(config);
         }
-        if let Ok(mut declared) = self.declared.lock() {
-            declared.insert(owner.to_string(), configs);
+        let superseded: Vec<HostConfig> = match self.declared.lock() {
+            Ok(mut declared) => {
+                let before = declared
+                    .insert(owner.to_string(), configs.clone())
+                    .unwrap_or_default();
+                before
+                    .into_iter()
+                    .filter(|old| {
+                        !configs.contains(old)
+                            && configs.iter().any(|new| new.endpoint == old.endpoint)
+                            && !declared.values().any(|d| d.contains(old))
+                    })
+                    .collect()
+            }
+            Err(_) => return,
+        };
+        if superseded.is_empty() {
+            return;
+        }
+        if let Ok(mut entries) = self.entries.lock() {
+            for old in &superseded {
+                if let Some(entry) = entries
+                    .get_mut(&old.endpoint)
+                    .and_then(|by_config| by_config.remove(old))
+                {
+                    entry.task.abort();
+                    info!(host = %old.endpoint, "credentials replaced: observing the host under the new ones only");
+                }
+            }
         }
     }
 

@@ -351,3 +351,37 @@ async fn observers_are_per_credentials_and_stop_with_their_gauges() {
         "no observer left: the gauge goes"
     );
 }
+
+/// Rotated credentials: the MicrovmCluster declares the host under the new ones, and the observer
+/// under the old ones stops at once (it could only fail against a host that moved on), unless
+/// another MicrovmCluster still declares them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replaced_credentials_stop_their_observer_at_once() {
+    let hosts = hosts();
+    hosts.sweep(Duration::ZERO);
+    let mut old = HostConfig::new(ENDPOINTS[0]);
+    old.basic_auth_token = Some(capmvm_flintlock::SecretString::new("old".to_string()));
+    let mut new = old.clone();
+    new.basic_auth_token = Some(capmvm_flintlock::SecretString::new("new".to_string()));
+
+    hosts.declare("ns/a", [old.clone()]);
+    hosts.declare("ns/b", [old.clone()]);
+    hosts.declare("ns/a", [new.clone()]);
+    assert!(
+        hosts.snapshot(&old).is_some(),
+        "ns/b still uses the old ones"
+    );
+    assert!(hosts.snapshot(&new).is_some());
+
+    hosts.declare("ns/b", [new.clone()]);
+    assert!(hosts.snapshot(&old).is_none(), "nobody uses the old ones");
+    assert!(hosts.snapshot(&new).is_some());
+    assert_eq!(hosts.entries.lock().unwrap()[ENDPOINTS[0]].len(), 1);
+
+    // A host leaving the pool is not a replacement: its observer waits for the sweep (a machine
+    // may still live there).
+    let other = HostConfig::new(ENDPOINTS[1]);
+    hosts.declare("ns/a", [new.clone(), other.clone()]);
+    hosts.declare("ns/a", [new.clone()]);
+    assert!(hosts.snapshot(&other).is_some());
+}

@@ -11,6 +11,7 @@
 
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
@@ -45,6 +46,8 @@ pub struct Webhook {
     pub port: u16,
     /// Its `--webhook-cert-dir`: the serving certificate the CRDs' caBundle trusts.
     pub cert_dir: PathBuf,
+    /// The CA the CRDs' caBundle holds (cert-manager's Issuer, here).
+    ca: Arc<Ca>,
 }
 
 impl Webhook {
@@ -55,6 +58,28 @@ impl Webhook {
             format!("--webhook-cert-dir={}", self.cert_dir.display()),
         ]
     }
+
+    /// Renews the serving certificate as cert-manager does before it expires: a new key and
+    /// certificate from the same CA written over the old files (the CRDs' caBundle stays). Returns
+    /// the new certificate (PEM).
+    pub fn renew(&self) -> anyhow::Result<String> {
+        let serving = issue_serving(&self.ca)?;
+        serving.write(&self.cert_dir, "tls")?;
+        Ok(serving.cert)
+    }
+
+    /// The CA certificate the API server trusts the webhook by (PEM).
+    pub fn ca_pem(&self) -> String {
+        self.ca.cert_pem()
+    }
+}
+
+fn issue_serving(ca: &Ca) -> anyhow::Result<capmvm_upstream::pki::KeyPairPem> {
+    Ok(ca.issue_server(
+        capmvm_api::webhook::SERVICE,
+        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
+        &["localhost"],
+    )?)
 }
 
 /// Renders and applies our components and records us in clusterctl's inventory; where the operator
@@ -117,15 +142,17 @@ pub async fn install(
 fn webhook_pki(dir: &Path) -> anyhow::Result<(Webhook, String)> {
     let cert_dir = dir.join("webhook-certs");
     let ca = Ca::generate("capmvm webhook CA")?;
-    let serving = ca.issue_server(
-        capmvm_api::webhook::SERVICE,
-        &[IpAddr::V4(Ipv4Addr::LOCALHOST)],
-        &["localhost"],
-    )?;
-    serving.write(&cert_dir, "tls")?;
+    issue_serving(&ca)?.write(&cert_dir, "tls")?;
     let ca_bundle = base64::engine::general_purpose::STANDARD.encode(ca.cert_pem());
     let port = capmvm_upstream::free_port()?;
-    Ok((Webhook { port, cert_dir }, ca_bundle))
+    Ok((
+        Webhook {
+            port,
+            cert_dir,
+            ca: Arc::new(ca),
+        },
+        ca_bundle,
+    ))
 }
 
 /// The rendered components without cert-manager's objects, each conversion webhook pointed at the

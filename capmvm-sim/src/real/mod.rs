@@ -14,6 +14,7 @@
 pub mod autoscaler;
 pub mod components;
 pub mod go_provider;
+pub mod replicas;
 pub mod workload;
 
 use std::collections::BTreeMap;
