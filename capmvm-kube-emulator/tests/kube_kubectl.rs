@@ -178,7 +178,10 @@ async fn kubectl_discovers_builtin_and_custom_resources() {
     let out = k.ok(&["api-resources"]);
     // kubectl pads its columns to the longest name in the table, so rows are compared as
     // fields: a new CRD with a longer name must not break the assertion.
-    let rows: Vec<Vec<&str>> = out.lines().map(|l| l.split_whitespace().collect()).collect();
+    let rows: Vec<Vec<&str>> = out
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
     for expected in [
         "microvmmachines mvmm infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmMachine",
         "microvmclusters mvmc infrastructure.cluster.x-k8s.io/v1alpha2 true MicrovmCluster",
