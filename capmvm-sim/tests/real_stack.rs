@@ -24,7 +24,6 @@ use capmvm_sim::stack::{self, Stack};
 use capmvm_sim::world::HostAuth;
 use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
-use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
 use real_support::least_privilege::{self, SecretNames};
@@ -149,7 +148,7 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
     );
     let ns = "default";
     apply_cluster_with(&mut real, ns, "demo", [1, 2, 2], |objects| {
-        bootstrap_file(objects, &marker)
+        least_privilege::bootstrap_file(objects, &marker)
     })
     .await;
     let ready = wait_ready_with_nodes(&real, ns, "demo", 5).await;
@@ -317,42 +316,7 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         .into();
     let table = least_privilege::assert_least_privilege(&real, &named, &credentials).await;
     eprintln!("the operator's roles against its calls:\n{table}");
-    let mut secrets = vec![
-        ("the hosts' basic-auth password", HOST_PASSWORD.to_string()),
-        ("the bootstrap data", marker.clone()),
-        ("a PEM private key", "PRIVATE KEY-----".to_string()),
-    ];
-    let key = real.host_pki().unwrap().client_key_pem.expose().to_vec();
-    let key = String::from_utf8(key).unwrap();
-    let body = key.lines().find(|l| !l.starts_with("-----")).unwrap();
-    secrets.push(("the TLS client key", body.to_string()));
-    let mut bootstrap_seen = 0;
-    for (ns, name) in named.get() {
-        let Some(secret) = Api::<Secret>::namespaced(real.client.clone(), &ns)
-            .get_opt(&name)
-            .await
-            .unwrap()
-        else {
-            continue;
-        };
-        let value = secret
-            .data
-            .unwrap_or_default()
-            .remove("value")
-            .unwrap_or_default();
-        let value = String::from_utf8_lossy(&value.0).to_string();
-        bootstrap_seen += usize::from(value.contains(&marker));
-        // Join tokens (`token: abcdef.0123456789abcdef`) are the bootstrap data's secret part.
-        for line in value.lines() {
-            if let Some(token) = line.trim().strip_prefix("token:") {
-                let token = token.trim().trim_matches('"').to_string();
-                if token.len() >= 16 {
-                    secrets.push(("a bootstrap join token", token));
-                }
-            }
-        }
-    }
-    assert!(bootstrap_seen > 0, "the marker is in the bootstrap data");
+    let secrets = least_privilege::secrets_of_the_run(&real, &named, HOST_PASSWORD, &marker).await;
     least_privilege::assert_secrets_nowhere(&real, &secrets).await;
     // The watches end before the API server does.
     drop(named);
@@ -361,21 +325,6 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
 
 /// The hosts' basic-auth password in the pause test.
 const HOST_PASSWORD: &str = "host-basic-auth-password-s3cret";
-
-/// Adds a file holding `marker` to the bootstrap configs (KubeadmConfigTemplate, KubeadmConfig),
-/// so the rendered bootstrap data carries a string to search for.
-fn bootstrap_file(objects: &mut [DynamicObject], marker: &str) {
-    let file = json!([{"path": "/etc/capmvm-marker", "content": marker}]);
-    for o in objects.iter_mut() {
-        match o.types.as_ref().map(|t| t.kind.as_str()) {
-            Some("KubeadmConfigTemplate") => {
-                o.data["spec"]["template"]["spec"]["files"] = file.clone()
-            }
-            Some("KubeadmConfig") => o.data["spec"]["files"] = file.clone(),
-            _ => {}
-        }
-    }
-}
 
 /// A namespace deleted whole, and a MicrovmCluster deleted before its Cluster: every microVM goes,
 /// every finalizer is released, and nothing is left behind.

@@ -9,12 +9,15 @@ use std::sync::{Arc, Mutex};
 use capmvm_api::capi::Machine;
 use capmvm_sim::real::RealStack;
 use capmvm_sim::real::components::NAMESPACE;
+use capmvm_sim::stack::Stack as _;
 use capmvm_upstream::AuditEvent;
 use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::{ClusterRole, PolicyRule, Role};
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, ResourceExt};
+use serde_json::json;
 
 /// Verbs the ClusterRole or Role grant that a run may not exercise, and why each is still needed.
 /// Every other granted verb must appear in the audit log of the run.
@@ -341,4 +344,67 @@ pub(crate) async fn assert_secrets_nowhere(real: &RealStack, secrets: &[(&str, S
         events.items.len(),
         secrets.len()
     );
+}
+
+/// What must never show: the hosts' basic-auth `password`, any PEM private key and the body of the
+/// hosts' TLS client key, the bootstrap data (its `marker`) and the join tokens in it, read from
+/// every bootstrap Secret `named` holds that still exists.
+pub(crate) async fn secrets_of_the_run(
+    real: &RealStack,
+    named: &SecretNames,
+    password: &str,
+    marker: &str,
+) -> Vec<(&'static str, String)> {
+    let mut secrets = vec![
+        ("the hosts' basic-auth password", password.to_string()),
+        ("the bootstrap data", marker.to_string()),
+        ("a PEM private key", "PRIVATE KEY-----".to_string()),
+    ];
+    let key = real.host_pki().unwrap().client_key_pem.expose().to_vec();
+    let key = String::from_utf8(key).unwrap();
+    let body = key.lines().find(|l| !l.starts_with("-----")).unwrap();
+    secrets.push(("the TLS client key", body.to_string()));
+    let mut bootstrap_seen = 0;
+    for (ns, name) in named.get() {
+        let Some(secret) = Api::<Secret>::namespaced(real.client.clone(), &ns)
+            .get_opt(&name)
+            .await
+            .unwrap()
+        else {
+            continue;
+        };
+        let value = secret
+            .data
+            .unwrap_or_default()
+            .remove("value")
+            .unwrap_or_default();
+        let value = String::from_utf8_lossy(&value.0).to_string();
+        bootstrap_seen += usize::from(value.contains(marker));
+        // Join tokens (`token: abcdef.0123456789abcdef`) are the bootstrap data's secret part.
+        for line in value.lines() {
+            if let Some(token) = line.trim().strip_prefix("token:") {
+                let token = token.trim().trim_matches('"').to_string();
+                if token.len() >= 16 {
+                    secrets.push(("a bootstrap join token", token));
+                }
+            }
+        }
+    }
+    assert!(bootstrap_seen > 0, "the marker is in the bootstrap data");
+    secrets
+}
+
+/// Adds a file holding `marker` to the bootstrap configs (KubeadmConfigTemplate, KubeadmConfig),
+/// so the rendered bootstrap data carries a string to search for.
+pub(crate) fn bootstrap_file(objects: &mut [DynamicObject], marker: &str) {
+    let file = json!([{"path": "/etc/capmvm-marker", "content": marker}]);
+    for o in objects.iter_mut() {
+        match o.types.as_ref().map(|t| t.kind.as_str()) {
+            Some("KubeadmConfigTemplate") => {
+                o.data["spec"]["template"]["spec"]["files"] = file.clone()
+            }
+            Some("KubeadmConfig") => o.data["spec"]["files"] = file.clone(),
+            _ => {}
+        }
+    }
 }
