@@ -32,6 +32,7 @@ pub mod pool;
 pub mod pool_template;
 pub mod provider_id;
 mod schema;
+pub mod secret_refs;
 pub mod template;
 pub mod v1alpha1;
 pub mod validation;
@@ -90,12 +91,13 @@ pub mod webhook {
 /// MicrovmMachineTemplate serve `v1alpha1` beside `v1alpha2` (the storage version), converted by the
 /// operator's webhook; the caBundle is injected by cert-manager. The ClusterClass templates
 /// (MicrovmClusterTemplate, MicrovmMachinePoolTemplate) are `v1alpha2` only: the Go provider had
-/// neither.
+/// neither. A MicrovmCluster's Secret names are refused when they name another namespace
+/// ([`secret_refs`]).
 pub fn crds()
 -> Vec<k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition>
 {
     use kube::CustomResourceExt;
-    vec![
+    let mut crds = vec![
         with_v1alpha1(MicrovmCluster::crd(), v1alpha1::MicrovmCluster::crd()),
         with_v1alpha1(MicrovmMachine::crd(), v1alpha1::MicrovmMachine::crd()),
         with_v1alpha1(
@@ -105,7 +107,10 @@ pub fn crds()
         MicrovmMachinePool::crd(),
         MicrovmClusterTemplate::crd(),
         MicrovmMachinePoolTemplate::crd(),
-    ]
+    ];
+    crds.iter_mut()
+        .for_each(secret_refs::refuse_other_namespaces);
+    crds
 }
 
 /// `crd` (v1alpha2) serving `old` (v1alpha1) too, converted by the webhook.

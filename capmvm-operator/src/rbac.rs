@@ -98,7 +98,10 @@ pub const RULES: &[Rule] = &[
         names: &[],
     },
     // Bootstrap data and host credentials, read by name; their metadata watched (a corrected token
-    // is picked up at once); the credentials finalizer on the Secrets a MicrovmCluster names.
+    // is picked up at once); the credentials finalizer on the Secrets a MicrovmCluster names (patch:
+    // metadata only, so a namespace deletion cannot take the credentials before the microVMs that
+    // need them are deleted; the content is never written). The real-stack test holds every call
+    // to these names (capmvm-sim/tests/real_support/least_privilege.rs).
     Rule {
         group: "",
         resources: &["secrets"],
@@ -275,6 +278,27 @@ mod tests {
             !allows("", "secrets", "create") && !allows("", "secrets", "delete"),
             "Secrets are never created or deleted"
         );
+    }
+
+    #[test]
+    fn no_wildcard_and_secrets_never_created_updated_or_deleted() {
+        for r in RULES.iter().chain(LEADER_ELECTION_RULES) {
+            let all = std::iter::once(&r.group)
+                .chain(r.resources)
+                .chain(r.verbs)
+                .chain(r.names);
+            assert!(
+                all.clone().all(|s| !s.contains('*')),
+                "no wildcard: {:?}",
+                all.collect::<Vec<_>>()
+            );
+        }
+        let secret_verbs: Vec<&str> = RULES
+            .iter()
+            .filter(|r| r.group.is_empty() && r.resources.contains(&"secrets"))
+            .flat_map(|r| r.verbs.iter().copied())
+            .collect();
+        assert_eq!(secret_verbs, ["get", "list", "patch", "watch"]);
     }
 
     #[test]

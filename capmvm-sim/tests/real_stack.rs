@@ -18,12 +18,15 @@ use capmvm_api::MicrovmMachine;
 use capmvm_api::capi::Machine;
 use capmvm_api::keys::{DELETE_MACHINE_ANNOTATION, POOL_NAME_LABEL};
 use capmvm_flintlock::Method;
+use capmvm_sim::real::components;
 use capmvm_sim::real::{BINARIES, RealStack};
 use capmvm_sim::stack::{self, Stack};
+use capmvm_sim::world::HostAuth;
 use capmvm_sim::world::{DEMO_CLUSTER, MACHINEPOOL_CLUSTER, wait_for};
 use capmvm_upstream::Binaries;
 use kube::api::{ApiResource, DynamicObject, ListParams, Patch, PatchParams};
 use kube::{Api, ResourceExt};
+use real_support::least_privilege::{self, SecretNames};
 use real_support::{
     POLL, WAIT, assert_no_forbidden, live_vms, options, wait_no_vms_in, wait_ready_with_nodes,
 };
@@ -52,7 +55,20 @@ async fn apply_cluster(
     workers: usize,
     pool: usize,
 ) {
+    apply_cluster_with(real, ns, name, [control_planes, workers, pool], |_| {}).await;
+}
+
+/// [`apply_cluster`] with `[control planes, workers, pool]`, the hosts' credentials (when they
+/// need any) created and named in the MicrovmCluster, and `edit` applied to both templates' objects.
+async fn apply_cluster_with(
+    real: &mut RealStack,
+    ns: &str,
+    name: &str,
+    [control_planes, workers, pool]: [usize; 3],
+    edit: impl Fn(&mut Vec<DynamicObject>),
+) {
     let vip = real.prepare_cluster(ns, name).await.unwrap();
+    let (token, tls) = stack::create_credentials(&*real, ns, name).await.unwrap();
     let vars = |workers: usize| {
         vec![
             ("CLUSTER_NAME", name.to_string()),
@@ -62,9 +78,21 @@ async fn apply_cluster(
             ("WORKER_MACHINE_COUNT", workers.to_string()),
         ]
     };
-    stack::apply_template(&*real, DEMO_CLUSTER, &vars(workers), |_| {})
-        .await
-        .unwrap();
+    stack::apply_template(&*real, DEMO_CLUSTER, &vars(workers), |objects| {
+        for o in objects.iter_mut() {
+            if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
+                if let Some(token) = &token {
+                    o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = json!(token);
+                }
+                if let Some(tls) = &tls {
+                    o.data["spec"]["tlsSecretRef"] = json!(tls);
+                }
+            }
+        }
+        edit(objects)
+    })
+    .await
+    .unwrap();
     if pool > 0 {
         stack::apply_template(&*real, MACHINEPOOL_CLUSTER, &vars(pool), |objects| {
             objects.retain(|o| {
@@ -74,7 +102,8 @@ async fn apply_cluster(
                         "MachinePool" | "MicrovmMachinePool" | "KubeadmConfig"
                     )
                 })
-            })
+            });
+            edit(objects)
         })
         .await
         .unwrap();
@@ -92,15 +121,36 @@ async fn machines_in(real: &RealStack, ns: &str) -> Vec<Machine> {
 /// A MachineDeployment scaled up and down, a MachinePool whose Machines real core creates for our
 /// instances and whose scale-down takes exactly the Machine the autoscaler marked, and a paused
 /// Cluster that changes nothing on the hosts until it is resumed.
+///
+/// Run with basic-auth and mTLS to the hosts and leader election, it then checks least privilege
+/// (issue 36): the shipped roles against the calls in the audit log, the Secrets read against those
+/// our objects name, and no password, private key or bootstrap data in the operator's log, any
+/// Event or our objects' status.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn machine_deployments_pools_and_pause_on_real_capi() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let Some(mut real) = real_stack("machine_deployments_pools_and_pause_on_real_capi").await
-    else {
+    if Binaries::for_test("machine_deployments_pools_and_pause_on_real_capi", BINARIES).is_none() {
         return;
-    };
+    }
+    let mut opts = options();
+    opts.auth = HostAuth::MtlsAndToken(HOST_PASSWORD.into());
+    // As the shipped Deployment runs it, so the leader-election Role is exercised too.
+    opts.operator_flags.extend([
+        "--leader-elect".to_string(),
+        format!("--leader-election-namespace={}", components::NAMESPACE),
+    ]);
+    let mut real = RealStack::start(opts).await.expect("the real stack starts");
+    real.start_operator(&[]).expect("the operator starts");
+    let named = SecretNames::watch(&real.client);
+    let marker = format!(
+        "capmvm-bootstrap-marker-{}",
+        k8s_openapi::jiff::Timestamp::now().as_nanosecond()
+    );
     let ns = "default";
-    apply_cluster(&mut real, ns, "demo", 1, 2, 2).await;
+    apply_cluster_with(&mut real, ns, "demo", [1, 2, 2], |objects| {
+        least_privilege::bootstrap_file(objects, &marker)
+    })
+    .await;
     let ready = wait_ready_with_nodes(&real, ns, "demo", 5).await;
 
     // Real core made a Machine for each pool instance, of the same name, owned by the MachinePool,
@@ -257,9 +307,24 @@ async fn machine_deployments_pools_and_pause_on_real_capi() {
         .unwrap();
     wait_ready_with_nodes(&real, ns, "demo", 4).await;
 
+    // `migrate-storage`, as a user runs it after an upgrade (its rules are the operator's too).
+    let migrated = real.migrate_storage().await.unwrap();
+    assert!(migrated.is_ok(), "{migrated:?}");
     assert_no_forbidden(&real);
+    let credentials: BTreeSet<(String, String)> = ["demo-flintlock-token", "demo-flintlock-tls"]
+        .map(|n| (ns.to_string(), n.to_string()))
+        .into();
+    let table = least_privilege::assert_least_privilege(&real, &named, &credentials).await;
+    eprintln!("the operator's roles against its calls:\n{table}");
+    let secrets = least_privilege::secrets_of_the_run(&real, &named, HOST_PASSWORD, &marker).await;
+    least_privilege::assert_secrets_nowhere(&real, &secrets).await;
+    // The watches end before the API server does.
+    drop(named);
     real.shutdown().await;
 }
+
+/// The hosts' basic-auth password in the pause test.
+const HOST_PASSWORD: &str = "host-basic-auth-password-s3cret";
 
 /// A namespace deleted whole, and a MicrovmCluster deleted before its Cluster: every microVM goes,
 /// every finalizer is released, and nothing is left behind.

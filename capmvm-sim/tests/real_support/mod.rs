@@ -2,6 +2,8 @@
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+pub(crate) mod least_privilege;
+
 use std::path::PathBuf;
 use std::time::Duration;
 
