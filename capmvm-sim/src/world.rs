@@ -524,10 +524,20 @@ pub const DEMO_CONTROL_PLANE_VIP: &str = "10.10.0.100";
 /// cluster`: every one of `endpoints` is a host of the pool (control planes allowed), the demo's
 /// key and VIP. Credentials stay unset (plaintext, no basic auth).
 pub fn template_variables(endpoints: &[String]) -> BTreeMap<String, String> {
+    // A host without a failureDomain is a domain of its own, and a Cluster holds at most 100: past
+    // that the hosts are grouped, as a user with that many hosts must group them.
+    let domains = capmvm_api::validation::MAX_FAILURE_DOMAINS;
     let hosts: Vec<String> = endpoints
         .iter()
         .enumerate()
-        .map(|(i, e)| format!("{{name: host-{i}, endpoint: {e:?}, controlplaneAllowed: true}}"))
+        .map(|(i, e)| {
+            let domain = if endpoints.len() > domains {
+                format!(", failureDomain: fd-{}", i % domains)
+            } else {
+                String::new()
+            };
+            format!("{{name: host-{i}, endpoint: {e:?}, controlplaneAllowed: true{domain}}}")
+        })
         .collect();
     BTreeMap::from([
         (
@@ -699,5 +709,34 @@ impl Stack for World {
             .delete(name, &kube::api::DeleteParams::default())
             .await?;
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::collections::BTreeSet;
+
+    use capmvm_api::MicrovmHost;
+
+    use super::*;
+
+    fn hosts_of(n: usize) -> Vec<MicrovmHost> {
+        let endpoints: Vec<String> = (0..n).map(|i| format!("127.0.0.1:{}", 9000 + i)).collect();
+        serde_saphyr::from_str(&template_variables(&endpoints)["FLINTLOCK_HOSTS"]).unwrap()
+    }
+
+    /// Up to 100 hosts each is its own failure domain; past that they are grouped into the 100 a
+    /// Cluster holds (300 hosts in one domain each were refused by the MicrovmCluster's validation).
+    #[test]
+    fn more_hosts_than_a_cluster_has_failure_domains_are_grouped() {
+        let few = hosts_of(20);
+        assert!(few.iter().all(|h| h.failure_domain.is_none()));
+        let many = hosts_of(300);
+        assert_eq!(many.len(), 300);
+        assert!(many.iter().all(|h| h.failure_domain.is_some()));
+        let domains: BTreeSet<&str> = many.iter().map(MicrovmHost::failure_domain_name).collect();
+        assert_eq!(domains.len(), capmvm_api::validation::MAX_FAILURE_DOMAINS);
     }
 }

@@ -26,6 +26,7 @@ fn args(provider: BenchProvider) -> BenchArgs {
         pool: false,
         control_plane: ControlPlane::Real,
         provider,
+        without_managed_fields: false,
     }
 }
 

@@ -23,7 +23,7 @@ use std::sync::Arc;
 use capmvm_api::capi::{Cluster, Machine, MachinePool};
 use capmvm_api::keys::WATCH_FILTER_LABEL;
 use capmvm_api::{MicrovmCluster, MicrovmMachine, MicrovmMachinePool};
-use futures::StreamExt;
+use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::Secret;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -33,10 +33,13 @@ use tokio::sync::mpsc::UnboundedSender;
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
+use lean::Lean;
+
 use crate::memory::OwnWrites;
 
 mod answers;
 mod fingerprint;
+mod lean;
 mod lookup;
 mod mappers;
 mod trim;
@@ -259,12 +262,14 @@ fn spawn<M: Mapper>(
     let readiness = scope.readiness.clone();
     let route_path = format!("{}/{}", M::Kind::group(&()), M::Kind::plural(&()));
     readiness.cache_started(&kind, &route_path);
-    // managedFields are read by nothing here; dropping them before the cache keeps the caches
-    // smaller (a MicrovmMachine carries an entry per writer) and every clone of a cached object cheaper.
+    // managedFields are read by nothing here: they are skipped while decoding (`Lean`), which
+    // also keeps the caches smaller (a MicrovmMachine carries an entry per writer).
     let cache = writer.as_reader();
-    let stream = watcher(scope.api::<M::Kind>(client), M::config(scope))
+    let stream = watcher(scope.api::<Lean<M::Kind>>(client), M::config(scope))
         .default_backoff()
+        .map_ok(unlean)
         .modify(|obj| {
+            // Left by a kind whose decoding does not go through `Lean`'s filter (none known).
             obj.meta_mut().managed_fields = None;
             M::trim(obj);
         })
@@ -273,6 +278,17 @@ fn spawn<M: Mapper>(
     tokio::spawn(follow(stream, cache, kind, readiness, move |obj| {
         mapper.wake(obj, &route);
     }))
+}
+
+/// A watch event of lean objects as one of the objects themselves.
+fn unlean<K>(event: watcher::Event<Lean<K>>) -> watcher::Event<K> {
+    match event {
+        watcher::Event::Apply(Lean(k)) => watcher::Event::Apply(k),
+        watcher::Event::Delete(Lean(k)) => watcher::Event::Delete(k),
+        watcher::Event::Init => watcher::Event::Init,
+        watcher::Event::InitApply(Lean(k)) => watcher::Event::InitApply(k),
+        watcher::Event::InitDone => watcher::Event::InitDone,
+    }
 }
 
 /// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it.
