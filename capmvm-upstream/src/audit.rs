@@ -29,6 +29,8 @@ pub struct AuditEvent {
     pub response_status: Option<AuditStatus>,
     /// The client's user agent.
     pub user_agent: String,
+    /// When the server received the request (RFC 3339, microseconds).
+    pub request_received_timestamp: String,
     /// The server's notes: `authorization.k8s.io/decision` is `forbid` when authorization (RBAC)
     /// refused the request, `allow` when it passed (a 403 then came from admission, such as a
     /// namespace being terminated).

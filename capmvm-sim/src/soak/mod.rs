@@ -32,8 +32,8 @@ use capmvm_api::capi::Cluster;
 use capmvm_api::conditions::types::READY;
 use capmvm_flintlock::hollow::HostControl;
 use clap::Args;
-use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use kube::Api;
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
 use serde_json::json;
 use tokio::sync::watch;
 
@@ -546,7 +546,7 @@ async fn chaos(
         } else if partitions < args.partitions && kills >= args.kills {
             false
         } else {
-            rng.next().is_multiple_of(2)
+            rng.next_u64().is_multiple_of(2)
         };
         if kill {
             world.kill_operator().await;

@@ -32,7 +32,7 @@ impl Rng {
     }
 
     /// The next number.
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -42,12 +42,12 @@ impl Rng {
 
     /// A duration in `[lo, hi)` milliseconds.
     pub fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo).max(1))
+        Duration::from_millis(lo + self.next_u64() % (hi - lo).max(1))
     }
 
     /// A number in `[0, n)`.
     pub fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % (n.max(1) as u64)).unwrap_or(0)
+        usize::try_from(self.next_u64() % (n.max(1) as u64)).unwrap_or(0)
     }
 }
 

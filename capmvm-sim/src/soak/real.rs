@@ -23,6 +23,7 @@ use capmvm_api::capi::Machine;
 use capmvm_flintlock::hollow::HostControl;
 use capmvm_reconcile::machine::origin_uid;
 use capmvm_upstream::link::Link;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams};
 use kube::{Api, ResourceExt};
 
@@ -75,8 +76,13 @@ pub struct RealSoakReport {
     pub deleted_in: Option<Duration>,
     /// The operator's requests in the audit log, and those RBAC refused.
     pub operator_requests: u64,
-    /// Requests of the operator refused by RBAC (`verb uri`).
+    /// Requests of the operator refused by RBAC (`verb uri`), outside the management API
+    /// server's restarts.
     pub denials: Vec<String>,
+    /// Requests of the operator refused while the management kube-apiserver was starting (it
+    /// serves before its RBAC authorizer has loaded the roles; `/readyz` says so): each for a
+    /// verb and resource the same operator was allowed outside those windows.
+    pub denials_while_starting: Vec<String>,
     /// The load average when the run ended.
     pub load: String,
     /// Wall time of the whole run.
@@ -144,7 +150,10 @@ impl RealSoakReport {
     /// The report as text (Markdown tables).
     pub fn render(&self) -> String {
         let secs = |d: Option<Duration>| {
-            d.map_or_else(|| "NOT CONVERGED".to_string(), |d| format!("{:.1}", d.as_secs_f64()))
+            d.map_or_else(
+                || "NOT CONVERGED".to_string(),
+                |d| format!("{:.1}", d.as_secs_f64()),
+            )
         };
         let mut s = format!(
             "real-stack soak: {} min of faults, seed {}, {} hosts, clusters {} (load at the end: {})\n\n",
@@ -180,7 +189,7 @@ impl RealSoakReport {
             ));
         }
         s.push_str(&format!(
-            "\n| measure | value |\n|---|---:|\n| clusters created and Ready in (s) | {} |\n| scales | {} |\n| faults | {} |\n| Machines Ready with Nodes after the faults, in (s) | {} ({} Machines) |\n| duplicate microVMs | {} |\n| finalizers released early | {} |\n| leaked microVMs | {} |\n| clusters deleted, hosts empty in (s) | {} |\n| operator requests (audit log) | {} |\n| authorization denials | {} |\n| total time | {:.0} s |\n",
+            "\n| measure | value |\n|---|---:|\n| clusters created and Ready in (s) | {} |\n| scales | {} |\n| faults | {} |\n| Machines Ready with Nodes after the faults, in (s) | {} ({} Machines) |\n| duplicate microVMs | {} |\n| finalizers released early | {} |\n| leaked microVMs | {} |\n| clusters deleted, hosts empty in (s) | {} |\n| operator requests (audit log) | {} |\n| authorization denials | {} |\n| refused while kube-apiserver was starting (allowed otherwise) | {} |\n| total time | {:.0} s |\n",
             secs(self.created_in),
             self.scales.len(),
             self.faults.len(),
@@ -192,6 +201,7 @@ impl RealSoakReport {
             secs(self.deleted_in),
             self.operator_requests,
             self.denials.len(),
+            self.denials_while_starting.len(),
             self.total.as_secs_f64()
         ));
         for (uid, vms) in &self.findings.duplicates {
@@ -205,6 +215,9 @@ impl RealSoakReport {
         }
         for d in &self.denials {
             s.push_str(&format!("denied: {d}\n"));
+        }
+        for d in &self.denials_while_starting {
+            s.push_str(&format!("refused while kube-apiserver was starting: {d}\n"));
         }
         let failures = self.failures();
         if failures.is_empty() {
@@ -321,8 +334,12 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
     };
     let budget = Duration::from_secs_f64(args.minutes.max(0.0) * 60.0);
     let mut round: Vec<Fault> = Vec::new();
+    // When the management kube-apiserver was down or starting.
+    let mut api_starting: Vec<(Timestamp, Timestamp)> = Vec::new();
     while created_in.is_some() {
-        let every_kind = Fault::ALL.iter().all(|k| faults.iter().any(|f| f.fault == *k));
+        let every_kind = Fault::ALL
+            .iter()
+            .all(|k| faults.iter().any(|f| f.fault == *k));
         if every_kind && started.elapsed() >= budget + created_in.unwrap_or_default() {
             break;
         }
@@ -337,7 +354,12 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
         // Scale one group to a new size in 1..=3, then strike while the scale is under way.
         let (ns, cluster) = CLUSTERS[rng.below(CLUSTERS.len())];
         let [md, mp] = groups(cluster);
-        let (resource, group) = if rng.next().is_multiple_of(2) { md } else { mp };
+        // MachineDeployments and MachinePools take turns.
+        let (resource, group) = if scales.len().is_multiple_of(2) {
+            md
+        } else {
+            mp
+        };
         let key = (ns.to_string(), group.clone());
         let now = desired.get(&key).copied().unwrap_or(1);
         let mut size = 1 + rng.below(3);
@@ -351,13 +373,19 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
         scales.push((started.elapsed(), what.clone()));
         tokio::time::sleep(rng.millis(0, 3_000)).await;
         let at = started.elapsed();
+        let before = Timestamp::now();
         let (detail, down, restored_in) = inject(&mut real, &targets, fault, &mut rng, &log)
             .await
             .with_context(|| format!("{fault} at {:.0} s", at.as_secs_f64()))?;
+        if fault == Fault::ApiServer {
+            api_starting.push((before, Timestamp::now()));
+        }
         let back = Instant::now() - restored_in;
         let ok = converged(&real, &desired, timeout, &log).await?;
         let converged_in = ok.then(|| back.elapsed());
-        log(format!("{fault}: converged {converged_in:?} after its restart"));
+        log(format!(
+            "{fault}: converged {converged_in:?} after its restart"
+        ));
         faults.push(FaultRecord {
             fault,
             detail: format!("{detail}; during scale {what}"),
@@ -385,7 +413,8 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
         .filter_map(|m| origin_uid(m).map(str::to_string))
         .collect();
     let orphans = monitor::leaks(&hosts, &owners);
-    let (operator_requests, denials) = real.operator_denials()?.unwrap_or_default();
+    let (operator_requests, denials, denials_while_starting) =
+        denials(&real, &api_starting).context("reading the audit log")?;
 
     for (ns, name) in CLUSTERS {
         real.kubectl
@@ -413,6 +442,7 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
         deleted_in,
         operator_requests,
         denials,
+        denials_while_starting,
         load,
         total: started.elapsed(),
         dir,
@@ -422,6 +452,54 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
     }
     real.shutdown().await;
     Ok(report)
+}
+
+/// The operator's requests in the audit log; those RBAC refused outside `starting` (the windows
+/// in which the management kube-apiserver was restarting); those refused inside them for a verb
+/// and resource it was allowed outside them (one refused inside and never allowed is a denial).
+fn denials(
+    real: &RealStack,
+    starting: &[(Timestamp, Timestamp)],
+) -> anyhow::Result<(u64, Vec<String>, Vec<String>)> {
+    let audit = real
+        .audit()
+        .context("the management API keeps no audit log")?;
+    let operator = RealStack::operator_user();
+    let requests: Vec<_> = audit
+        .requests()?
+        .into_iter()
+        .filter(|e| e.user.username == operator)
+        .collect();
+    let while_starting = |e: &capmvm_upstream::AuditEvent| {
+        e.request_received_timestamp
+            .parse::<Timestamp>()
+            .is_ok_and(|t| starting.iter().any(|(a, b)| *a <= t && t <= *b))
+    };
+    let what = |e: &capmvm_upstream::AuditEvent| {
+        let group = e.object_ref.as_ref().map(|o| o.api_group.clone());
+        (e.verb.clone(), group.unwrap_or_default(), e.resource())
+    };
+    let allowed: BTreeSet<(String, String, String)> = requests
+        .iter()
+        .filter(|e| !e.denied_by_authorization() && !while_starting(e))
+        .map(what)
+        .collect();
+    let (mut denied, mut starting_denied) = (Vec::new(), Vec::new());
+    for e in requests.iter().filter(|e| e.denied_by_authorization()) {
+        let line = format!(
+            "{} {} {} at {}",
+            e.verb,
+            e.resource(),
+            e.request_uri,
+            e.request_received_timestamp
+        );
+        if while_starting(e) && allowed.contains(&what(e)) {
+            starting_denied.push(line);
+        } else {
+            denied.push(line);
+        }
+    }
+    Ok((requests.len() as u64, denied, starting_denied))
 }
 
 /// Waits until each namespace has the Machines `desired` asks for (its control plane and its
@@ -493,7 +571,10 @@ async fn check(
                 .pointer("/spec/providerID")
                 .and_then(|p| p.as_str())
                 .and_then(|p| real.workloads().node_by_provider_id(&key, p));
-            let node_ref = m.data.pointer("/status/nodeRef/name").and_then(|n| n.as_str());
+            let node_ref = m
+                .data
+                .pointer("/status/nodeRef/name")
+                .and_then(|n| n.as_str());
             m.metadata.deletion_timestamp.is_none()
                 && ready
                 && node.is_some_and(|n| Some(n.name_any().as_str()) == node_ref)

@@ -160,7 +160,7 @@ pub async fn inject(
             host.set_reachable(true).await?;
         }
         Fault::HostCut => {
-            let how = if rng.next().is_multiple_of(2) {
+            let how = if rng.next_u64().is_multiple_of(2) {
                 Cut::Blackhole
             } else {
                 Cut::Refuse
