@@ -22,6 +22,7 @@ use capmvm_api::MicrovmMachine;
 use capmvm_api::capi::Machine;
 use capmvm_flintlock::hollow::HostControl;
 use capmvm_reconcile::machine::origin_uid;
+use capmvm_upstream::AuditEvent;
 use capmvm_upstream::link::Link;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{ApiResource, DynamicObject, ListParams};
@@ -454,9 +455,7 @@ pub async fn run(args: RealSoakArgs, exe: PathBuf) -> anyhow::Result<RealSoakRep
     Ok(report)
 }
 
-/// The operator's requests in the audit log; those RBAC refused outside `starting` (the windows
-/// in which the management kube-apiserver was restarting); those refused inside them for a verb
-/// and resource it was allowed outside them (one refused inside and never allowed is a denial).
+/// The operator's requests in the audit log, classified by [`classify_denials`].
 fn denials(
     real: &RealStack,
     starting: &[(Timestamp, Timestamp)],
@@ -465,17 +464,29 @@ fn denials(
         .audit()
         .context("the management API keeps no audit log")?;
     let operator = RealStack::operator_user();
-    let requests: Vec<_> = audit
+    let requests: Vec<AuditEvent> = audit
         .requests()?
         .into_iter()
         .filter(|e| e.user.username == operator)
         .collect();
-    let while_starting = |e: &capmvm_upstream::AuditEvent| {
+    let (denied, while_starting) = classify_denials(&requests, starting);
+    Ok((requests.len() as u64, denied, while_starting))
+}
+
+/// Of `requests`, those RBAC refused: refused outside `starting` (the windows in which the
+/// management kube-apiserver was restarting), and refused inside them for a verb and resource
+/// allowed outside them. One refused inside a window and never allowed outside is a denial: the
+/// windows excuse a server that is not ready, never a rule that is missing.
+fn classify_denials(
+    requests: &[AuditEvent],
+    starting: &[(Timestamp, Timestamp)],
+) -> (Vec<String>, Vec<String>) {
+    let while_starting = |e: &AuditEvent| {
         e.request_received_timestamp
             .parse::<Timestamp>()
             .is_ok_and(|t| starting.iter().any(|(a, b)| *a <= t && t <= *b))
     };
-    let what = |e: &capmvm_upstream::AuditEvent| {
+    let what = |e: &AuditEvent| {
         let group = e.object_ref.as_ref().map(|o| o.api_group.clone());
         (e.verb.clone(), group.unwrap_or_default(), e.resource())
     };
@@ -499,7 +510,7 @@ fn denials(
             denied.push(line);
         }
     }
-    Ok((requests.len() as u64, denied, starting_denied))
+    (denied, starting_denied)
 }
 
 /// Waits until each namespace has the Machines `desired` asks for (its control plane and its
@@ -622,4 +633,50 @@ async fn deleted(
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
     Ok(false)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn event(verb: &str, resource: &str, at: &str, forbid: bool) -> AuditEvent {
+        serde_json::from_value(serde_json::json!({
+            "auditID": format!("{verb}-{resource}-{at}"),
+            "verb": verb,
+            "requestURI": format!("/apis/cluster.x-k8s.io/v1beta2/{resource}"),
+            "objectRef": {"resource": resource, "apiGroup": "cluster.x-k8s.io"},
+            "requestReceivedTimestamp": at,
+            "annotations": {"authorization.k8s.io/decision": if forbid { "forbid" } else { "allow" }},
+        }))
+        .unwrap()
+    }
+
+    /// A restart window excuses only a refusal of what the operator is allowed otherwise: a
+    /// refusal outside it, or of something never allowed, stays a denial.
+    #[test]
+    fn a_restart_window_excuses_only_what_is_allowed_otherwise() {
+        let window = [(
+            "2026-01-01T00:00:10Z".parse::<Timestamp>().unwrap(),
+            "2026-01-01T00:00:20Z".parse::<Timestamp>().unwrap(),
+        )];
+        let requests = [
+            event("watch", "machines", "2026-01-01T00:00:05.000001Z", false),
+            event("watch", "machines", "2026-01-01T00:00:15.000001Z", true),
+            // Never allowed: a missing rule, whenever it was refused.
+            event("delete", "clusters", "2026-01-01T00:00:15.000001Z", true),
+            // Allowed, but refused outside the window.
+            event("watch", "machines", "2026-01-01T00:00:30.000001Z", true),
+        ];
+        let (denied, starting) = classify_denials(&requests, &window);
+        assert_eq!(starting.len(), 1, "{starting:?}");
+        assert!(starting[0].starts_with("watch machines"), "{starting:?}");
+        assert_eq!(denied.len(), 2, "{denied:?}");
+        assert!(denied.iter().any(|d| d.starts_with("delete clusters")));
+        assert!(denied.iter().any(|d| d.contains("00:00:30")));
+        // Without a window nothing is excused.
+        let (denied, starting) = classify_denials(&requests, &[]);
+        assert_eq!((denied.len(), starting.len()), (3, 0));
+    }
 }
