@@ -21,6 +21,7 @@ async fn nothing_is_lost_under_faults_partitions_and_kills() {
         provision_ms: 500,
         seed: 7,
         step_timeout_secs: 180,
+        ..SoakArgs::default()
     };
     let report = run(args, PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim")))
         .await

@@ -360,6 +360,15 @@ impl Capi {
         Some(StoppedManager { provider, args })
     }
 
+    /// Kills the `provider` manager at once (SIGKILL), as a crash would, remembering its flags for
+    /// [`Capi::start`]; `None` when it was not running.
+    pub async fn kill_manager(&mut self, provider: Provider) -> Option<StoppedManager> {
+        let i = self.managers.iter().position(|(p, _, _)| *p == provider)?;
+        let (provider, process, args) = self.managers.remove(i);
+        process.kill().await;
+        Some(StoppedManager { provider, args })
+    }
+
     /// Starts a stopped manager again with the same flags (its log continues); returns once every
     /// manager is ready.
     pub async fn start(&mut self, stopped: StoppedManager, dir: &Path) -> Result<()> {

@@ -38,17 +38,35 @@ impl Etcd {
             // Room for 10 000 objects and their history between compactions.
             "--quota-backend-bytes=8589934592".to_string(),
         ];
-        let mut process = Process::spawn("etcd", &program, &args, &[], &dir.join("etcd.log"))?;
-        process
-            .wait_ready(Duration::from_secs(30), || async move {
-                http_status(client_port, "/health").await.map(|c| c == 200)
-            })
-            .await?;
-        Ok(Etcd {
+        let process = Process::spawn("etcd", &program, &args, &[], &dir.join("etcd.log"))?;
+        let mut etcd = Etcd {
             process,
             client_port,
             data_dir,
-        })
+        };
+        etcd.wait_healthy().await?;
+        Ok(etcd)
+    }
+
+    async fn wait_healthy(&mut self) -> Result<()> {
+        let client_port = self.client_port;
+        self.process
+            .wait_ready(Duration::from_secs(30), || async move {
+                http_status(client_port, "/health").await.map(|c| c == 200)
+            })
+            .await
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would; [`Etcd::restart`] starts it again.
+    pub async fn crash(&mut self) {
+        self.process.crash().await;
+    }
+
+    /// Starts it again on the same data directory and ports (killing it first if it runs);
+    /// returns once it reports healthy.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.respawn().await?;
+        self.wait_healthy().await
     }
 
     /// Its client URL.

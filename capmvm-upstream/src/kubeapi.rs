@@ -170,15 +170,30 @@ impl KubeApiServer {
             None
         };
         args.extend(options.extra_args);
-        let mut process = Process::spawn(
+        let process = Process::spawn(
             &format!("kube-apiserver ({})", options.name),
             &program,
             &args,
             &[],
             &dir.join("kube-apiserver.log"),
         )?;
-        let client = client_from(&kubeconfig).await?;
-        process
+        let mut server = KubeApiServer {
+            process,
+            dir,
+            url,
+            ca,
+            kubeconfig,
+            audit_log,
+        };
+        server.wait_ready().await?;
+        tracing::info!(name = %options.name, url = %server.url, "kube-apiserver ready");
+        Ok(server)
+    }
+
+    /// Waits until `/readyz` answers `ok`.
+    async fn wait_ready(&mut self) -> Result<()> {
+        let client = client_from(&self.kubeconfig).await?;
+        self.process
             .wait_ready(Duration::from_secs(90), || {
                 let client = client.clone();
                 async move {
@@ -191,16 +206,19 @@ impl KubeApiServer {
                     }
                 }
             })
-            .await?;
-        tracing::info!(name = %options.name, %url, "kube-apiserver ready");
-        Ok(KubeApiServer {
-            process,
-            dir,
-            url,
-            ca,
-            kubeconfig,
-            audit_log,
-        })
+            .await
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would; [`KubeApiServer::restart`] starts it again.
+    pub async fn crash(&mut self) {
+        self.process.crash().await;
+    }
+
+    /// Starts it again with the same flags, certificates, port and audit log (killing it first if
+    /// it runs); returns once `/readyz` answers `ok`.
+    pub async fn restart(&mut self) -> Result<()> {
+        self.process.respawn().await?;
+        self.wait_ready().await
     }
 
     /// Its URL.

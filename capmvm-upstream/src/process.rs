@@ -14,6 +14,10 @@ pub struct Process {
     name: String,
     child: tokio::process::Child,
     log: PathBuf,
+    /// What [`Process::respawn`] starts again.
+    program: PathBuf,
+    args: Vec<String>,
+    env: Vec<(String, String)>,
 }
 
 impl Process {
@@ -25,37 +29,35 @@ impl Process {
         env: &[(&str, &str)],
         log: &Path,
     ) -> Result<Process> {
-        if let Some(dir) = log.parent() {
-            std::fs::create_dir_all(dir).map_err(io_error(dir))?;
-        }
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(io_error(log))?;
-        let err = file.try_clone().map_err(io_error(log))?;
-        let mut command = tokio::process::Command::new(program);
-        command
-            .args(args)
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(file)
-            .stderr(err)
-            .kill_on_drop(true);
-        die_with_parent(&mut command);
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let child = command.spawn().map_err(|source| Error::Spawn {
-            what: name.to_string(),
-            source,
-        })?;
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| ((*k).to_string(), (*v).to_string()))
+            .collect();
+        let child = spawn_child(name, program, args, &env, log)?;
         tracing::debug!(name, program = %program.display(), log = %log.display(), "upstream process started");
         Ok(Process {
             name: name.to_string(),
             child,
             log: log.to_path_buf(),
+            program: program.to_path_buf(),
+            args: args.to_vec(),
+            env,
         })
+    }
+
+    /// Kills it at once (SIGKILL), as a crash would, keeping what [`Process::respawn`] needs.
+    pub async fn crash(&mut self) {
+        let _ = self.child.kill().await;
+        let _ = self.child.wait().await;
+    }
+
+    /// Starts it again with the same program, arguments and environment, as a service manager
+    /// restarts a crashed process (its log continues). Kills the running one first, if any.
+    pub async fn respawn(&mut self) -> Result<()> {
+        self.crash().await;
+        self.child = spawn_child(&self.name, &self.program, &self.args, &self.env, &self.log)?;
+        tracing::debug!(name = %self.name, "upstream process restarted");
+        Ok(())
     }
 
     /// Its name.
@@ -118,6 +120,41 @@ impl Process {
         let _ = self.child.kill().await;
         let _ = self.child.wait().await;
     }
+}
+
+/// Spawns `program` with its output appended to `log`, dying with this process.
+fn spawn_child(
+    name: &str,
+    program: &Path,
+    args: &[String],
+    env: &[(String, String)],
+    log: &Path,
+) -> Result<tokio::process::Child> {
+    if let Some(dir) = log.parent() {
+        std::fs::create_dir_all(dir).map_err(io_error(dir))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)
+        .map_err(io_error(log))?;
+    let err = file.try_clone().map_err(io_error(log))?;
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(file)
+        .stderr(err)
+        .kill_on_drop(true);
+    die_with_parent(&mut command);
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.spawn().map_err(|source| Error::Spawn {
+        what: name.to_string(),
+        source,
+    })
 }
 
 /// Makes the process `command` starts receive SIGKILL when its parent dies: dropping a [`Process`]

@@ -13,6 +13,7 @@
 
 pub mod autoscaler;
 pub mod components;
+mod faults;
 pub mod go_provider;
 pub mod replicas;
 pub mod workload;

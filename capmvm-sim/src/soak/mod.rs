@@ -15,10 +15,15 @@
 //! - **leaks**: anything left on a host once the cluster is deleted.
 //!
 //! It exits non-zero if any of these fails, or if the chaos did less than asked (kills, partitions).
+//! The monitors are [`monitor`]'s, shared with the real-stack soak ([`real`], `--control-plane
+//! real`).
+
+pub mod monitor;
+pub mod real;
+pub mod real_faults;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -26,16 +31,13 @@ use capmvm_api::MicrovmMachine;
 use capmvm_api::capi::Cluster;
 use capmvm_api::conditions::types::READY;
 use capmvm_flintlock::hollow::HostControl;
-use capmvm_reconcile::cloudinit::machine_uid_from_metadata;
-use capmvm_reconcile::machine::origin_uid;
 use clap::Args;
-use futures::StreamExt;
+use kube::Api;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
-use kube::{Api, ResourceExt};
 use serde_json::json;
 use tokio::sync::watch;
 
+use self::monitor::{Monitors, Rng};
 use crate::capi::MachineDeployment;
 use crate::kube::{FaultCounts, FaultKind, FaultRule, Verb};
 use crate::world::{World, WorldOptions};
@@ -44,9 +46,29 @@ const NS: &str = "default";
 const CLUSTER: &str = "demo";
 const DEPLOYMENT: &str = "demo-md-0";
 
+/// Where the soak runs.
+#[derive(clap::ValueEnum, Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum ControlPlane {
+    /// The embedded API emulator and the CAPI stand-in, with the emulator's API faults.
+    #[default]
+    Emulator,
+    /// The real stack: etcd, kube-apiserver, CAPI's own managers (docs/real-stack.md); the faults
+    /// kill and restart them ([`real`]).
+    Real,
+}
+
 /// Options of `capmvm-sim soak`.
 #[derive(Args, Debug, Clone)]
 pub struct SoakArgs {
+    /// `real`: on the real stack, with etcd, kube-apiserver, CAPI's managers, the operator and the
+    /// hosts failing ([`real`]; of the options below only `--minutes`, `--seed`, `--hosts` and
+    /// `--step-timeout-secs` apply).
+    #[arg(long, value_enum, default_value_t = ControlPlane::Emulator)]
+    pub control_plane: ControlPlane,
+    /// With `--control-plane real`: minutes of faults (at least one of each kind, whatever the
+    /// minutes).
+    #[arg(long, default_value_t = 60.0)]
+    pub minutes: f64,
     /// Worker machines at full size (the run scales to half and back).
     #[arg(long, default_value_t = 200)]
     pub machines: usize,
@@ -79,6 +101,8 @@ pub struct SoakArgs {
 impl Default for SoakArgs {
     fn default() -> Self {
         Self {
+            control_plane: ControlPlane::Emulator,
+            minutes: 60.0,
             machines: 200,
             hosts: 5,
             fault_share: 0.05,
@@ -229,6 +253,21 @@ pub fn main(args: SoakArgs) -> anyhow::Result<()> {
         .build()
         .context("starting the async runtime")?;
     let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
+    if args.control_plane == ControlPlane::Real {
+        let real_args = real::RealSoakArgs {
+            minutes: args.minutes,
+            seed: args.seed,
+            hosts: args.hosts,
+            step_timeout_secs: args.step_timeout_secs,
+        };
+        let report = runtime.block_on(real::run(real_args, exe))?;
+        print!("{}", report.render());
+        let failures = report.failures();
+        if failures.is_empty() {
+            return Ok(());
+        }
+        bail!("soak failed: {}", failures.join("; "));
+    }
     let report = runtime.block_on(run(args, exe))?;
     print!("{}", report.render());
     let failures = report.failures();
@@ -236,28 +275,6 @@ pub fn main(args: SoakArgs) -> anyhow::Result<()> {
         Ok(())
     } else {
         bail!("soak failed: {}", failures.join("; "))
-    }
-}
-
-/// A small seeded generator (splitmix64): the chaos schedule replays with its seed.
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// A duration in `[lo, hi)` milliseconds.
-    fn millis(&mut self, lo: u64, hi: u64) -> Duration {
-        Duration::from_millis(lo + self.next() % (hi - lo).max(1))
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        usize::try_from(self.next() % (n.max(1) as u64)).unwrap_or(0)
     }
 }
 
@@ -316,14 +333,6 @@ fn fault_rules_for(agent: &str, share: f64) -> Vec<FaultRule> {
     ]
 }
 
-/// What the monitors share.
-#[derive(Default)]
-struct Seen {
-    /// Origin uid → every microVM uid seen carrying it.
-    vms_of_machine: BTreeMap<String, BTreeSet<String>>,
-    early_releases: Vec<String>,
-}
-
 /// Runs one soak; `exe` runs the operator (`capmvm-sim operator`).
 pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
     let started = Instant::now();
@@ -353,15 +362,11 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
 
     let client = world.client.clone();
     let hosts: Vec<HostControl> = world.hosts.iter().map(|h| h.control()).collect();
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    let (stop_tx, stop_rx) = watch::channel(false);
-    let sampler = tokio::spawn(sample_hosts(hosts.clone(), seen.clone(), stop_rx.clone()));
-    let releases = tokio::spawn(watch_releases(
-        client.clone(),
+    let monitors = Monitors::start(
+        Api::<MicrovmMachine>::namespaced(client.clone(), NS),
         hosts.clone(),
-        seen.clone(),
-        stop_rx.clone(),
-    ));
+    );
+    let (stop_tx, stop_rx) = watch::channel(false);
     world
         .apply_demo_cluster(
             &[
@@ -422,8 +427,7 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
 
     let _ = stop_tx.send(true);
     let (mut world, kills, partitions) = chaos.await.context("the chaos task")??;
-    let _ = sampler.await;
-    let _ = releases.await;
+    let findings = monitors.finish().await?;
     faults.clear();
     let operator_requests = world
         .emulator
@@ -435,22 +439,10 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
         .counters_of_agent(crate::world::STAND_IN_USER_AGENT)
         .since(&stand_in_before)
         .total();
-    let leaks = hosts
-        .iter()
-        .flat_map(|h| {
-            h.vms()
-                .into_iter()
-                .map(move |vm| format!("{}: {} ({})", h.endpoint(), vm.uid(), vm.microvm.spec.id))
-        })
-        .collect();
+    let leaks = monitor::leaks(&hosts, &BTreeSet::new());
     let fault_counts = faults.counts();
     world.stop_operator().await;
     world.shutdown().await;
-    let seen = std::mem::take(
-        &mut *seen
-            .lock()
-            .map_err(|_| anyhow::anyhow!("monitor panicked"))?,
-    );
     Ok(SoakReport {
         args,
         steps,
@@ -459,12 +451,8 @@ pub async fn run(args: SoakArgs, exe: PathBuf) -> anyhow::Result<SoakReport> {
         stand_in_requests,
         kills,
         partitions,
-        duplicates: seen
-            .vms_of_machine
-            .into_iter()
-            .filter(|(_, vms)| vms.len() > 1)
-            .collect(),
-        early_releases: seen.early_releases,
+        duplicates: findings.duplicates,
+        early_releases: findings.early_releases,
         leaks,
         total: started.elapsed(),
     })
@@ -535,78 +523,6 @@ async fn gone(
     Ok(false)
 }
 
-/// Records, every 50 ms, which microVMs carry which machine's uid. A microVM stays listed while it
-/// is deleted (hundreds of milliseconds), so even a duplicate deleted at once is seen.
-async fn sample_hosts(
-    hosts: Vec<HostControl>,
-    seen: Arc<Mutex<Seen>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    loop {
-        let mut batch: Vec<(String, String)> = Vec::new();
-        for h in &hosts {
-            for vm in h.vms() {
-                if let Some(machine) = machine_uid_from_metadata(&vm.microvm.spec.metadata) {
-                    batch.push((machine, vm.uid().to_string()));
-                }
-            }
-        }
-        if let Ok(mut seen) = seen.lock() {
-            for (machine, vm) in batch {
-                seen.vms_of_machine.entry(machine).or_default().insert(vm);
-            }
-        }
-        tokio::select! {
-            () = tokio::time::sleep(Duration::from_millis(50)) => {}
-            _ = stop.changed() => return,
-        }
-    }
-}
-
-/// Watches MicrovmMachines (with the harness's own client, which is never faulted): when one is gone,
-/// no microVM carrying its uid may be left on any host.
-async fn watch_releases(
-    client: kube::Client,
-    hosts: Vec<HostControl>,
-    seen: Arc<Mutex<Seen>>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let api = Api::<MicrovmMachine>::namespaced(client, NS);
-    let stream = watcher(api, watcher::Config::default()).default_backoff();
-    let mut stream = std::pin::pin!(stream);
-    loop {
-        let event = tokio::select! {
-            e = stream.next() => e,
-            _ = stop.changed() => return,
-        };
-        let Some(Ok(watcher::Event::Delete(m))) = event else {
-            if event.is_none() {
-                return;
-            }
-            continue;
-        };
-        let Some(uid) = origin_uid(&m).map(str::to_string) else {
-            continue;
-        };
-        let left: Vec<String> = hosts
-            .iter()
-            .flat_map(|h| {
-                h.vms().into_iter().filter_map(|vm| {
-                    (machine_uid_from_metadata(&vm.microvm.spec.metadata).as_deref()
-                        == Some(uid.as_str()))
-                    .then(|| format!("{}: {} ({:?})", h.endpoint(), vm.uid(), vm.state()))
-                })
-            })
-            .collect();
-        if !left.is_empty()
-            && let Ok(mut seen) = seen.lock()
-        {
-            seen.early_releases
-                .push(format!("{} left {}", m.name_any(), left.join(", ")));
-        }
-    }
-}
-
 /// Kills and restarts the operator, and partitions and heals hosts, at random moments until told to
 /// stop; then heals everything and makes sure the operator runs. Returns the world and the counts.
 async fn chaos(
@@ -615,7 +531,7 @@ async fn chaos(
     mut stop: watch::Receiver<bool>,
     done: watch::Sender<(usize, usize)>,
 ) -> anyhow::Result<(World, usize, usize)> {
-    let mut rng = Rng(args.seed ^ 0x5eed);
+    let mut rng = Rng::new(args.seed ^ 0x5eed);
     let hosts: Vec<HostControl> = world.hosts.iter().map(|h| h.control()).collect();
     let (mut kills, mut partitions) = (0, 0);
     loop {
@@ -630,7 +546,7 @@ async fn chaos(
         } else if partitions < args.partitions && kills >= args.kills {
             false
         } else {
-            rng.next().is_multiple_of(2)
+            rng.next_u64().is_multiple_of(2)
         };
         if kill {
             world.kill_operator().await;
