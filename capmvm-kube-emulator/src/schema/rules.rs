@@ -52,7 +52,9 @@ impl Schema {
         if !self.has_rules {
             return;
         }
-        if !self.rules.is_empty() {
+        // The real server validates non-null values only: a rule about a null (an unset optional
+        // field written as `null`) is the parent's to state.
+        if !self.rules.is_empty() && !v.is_null() {
             let this = self.to_cel(v, resource_root);
             let previous = old
                 .filter(|_| self.rules.iter().any(crate::cel::Rule::reads_old_self))
