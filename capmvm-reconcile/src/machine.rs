@@ -46,6 +46,7 @@ pub use adoption::{
     PREVIOUS_PROVIDER_CONDITIONS, Provenance, drop_previous_provider_conditions, provenance,
 };
 
+pub(crate) use evacuation::canonical as canonical_endpoint;
 pub use evacuation::wants_evacuation_group;
 pub use lookup::{after_direct_get, concerns, wants_direct_get, wants_fresh_lookup};
 pub use record::{

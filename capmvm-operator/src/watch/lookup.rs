@@ -79,10 +79,8 @@ impl Stores {
                         .map(|h| h.to_string()),
                     ready_reason: infra.as_deref().and_then(|i| {
                         let conditions = &i.status.as_ref()?.conditions;
-                        conditions
-                            .iter()
-                            .find(|c| c.type_ == types::READY)
-                            .map(|c| c.reason.clone())
+                        capmvm_reconcile::conditions::reason(conditions, types::READY)
+                            .map(str::to_string)
                     }),
                 }
             })

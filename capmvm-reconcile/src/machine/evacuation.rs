@@ -126,13 +126,14 @@ pub(super) fn evacuating_host<'a>(
         .as_ref()?
         .hosts
         .iter()
-        .find(|h| {
-            h.evacuating()
-                && h.endpoint
-                    .parse::<HostEndpoint>()
-                    .is_ok_and(|e| e.to_string() == key)
-        })
+        .filter(|h| h.evacuating())
+        .find(|h| canonical(&h.endpoint).as_deref() == Some(key.as_str()))
         .map(|h| h.display_name())
+}
+
+/// A host entry's endpoint in the canonical form hosts are keyed by, if it parses.
+pub(crate) fn canonical(endpoint: &str) -> Option<String> {
+    endpoint.parse::<HostEndpoint>().ok().map(|e| e.to_string())
 }
 
 #[cfg(test)]

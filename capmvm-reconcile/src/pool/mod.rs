@@ -319,8 +319,7 @@ pub(crate) fn evacuating_hosts(infra: Option<&MicrovmCluster>) -> BTreeSet<Strin
             pool.hosts
                 .iter()
                 .filter(|h| h.evacuating())
-                .filter_map(|h| h.endpoint.parse::<capmvm_api::HostEndpoint>().ok())
-                .map(|e| e.to_string())
+                .filter_map(|h| crate::machine::canonical_endpoint(&h.endpoint))
                 .collect()
         })
         .unwrap_or_default()
