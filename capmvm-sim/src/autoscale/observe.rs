@@ -25,6 +25,9 @@ use crate::stack::Stack as _;
 pub const MIN_SIZE: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-min-size";
 /// CAPI's annotation of a node group's maximum size.
 pub const MAX_SIZE: &str = "cluster.x-k8s.io/cluster-api-autoscaler-node-group-max-size";
+/// A node group's own `--max-node-provision-time` (the clusterapi provider's per-group
+/// autoscaling options, read from the scalable resource's annotations on every loop).
+pub const MAX_PROVISION_TIME: &str = "cluster.x-k8s.io/autoscaling-options-maxnodeprovisiontime";
 /// The label of the load's Pods.
 pub const LOAD_LABEL: (&str, &str) = ("app", "load");
 

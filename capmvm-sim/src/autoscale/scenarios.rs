@@ -14,7 +14,9 @@ use k8s_openapi::api::core::v1::Event;
 use kube::Api;
 use kube::api::ListParams;
 
-use super::observe::{MAX_SIZE, MIN_SIZE, Observed, Watch, autoscaler_status, brief};
+use super::observe::{
+    MAX_PROVISION_TIME, MAX_SIZE, MIN_SIZE, Observed, Watch, autoscaler_status, brief,
+};
 use crate::real::RealStack;
 use crate::stack::{self, Stack as _};
 
@@ -76,7 +78,8 @@ pub struct Timings {
     pub poll: Duration,
     /// The autoscaler's `--scan-interval`.
     pub scan: Duration,
-    /// Its `--max-node-provision-time`.
+    /// The failed scale-up's provision time: the MachineDeployment's own
+    /// `maxnodeprovisiontime` while that scenario waits (the flag keeps upstream's 15 min).
     pub max_provision: Duration,
     /// Longest wait for any step.
     pub timeout: Duration,
@@ -182,6 +185,32 @@ impl<'a> Scenarios<'a> {
                 &format!("{resource}/{name}"),
                 &min,
                 &max,
+                "--overwrite",
+            ])
+            .await
+            .with_context(|| format!("kubectl annotate {resource}/{name}"))?;
+        Ok(())
+    }
+
+    /// Sets (or, with `None`, removes) node group `name`'s own `maxnodeprovisiontime`.
+    pub async fn set_provision_time(
+        &self,
+        resource: &str,
+        name: &str,
+        time: Option<Duration>,
+    ) -> anyhow::Result<()> {
+        let annotation = match time {
+            Some(t) => format!("{MAX_PROVISION_TIME}={}s", t.as_secs().max(1)),
+            None => format!("{MAX_PROVISION_TIME}-"),
+        };
+        self.real()
+            .kubectl
+            .run(&[
+                "annotate",
+                "-n",
+                NAMESPACE,
+                &format!("{resource}/{name}"),
+                &annotation,
                 "--overwrite",
             ])
             .await
@@ -405,6 +434,46 @@ impl<'a> Scenarios<'a> {
         ))
     }
 
+    /// Waits for a status ConfigMap written after this call whose node group `group` has no
+    /// unregistered (or long-unregistered) instance.
+    async fn until_none_unregistered(&self, group: &str) -> anyhow::Result<()> {
+        let entry = |status: &serde_json::Value| {
+            status["nodeGroups"].as_array().and_then(|gs| {
+                gs.iter()
+                    .find(|g| g["name"].as_str().is_some_and(|n| n.ends_with(group)))
+                    .cloned()
+            })
+        };
+        let probe = |g: &serde_json::Value| g["health"]["lastProbeTime"].as_str().map(String::from);
+        let first = autoscaler_status(&self.watch.workload)
+            .await
+            .as_ref()
+            .and_then(entry)
+            .and_then(|g| probe(&g));
+        // Past the cache's 2-minute refresh, any stale entry is gone.
+        let deadline = Instant::now() + self.timings.timeout + Duration::from_secs(120);
+        loop {
+            if let Some(g) = autoscaler_status(&self.watch.workload)
+                .await
+                .as_ref()
+                .and_then(entry)
+            {
+                let counts = &g["health"]["nodeCounts"];
+                let none = counts["unregistered"].as_i64() == Some(0)
+                    && counts["longUnregistered"].as_i64() == Some(0);
+                if none && probe(&g) != first {
+                    return Ok(());
+                }
+            }
+            if Instant::now() > deadline {
+                anyhow::bail!(
+                    "the autoscaler's status still counts unregistered instances in {group}"
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+        }
+    }
+
     /// The message of a `NotTriggerScaleUp` event about one of the load's Pods.
     async fn not_triggered(&self) -> Option<String> {
         let events: Api<Event> = Api::namespaced(self.watch.workload.clone(), NAMESPACE);
@@ -514,6 +583,15 @@ impl<'a> Scenarios<'a> {
         let kubelets = self.real().kubelets();
         let prefix = format!("{}-", md());
         kubelets.set_never_register_prefix(&prefix, true);
+        // The group's provision time is cut short only once the autoscaler counts none of its
+        // Machines unregistered. It caches a group's instances for up to 2 minutes while no
+        // scale-up is in flight, and an instance cached while its Machine had no nodeRef yet
+        // stays "unregistered" there with its Node up: a short provision time would delete that
+        // healthy Machine (docs/autoscaler.md, item 9; CI saw it).
+        self.until_none_unregistered(&md()).await?;
+        let resource = "machinedeployments.cluster.x-k8s.io";
+        self.set_provision_time(resource, &md(), Some(self.timings.max_provision))
+            .await?;
         self.watch.marked.clear();
         let before = self.watch.observe().await?;
         self.scale_load(6).await?;
@@ -548,9 +626,11 @@ impl<'a> Scenarios<'a> {
                 |o| stuck.iter().all(|u| !o.vms.contains_key(u)),
             )
             .await;
-        kubelets.set_never_register_prefix(&prefix, false);
         let removed_after = appeared.elapsed();
+        let restored = self.set_provision_time(resource, &md(), None).await;
+        kubelets.set_never_register_prefix(&prefix, false);
         gave_up?;
+        restored?;
         self.figures.failed_removed_after = Some(removed_after);
         let marked = stuck_names
             .iter()
@@ -589,7 +669,7 @@ impl<'a> Scenarios<'a> {
                             .max_provision
                             .saturating_sub(Duration::from_secs(5)),
                     format!(
-                        "{} never-registering microVM(s) removed {:.1}s after they appeared (--max-node-provision-time {}s)",
+                        "{} never-registering microVM(s) removed {:.1}s after they appeared (the group's maxnodeprovisiontime {}s)",
                         stuck.len(),
                         removed_after.as_secs_f64(),
                         self.timings.max_provision.as_secs()
