@@ -563,3 +563,23 @@ fn the_clusterclass_templates_follow_capis_template_contract() {
         assert!(inner["properties"]["metadata"].is_object(), "{template}");
     }
 }
+
+/// The README tells users to stop serving `v1alpha1` with a JSON patch of `/spec/versions/1/served`:
+/// that entry must be `v1alpha1`, served and not stored, on every CRD that has it.
+#[test]
+fn v1alpha1_is_the_second_version_where_served() {
+    let with_v1alpha1: Vec<_> = crds()
+        .into_iter()
+        .filter(|c| c.spec.versions.iter().any(|v| v.name == "v1alpha1"))
+        .collect();
+    assert_eq!(
+        with_v1alpha1.len(),
+        3,
+        "MicrovmCluster, MicrovmMachine, MicrovmMachineTemplate"
+    );
+    for crd in with_v1alpha1 {
+        let v = &crd.spec.versions[1];
+        assert_eq!(v.name, "v1alpha1", "{:?}", crd.metadata.name);
+        assert!(v.served && !v.storage, "{:?}", crd.metadata.name);
+    }
+}

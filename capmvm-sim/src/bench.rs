@@ -75,6 +75,12 @@ pub struct BenchArgs {
     /// sends them, and every watcher decodes them with every change.
     #[arg(long)]
     pub without_managed_fields: bool,
+    /// On the real stack, stop serving `v1alpha1` once our components are installed, as a user
+    /// can where nothing reads or writes it: the API server then keeps no watch cache at
+    /// `v1alpha1` and stops sending the conversion review it otherwise sends per write
+    /// (kubernetes/kubernetes#129979).
+    #[arg(long)]
+    pub v1alpha1_unserved: bool,
 }
 
 /// What a run measured.
@@ -110,6 +116,9 @@ pub struct Report {
     /// On the real stack, the upstream processes' CPU seconds (etcd, kube-apiservers,
     /// kube-controller-manager, CAPI's managers) over the whole run.
     pub upstream_cpu: Option<f64>,
+    /// On the real stack, the conversion reviews the API server sent for our CRDs from the clock's
+    /// start to the end of the steady window, by `<crd> to <version>`.
+    pub conversion_reviews: Option<BTreeMap<String, u64>>,
     /// On the real stack, the API server's 429 answers (priority and fairness) until ready, of all
     /// clients and of the operator.
     pub throttled: Option<(u64, u64)>,
@@ -206,11 +215,28 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
                     real
                 }
             };
+            if args.v1alpha1_unserved {
+                crate::real::components::serve_v1alpha1(&real.kubectl, false).await?;
+            }
             let vip = real.prepare_cluster("default", "demo").await?;
             if args.provider == BenchProvider::Capmvm {
                 real.start_operator(&[])?;
             }
+            let reviews_before = crate::real::components::conversion_reviews(&real.kubectl).await;
             let result = measure(&real, &args, Start::ScaleAfterControlPlane(vip)).await;
+            let reviews_after = crate::real::components::conversion_reviews(&real.kubectl).await;
+            let reviews = match (reviews_before, reviews_after) {
+                (Ok(before), Ok(after)) => Some(
+                    after
+                        .into_iter()
+                        .map(|(k, n)| {
+                            let was = before.get(&k).copied().unwrap_or(0);
+                            (k, n.saturating_sub(was))
+                        })
+                        .collect(),
+                ),
+                _ => None,
+            };
             let upstream_cpu: f64 = real
                 .upstream_pids()
                 .into_iter()
@@ -227,6 +253,7 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
             real.shutdown().await;
             result.map(|mut report| {
                 report.upstream_cpu = Some(upstream_cpu);
+                report.conversion_reviews = reviews;
                 with_own_cpu(report, own_cpu_before)
             })
         }
@@ -427,6 +454,7 @@ async fn measure<S: Stack + Sync>(
         operator_cpu_to_ready,
         simulators_cpu: None,
         upstream_cpu: None,
+        conversion_reviews: None,
         throttled,
     })
 }

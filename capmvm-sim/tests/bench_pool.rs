@@ -18,6 +18,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         control_plane: capmvm_sim::demo::ControlPlane::Embedded,
         provider: capmvm_sim::bench_provider::BenchProvider::Capmvm,
         without_managed_fields: false,
+        v1alpha1_unserved: false,
     };
     let plan = PoolPlan {
         peak: 6,

@@ -27,6 +27,7 @@ fn args(provider: BenchProvider) -> BenchArgs {
         control_plane: ControlPlane::Real,
         provider,
         without_managed_fields: false,
+        v1alpha1_unserved: false,
     }
 }
 

@@ -283,6 +283,24 @@ impl Report {
                 cpu * 1000.0 / m
             ));
         }
+        if let Some(reviews) = &self.conversion_reviews {
+            let total: u64 = reviews.values().sum();
+            let by: Vec<String> = reviews
+                .iter()
+                .filter(|(_, n)| **n > 0)
+                .map(|(k, n)| format!("{k}: {n}"))
+                .collect();
+            line(format!(
+                "| conversion reviews the API server sent us, clock start to end{} | {total} ({:.2} per machine) | {} |",
+                if self.args.v1alpha1_unserved {
+                    " (v1alpha1 unserved)"
+                } else {
+                    ""
+                },
+                total as f64 / m,
+                by.join("; ")
+            ));
+        }
         if let Some((all, operator)) = self.throttled {
             line(format!(
                 "| requests answered 429 (priority and fairness) until ready | {all} ({operator} of the operator's) | |"

@@ -9,6 +9,7 @@
 //! cert-manager Issuer and Certificate are left out, and each CRD's conversion webhook is pointed
 //! at the operator on loopback by URL with that CA (out of cluster it has no Service).
 
+use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -179,4 +180,92 @@ fn without_cert_manager(rendered: &str, webhook: &(Webhook, String)) -> anyhow::
         out.push_str(&serde_saphyr::to_string(&doc).context("writing a component")?);
     }
     Ok(out)
+}
+
+/// Serves (or stops serving) `v1alpha1` on every CRD that has it, with the README's command (a
+/// JSON patch of `/spec/versions/1/served` by kubectl), as a user can once no client reads or
+/// writes that version: the API server keeps a watch cache per served version and converts every
+/// change into each of them, read or not (kubernetes/kubernetes#129979), so an unread `v1alpha1`
+/// costs a conversion review per write. Objects stored at `v1alpha1` are still read.
+pub async fn serve_v1alpha1(kubectl: &Kubectl, served: bool) -> anyhow::Result<()> {
+    for crd in capmvm_api::crds() {
+        let Some(index) = crd.spec.versions.iter().position(|v| v.name == "v1alpha1") else {
+            continue;
+        };
+        let name = crd.metadata.name.unwrap_or_default();
+        let patch = json!([{
+            "op": "replace",
+            "path": format!("/spec/versions/{index}/served"),
+            "value": served,
+        }])
+        .to_string();
+        kubectl
+            .run(&["patch", "crd", &name, "--type=json", "-p", &patch])
+            .await
+            .with_context(|| format!("setting v1alpha1 served={served} on CRD {name}"))?;
+    }
+    Ok(())
+}
+
+/// The conversion reviews the API server has sent for our CRDs, by `<crd> to <version>`, from its
+/// own metric (`apiserver_crd_conversion_webhook_duration_seconds_count`).
+pub async fn conversion_reviews(kubectl: &Kubectl) -> anyhow::Result<BTreeMap<String, u64>> {
+    let metrics = kubectl
+        .run(&["get", "--raw", "/metrics"])
+        .await
+        .context("kubectl get --raw /metrics")?;
+    Ok(parse_conversion_reviews(&metrics))
+}
+
+fn parse_conversion_reviews(metrics: &str) -> BTreeMap<String, u64> {
+    let mut reviews = BTreeMap::new();
+    for line in metrics.lines() {
+        let Some(rest) =
+            line.strip_prefix("apiserver_crd_conversion_webhook_duration_seconds_count{")
+        else {
+            continue;
+        };
+        let Some((labels, value)) = rest.split_once("} ") else {
+            continue;
+        };
+        let label = |key: &str| {
+            labels.split(',').find_map(|kv| {
+                let (k, v) = kv.split_once('=')?;
+                (k == key).then(|| v.trim_matches('"').to_string())
+            })
+        };
+        let (Some(crd), Some(to)) = (label("crd_name"), label("to_version")) else {
+            continue;
+        };
+        if !crd.ends_with(capmvm_api::GROUP) {
+            continue;
+        }
+        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
+        *reviews.entry(format!("{crd} to {to}")).or_default() += count;
+    }
+    reviews
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn conversion_reviews_are_read_from_the_api_servers_metric() {
+        let metrics = "# HELP x\n\
+apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",from_version=\"v1alpha2\",succeeded=\"true\",to_version=\"v1alpha1\"} 12\n\
+apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",from_version=\"v1alpha2\",succeeded=\"false\",to_version=\"v1alpha1\"} 1\n\
+apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"machines.cluster.x-k8s.io\",from_version=\"v1beta1\",succeeded=\"true\",to_version=\"v1beta2\"} 40\n\
+apiserver_crd_conversion_webhook_duration_seconds_sum{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",from_version=\"v1alpha2\",succeeded=\"true\",to_version=\"v1alpha1\"} 0.5\n";
+        let reviews = parse_conversion_reviews(metrics);
+        assert_eq!(
+            reviews.get("microvmmachines.infrastructure.cluster.x-k8s.io to v1alpha1"),
+            Some(&13)
+        );
+        assert_eq!(
+            reviews.len(),
+            1,
+            "CAPI's own CRDs are not ours: {reviews:?}"
+        );
+    }
 }
