@@ -50,7 +50,7 @@ pub(crate) const RARELY_EXERCISED: &[(&str, &str, &str, &str)] = &[
         "cluster.x-k8s.io",
         "machinedeployments",
         "get",
-        "only a machine on a host under `maintenance: Evacuate` reads its MachineDeployment's replicas (its turn to be released); real_stack.rs's evacuation test runs that",
+        "only a machine on a host under `maintenance: Evacuate` reads its MachineDeployment's replicas (its turn to be released); real_stack/evacuation.rs runs that",
     ),
     (
         "events.k8s.io",
