@@ -176,20 +176,7 @@ impl<'a> Scenarios<'a> {
             Some((min, max)) => (format!("{MIN_SIZE}={min}"), format!("{MAX_SIZE}={max}")),
             None => (format!("{MIN_SIZE}-"), format!("{MAX_SIZE}-")),
         };
-        self.real()
-            .kubectl
-            .run(&[
-                "annotate",
-                "-n",
-                NAMESPACE,
-                &format!("{resource}/{name}"),
-                &min,
-                &max,
-                "--overwrite",
-            ])
-            .await
-            .with_context(|| format!("kubectl annotate {resource}/{name}"))?;
-        Ok(())
+        self.annotate(resource, name, &[&min, &max]).await
     }
 
     /// Sets (or, with `None`, removes) node group `name`'s own `maxnodeprovisiontime`.
@@ -203,18 +190,26 @@ impl<'a> Scenarios<'a> {
             Some(t) => format!("{MAX_PROVISION_TIME}={}s", t.as_secs().max(1)),
             None => format!("{MAX_PROVISION_TIME}-"),
         };
+        self.annotate(resource, name, &[&annotation]).await
+    }
+
+    /// `kubectl annotate --overwrite` of `resource/name` in the scenarios' namespace (`key=value`
+    /// sets, `key-` removes).
+    async fn annotate(
+        &self,
+        resource: &str,
+        name: &str,
+        annotations: &[&str],
+    ) -> anyhow::Result<()> {
+        let target = format!("{resource}/{name}");
+        let mut args = vec!["annotate", "-n", NAMESPACE, target.as_str()];
+        args.extend_from_slice(annotations);
+        args.push("--overwrite");
         self.real()
             .kubectl
-            .run(&[
-                "annotate",
-                "-n",
-                NAMESPACE,
-                &format!("{resource}/{name}"),
-                &annotation,
-                "--overwrite",
-            ])
+            .run(&args)
             .await
-            .with_context(|| format!("kubectl annotate {resource}/{name}"))?;
+            .with_context(|| format!("kubectl annotate {target}"))?;
         Ok(())
     }
 
