@@ -235,7 +235,10 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
                         })
                         .collect(),
                 ),
-                _ => None,
+                (Err(e), _) | (_, Err(e)) => {
+                    eprintln!("bench: the conversion reviews are not reported: {e:#}");
+                    None
+                }
             };
             let upstream_cpu: f64 = real
                 .upstream_pids()

@@ -214,10 +214,12 @@ pub async fn conversion_reviews(kubectl: &Kubectl) -> anyhow::Result<BTreeMap<St
         .run(&["get", "--raw", "/metrics"])
         .await
         .context("kubectl get --raw /metrics")?;
-    Ok(parse_conversion_reviews(&metrics))
+    parse_conversion_reviews(&metrics)
 }
 
-fn parse_conversion_reviews(metrics: &str) -> BTreeMap<String, u64> {
+/// The counts of [`conversion_reviews`] in the API server's metrics text; a count that is not a
+/// number is an error, never a zero.
+fn parse_conversion_reviews(metrics: &str) -> anyhow::Result<BTreeMap<String, u64>> {
     let mut reviews = BTreeMap::new();
     for line in metrics.lines() {
         let Some(rest) =
@@ -240,10 +242,13 @@ fn parse_conversion_reviews(metrics: &str) -> BTreeMap<String, u64> {
         if !crd.ends_with(capmvm_api::GROUP) {
             continue;
         }
-        let count = value.trim().parse::<f64>().unwrap_or(0.0) as u64;
-        *reviews.entry(format!("{crd} to {to}")).or_default() += count;
+        let count = value
+            .trim()
+            .parse::<f64>()
+            .with_context(|| format!("the API server's metric line {line:?}"))?;
+        *reviews.entry(format!("{crd} to {to}")).or_default() += count as u64;
     }
-    reviews
+    Ok(reviews)
 }
 
 #[cfg(test)]
@@ -257,7 +262,7 @@ apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"microvmmachin
 apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",from_version=\"v1alpha2\",succeeded=\"false\",to_version=\"v1alpha1\"} 1\n\
 apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"machines.cluster.x-k8s.io\",from_version=\"v1beta1\",succeeded=\"true\",to_version=\"v1beta2\"} 40\n\
 apiserver_crd_conversion_webhook_duration_seconds_sum{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",from_version=\"v1alpha2\",succeeded=\"true\",to_version=\"v1alpha1\"} 0.5\n";
-        let reviews = parse_conversion_reviews(metrics);
+        let reviews = parse_conversion_reviews(metrics).unwrap();
         assert_eq!(
             reviews.get("microvmmachines.infrastructure.cluster.x-k8s.io to v1alpha1"),
             Some(&13)
@@ -267,5 +272,7 @@ apiserver_crd_conversion_webhook_duration_seconds_sum{crd_name=\"microvmmachines
             1,
             "CAPI's own CRDs are not ours: {reviews:?}"
         );
+        let garbled = "apiserver_crd_conversion_webhook_duration_seconds_count{crd_name=\"microvmmachines.infrastructure.cluster.x-k8s.io\",to_version=\"v1alpha1\"} many\n";
+        assert!(parse_conversion_reviews(garbled).is_err());
     }
 }
