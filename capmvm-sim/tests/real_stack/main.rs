@@ -16,6 +16,7 @@ mod deletions;
 mod evacuation;
 mod moves;
 mod pools;
+mod shards;
 
 use std::collections::BTreeSet;
 use std::time::Duration;
