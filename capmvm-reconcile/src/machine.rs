@@ -48,7 +48,7 @@ pub use adoption::{
 
 pub(crate) use evacuation::canonical as canonical_endpoint;
 pub use evacuation::wants_evacuation_group;
-pub use lookup::{after_direct_get, concerns, wants_direct_get, wants_fresh_lookup};
+pub use lookup::{MachineVms, after_direct_get, concerns, wants_direct_get, wants_fresh_lookup};
 pub use record::{
     foreign_claim, origin_uid, placement_attempts, placement_claim, provider_id, recorded_host,
 };

@@ -109,6 +109,9 @@ pub struct Report {
     /// The operator's CPU seconds from the clock's start to every machine ready: what the machines
     /// cost it, without its start, the control plane's wait on the real stack and the steady window.
     pub operator_cpu_to_ready: Option<f64>,
+    /// The operator's CPU seconds over the steady-state window: what it costs with nothing to do
+    /// but poll its hosts and hold its watches, the fixed cost under every run's per-machine figure.
+    pub operator_cpu_steady: Option<f64>,
     /// The bench process's own CPU seconds over the same run (its children excluded): the
     /// simulators the operator talks to (emulator, CAPI stand-in, hollow hosts, hollow kubelets;
     /// on the real stack the hollow hosts and kubelets and the KubeadmControlPlane stand-in).
@@ -442,8 +445,12 @@ async fn measure<S: Stack + Sync>(
         h.control().reset_counters();
     }
     let steady_started = Instant::now();
+    let operator_cpu_at_steady = operator_cpu();
     tokio::time::sleep(Duration::from_secs(args.steady_secs)).await;
     let flintlock_steady = crate::stack::flintlock_calls(stack.hosts());
+    let operator_cpu_steady = operator_cpu()
+        .zip(operator_cpu_at_steady)
+        .map(|(now, before)| now - before);
     Ok(Report {
         args: args.clone(),
         time_to_ready,
@@ -455,6 +462,7 @@ async fn measure<S: Stack + Sync>(
         steady: steady_started.elapsed(),
         operator_usage: stack.operator_pid().and_then(crate::world::process_usage),
         operator_cpu_to_ready,
+        operator_cpu_steady,
         simulators_cpu: None,
         upstream_cpu: None,
         conversion_reviews: None,

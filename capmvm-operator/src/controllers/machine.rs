@@ -16,7 +16,7 @@ use capmvm_api::keys::{
 use capmvm_api::{HostEndpoint, MicrovmMachine};
 use capmvm_flintlock::{ErrorKind, HostConfig};
 use capmvm_reconcile::machine::{
-    CallOutcome, HostCallFailure, after_direct_get, cluster_name, concerns, foreign_claim,
+    CallOutcome, HostCallFailure, MachineVms, after_direct_get, cluster_name, foreign_claim,
     instance_pool, judge_host_error, may_create, provider_id, recorded_host, wants_bootstrap_data,
     wants_direct_get, wants_evacuation_group, wants_fresh_lookup, wants_pool_facts,
 };
@@ -336,6 +336,7 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
     }
     let uid = provider_id(machine).map(|p| p.uid).unwrap_or_default();
     let snapshot = ctx.hosts.snapshot(config).unwrap_or_default();
+    let mine = MachineVms::of(machine);
     let vms: Vec<ObservedVm> = match &snapshot.reachability {
         capmvm_reconcile::Reachability::Unreachable(why)
         | capmvm_reconcile::Reachability::Refused(why) => {
@@ -345,7 +346,7 @@ async fn lookup(ctx: &Ctx, machine: &MicrovmMachine, config: &HostConfig) -> Hos
         capmvm_reconcile::Reachability::Reachable => snapshot
             .vms
             .iter()
-            .filter(|hv| concerns(machine, &hv.vm))
+            .filter(|hv| mine.contains(&hv.vm))
             .map(|hv| hv.vm.clone())
             .collect(),
     };

@@ -57,9 +57,14 @@ impl Report {
         }
     }
 
-    /// The operator's peak RSS target in MiB: 64 up to 1 000 machines, 128 beyond (issue 15).
+    /// The operator's peak RSS target in MiB: 64 up to 1 000 machines, 128 up to 10 000 (issue 15),
+    /// then about 10 KiB per machine (issue 37: 300 MiB at 30 000).
     pub fn rss_target_mib(&self) -> u64 {
-        if self.args.machines <= 1000 { 64 } else { 128 }
+        match self.args.machines as u64 {
+            m if m <= 1000 => 64,
+            m if m <= 10_000 => 128,
+            m => m.div_ceil(100),
+        }
     }
 
     /// ListMicroVMs calls per machine until ready (the observers' lists and the fresh lookups).
@@ -292,6 +297,13 @@ impl Report {
                     } else {
                         String::new()
                     }
+                ));
+            }
+            if let Some(steady) = self.operator_cpu_steady {
+                let per_second = steady * 1000.0 / self.steady.as_secs_f64().max(f64::EPSILON);
+                line(format!(
+                    "| operator CPU in the steady state (polls and watches, nothing to do) | {per_second:.2} ms/s ({:.2} ms/s per host) | |",
+                    per_second / a.hosts as f64
                 ));
             }
             line(format!(
