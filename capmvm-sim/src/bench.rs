@@ -109,8 +109,9 @@ pub struct Report {
     /// The operator's CPU seconds from the clock's start to every machine ready: what the machines
     /// cost it, without its start, the control plane's wait on the real stack and the steady window.
     pub operator_cpu_to_ready: Option<f64>,
-    /// The operator's CPU seconds over the steady-state window: what it costs with nothing to do
-    /// but poll its hosts and hold its watches, the fixed cost under every run's per-machine figure.
+    /// The operator's CPU seconds over the steady-state window (from the Nodes' registration, all
+    /// machines ready): its polls and watches, and what CAPI still writes then; counted in the
+    /// kernel's 10 ms ticks, so a short window of an idle operator is coarse.
     pub operator_cpu_steady: Option<f64>,
     /// The bench process's own CPU seconds over the same run (its children excluded): the
     /// simulators the operator talks to (emulator, CAPI stand-in, hollow hosts, hollow kubelets;

@@ -57,13 +57,12 @@ impl Report {
         }
     }
 
-    /// The operator's peak RSS target in MiB: 64 up to 1 000 machines, 128 up to 10 000 (issue 15),
-    /// then about 10 KiB per machine (issue 37: 300 MiB at 30 000).
+    /// The operator's peak RSS target in MiB: 64 up to 1 000 machines; beyond, 128 (issue 15) or
+    /// about 10 KiB per machine where that is more (issue 37: 300 MiB at 30 000).
     pub fn rss_target_mib(&self) -> u64 {
         match self.args.machines as u64 {
             m if m <= 1000 => 64,
-            m if m <= 10_000 => 128,
-            m => m.div_ceil(100),
+            m => m.div_ceil(100).max(128),
         }
     }
 
@@ -302,7 +301,7 @@ impl Report {
             if let Some(steady) = self.operator_cpu_steady {
                 let per_second = steady * 1000.0 / self.steady.as_secs_f64().max(f64::EPSILON);
                 line(format!(
-                    "| operator CPU in the steady state (polls and watches, nothing to do) | {per_second:.2} ms/s ({:.2} ms/s per host) | |",
+                    "| operator CPU in the steady window (all machines ready: polls, watches, CAPI's last writes) | {per_second:.2} ms/s ({:.2} ms/s per host) | |",
                     per_second / a.hosts as f64
                 ));
             }

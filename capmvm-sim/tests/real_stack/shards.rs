@@ -5,11 +5,14 @@ use super::*;
 use capmvm_api::keys::WATCH_FILTER_LABEL;
 
 /// Two operators, `--watch-filter=shard-a` and `=shard-b`, each with its own Lease, and two clusters
-/// labelled one for each, on disjoint hosts, on real Cluster API: the label reaches every Machine and
-/// MicrovmMachine through real core's MachineSet and KubeadmControlPlane; each shard's watches ask
-/// the API server for its label only; each cluster becomes ready with one microVM per machine on its
-/// own hosts; every write a shard makes is to its own cluster's namespace (or its own Lease); and a
-/// cluster deleted is cleaned up by its shard while the other's machines stay untouched.
+/// labelled one for each, on disjoint hosts (each MicrovmCluster names its shard's two of four), on
+/// real Cluster API: the label reaches the workers' Machines and MicrovmMachines through real core's
+/// MachineSet (the control plane's through the stack's KubeadmControlPlane stand-in, which copies
+/// `machineTemplate.metadata.labels` as real KCP does); every list and watch of a shard but the
+/// Secrets' (unfiltered by design, metadata only) asks the API server for its label; each cluster
+/// becomes ready with one microVM per machine; every write a shard makes is to its own cluster's
+/// namespace (or its own Lease); and a cluster deleted is cleaned up by its shard, finalizers
+/// released, while the other's microVMs stay untouched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -101,7 +104,7 @@ async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() 
             .await
             .unwrap();
         assert!(
-            holder.starts_with(shard),
+            holder.starts_with(&format!("{shard}_")),
             "lease capmvm-{shard} held by {holder:?}"
         );
     }
@@ -116,6 +119,22 @@ async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() 
         .await
         .unwrap();
     wait_no_vms_in(&real, "team-a").await;
+    wait_for("team-a's cluster objects gone", WAIT, POLL, || async {
+        let left = real
+            .kubectl
+            .run(&[
+                "get",
+                "clusters.cluster.x-k8s.io,microvmclusters,microvmmachines",
+                "-n",
+                "team-a",
+                "-o",
+                "name",
+            ])
+            .await?;
+        Ok(left.trim().is_empty().then_some(()))
+    })
+    .await
+    .unwrap();
     let beta_after: Vec<_> = live_vms(&real)
         .into_iter()
         .filter(|(_, _, id)| id.starts_with("team-b/"))
@@ -130,16 +149,28 @@ async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() 
             .iter()
             .filter(|e| e.user_agent.ends_with(&agent))
             .collect();
-        let watch_of_machines = mine
+        let selector = format!("labelSelector=cluster.x-k8s.io%2Fwatch-filter%3D{shard}");
+        let reads_of_many: Vec<_> = mine
             .iter()
-            .find(|e| e.verb == "watch" && e.request_uri.contains("/microvmmachines"))
-            .unwrap_or_else(|| panic!("{shard} watches MicrovmMachines"));
+            .filter(|e| matches!(e.verb.as_str(), "list" | "watch"))
+            .filter_map(|e| Some((e.object_ref.as_ref()?.resource.as_str(), e)))
+            .filter(|(resource, _)| *resource != "secrets")
+            .collect();
+        let watched: BTreeSet<&str> = reads_of_many.iter().map(|(r, _)| *r).collect();
+        for kind in ["clusters", "machines", "microvmclusters", "microvmmachines"] {
+            assert!(
+                watched.contains(kind),
+                "{shard} watches {kind}: {watched:?}"
+            );
+        }
+        let unfiltered: Vec<_> = reads_of_many
+            .iter()
+            .filter(|(_, e)| !e.request_uri.contains(&selector))
+            .map(|(_, e)| format!("{} {}", e.verb, e.request_uri))
+            .collect();
         assert!(
-            watch_of_machines.request_uri.contains(&format!(
-                "labelSelector=cluster.x-k8s.io%2Fwatch-filter%3D{shard}"
-            )),
-            "{shard} asks for its label only: {}",
-            watch_of_machines.request_uri
+            unfiltered.is_empty(),
+            "{shard} asks for its label only: {unfiltered:?}"
         );
         let writes: Vec<_> = mine.iter().filter(|e| e.is_write()).collect();
         assert!(
