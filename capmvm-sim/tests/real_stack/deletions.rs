@@ -56,26 +56,9 @@ async fn namespace_and_infra_cluster_first_deletions_leave_no_microvm() {
     })
     .await
     .unwrap();
-    let left = wait_for("team-b's cluster objects gone", WAIT, POLL, || async {
-        let left = real
-            .kubectl
-            .run(&[
-                "get",
-                "clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,microvmmachines,microvmclusters",
-                "-n",
-                "team-b",
-                "-o",
-                "name",
-            ])
-            .await?;
-        Ok(left.trim().is_empty().then_some(()))
-    })
-    .await;
-    if let Err(e) = left {
+    if let Err(e) = wait_cluster_objects_gone(&real, "team-b").await {
         real.keep_dir();
-        let dump = real
-            .kubectl
-            .run(&["get", "clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,microvmmachines,microvmclusters", "-n", "team-b", "-o", "yaml"])
+        let dump = cluster_objects(&real, "team-b", "yaml")
             .await
             .unwrap_or_default();
         panic!("{e}; left (logs in {}):\n{dump}", real.dir.display());

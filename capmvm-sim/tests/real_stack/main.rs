@@ -124,3 +124,29 @@ async fn machines_in(real: &RealStack, ns: &str) -> Vec<Machine> {
         .unwrap()
         .items
 }
+
+/// The kinds a cluster's deletion must leave none of in its namespace.
+const CLUSTER_KINDS: &str =
+    "clusters.cluster.x-k8s.io,machines.cluster.x-k8s.io,microvmmachines,microvmclusters";
+
+/// `kubectl get` of [`CLUSTER_KINDS`] in `ns`, as `output` (`name`, `yaml`).
+async fn cluster_objects(real: &RealStack, ns: &str, output: &str) -> anyhow::Result<String> {
+    Ok(real
+        .kubectl
+        .run(&["get", CLUSTER_KINDS, "-n", ns, "-o", output])
+        .await?)
+}
+
+/// Waits until `ns` holds none of [`CLUSTER_KINDS`]: every finalizer released.
+async fn wait_cluster_objects_gone(real: &RealStack, ns: &str) -> anyhow::Result<()> {
+    wait_for(
+        &format!("{ns}'s cluster objects gone"),
+        WAIT,
+        POLL,
+        || async {
+            let left = cluster_objects(real, ns, "name").await?;
+            Ok(left.trim().is_empty().then_some(()))
+        },
+    )
+    .await
+}

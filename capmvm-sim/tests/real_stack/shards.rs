@@ -67,10 +67,7 @@ async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() 
             );
         }
         // One microVM per machine, each on one of its shard's hosts.
-        let vms: Vec<_> = live_vms(&real)
-            .into_iter()
-            .filter(|(_, _, id)| id.starts_with(&format!("{ns}/")))
-            .collect();
+        let vms = live_vms_in(&real, ns);
         assert_eq!(vms.len(), 3, "{ns}'s microVMs: {vms:?}");
         for (host, _, id) in &vms {
             assert!(
@@ -110,35 +107,14 @@ async fn operators_sharded_by_watch_filter_each_reconcile_only_their_clusters() 
     }
 
     // The cluster of shard-a deleted: shard-a removes its microVMs; shard-b's stay as they were.
-    let beta_before: Vec<_> = live_vms(&real)
-        .into_iter()
-        .filter(|(_, _, id)| id.starts_with("team-b/"))
-        .collect();
+    let beta_before = live_vms_in(&real, "team-b");
     real.kubectl
         .run(&["delete", "cluster", "alpha", "-n", "team-a", "--wait=false"])
         .await
         .unwrap();
     wait_no_vms_in(&real, "team-a").await;
-    wait_for("team-a's cluster objects gone", WAIT, POLL, || async {
-        let left = real
-            .kubectl
-            .run(&[
-                "get",
-                "clusters.cluster.x-k8s.io,microvmclusters,microvmmachines",
-                "-n",
-                "team-a",
-                "-o",
-                "name",
-            ])
-            .await?;
-        Ok(left.trim().is_empty().then_some(()))
-    })
-    .await
-    .unwrap();
-    let beta_after: Vec<_> = live_vms(&real)
-        .into_iter()
-        .filter(|(_, _, id)| id.starts_with("team-b/"))
-        .collect();
+    wait_cluster_objects_gone(&real, "team-a").await.unwrap();
+    let beta_after = live_vms_in(&real, "team-b");
     assert_eq!(beta_before, beta_after, "shard-b's microVMs untouched");
 
     // What each shard asked the API server for and wrote, from its audit log entries.
@@ -237,4 +213,13 @@ fn label_for_shard(objects: &mut [DynamicObject], shard: &str, hosts: &[String])
             template["metadata"]["labels"][WATCH_FILTER_LABEL] = json!(shard);
         }
     }
+}
+
+/// The live microVMs of namespace `ns`: (host, uid, namespace/name).
+fn live_vms_in(real: &RealStack, ns: &str) -> Vec<(String, String, String)> {
+    let prefix = format!("{ns}/");
+    live_vms(real)
+        .into_iter()
+        .filter(|(_, _, id)| id.starts_with(&prefix))
+        .collect()
 }
