@@ -10,7 +10,6 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-#[tokio::main]
-async fn main() -> anyhow::Result<()> {
-    capmvm_operator::main_with(Flags::parse()).await
+fn main() -> anyhow::Result<()> {
+    capmvm_operator::main_blocking(Flags::parse())
 }

@@ -22,7 +22,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use crate::bench_provider::BenchProvider;
 use crate::real::RealStack;
 use crate::stack::{RequestCounts, Stack};
-use crate::world::{World, WorldOptions};
+use crate::world::{HostAuth, World, WorldOptions};
 
 mod report;
 pub(crate) use report::{mark, verdict};
@@ -81,6 +81,44 @@ pub struct BenchArgs {
     /// (kubernetes/kubernetes#129979).
     #[arg(long)]
     pub v1alpha1_unserved: bool,
+    /// How the hosts authenticate the operator: `none` (plaintext), `token` (a basic-auth token)
+    /// or `mtls` (TLS with client certificates, and a token), with the MicrovmCluster's Secrets
+    /// as a user writes them.
+    #[arg(long, value_enum, default_value_t = BenchHostAuth::None)]
+    pub host_auth: BenchHostAuth,
+}
+
+/// `bench --host-auth`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchHostAuth {
+    /// Plaintext, no token.
+    #[default]
+    None,
+    /// A basic-auth token over plaintext.
+    Token,
+    /// mTLS and a basic-auth token.
+    Mtls,
+}
+
+impl BenchHostAuth {
+    /// The hosts' side of it (the token is the bench's own).
+    fn host_auth(self) -> HostAuth {
+        const TOKEN: &str = "bench-token";
+        match self {
+            BenchHostAuth::None => HostAuth::None,
+            BenchHostAuth::Token => HostAuth::Token(TOKEN.to_string()),
+            BenchHostAuth::Mtls => HostAuth::MtlsAndToken(TOKEN.to_string()),
+        }
+    }
+
+    /// How the report's title names it (nothing for plaintext).
+    pub(crate) fn describe(self) -> &'static str {
+        match self {
+            BenchHostAuth::None => "",
+            BenchHostAuth::Token => ", hosts with a basic-auth token",
+            BenchHostAuth::Mtls => ", hosts with mTLS and a token",
+        }
+    }
 }
 
 /// What a run measured.
@@ -169,6 +207,7 @@ pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldO
         .history_limit(50_000)
         .watch_buffer(20_000)
         .managed_fields(!args.without_managed_fields);
+    options.auth = args.host_auth.host_auth();
     options.keep_dir = std::env::var("CAPMVM_BENCH_LOG").is_ok();
     // CAPMVM_BENCH_OPERATOR_WRAPPER=heaptrack (or `perf record ...`) runs the operator under a
     // profiler: the wrapper is given the operator's command line.
@@ -183,6 +222,21 @@ pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldO
         }
     }
     options
+}
+
+/// Points the MicrovmCluster at the credentials Secrets `(basicAuthSecret, tlsSecretRef)`, as a
+/// user does.
+fn use_credentials(objects: &mut [DynamicObject], (token, tls): &(Option<String>, Option<String>)) {
+    for o in objects.iter_mut() {
+        if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
+            if let Some(token) = token {
+                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = token.clone().into();
+            }
+            if let Some(tls) = tls {
+                o.data["spec"]["tlsSecretRef"] = tls.clone().into();
+            }
+        }
+    }
 }
 
 /// Runs one measurement.
@@ -318,6 +372,10 @@ async fn measure<S: Stack + Sync>(
             .filter(|m| provider.is_ready(m))
             .count()
     };
+    if args.host_auth != BenchHostAuth::None && provider == BenchProvider::Go {
+        bail!("--host-auth is for our provider: the Go provider's credentials are not wired here");
+    }
+    let credentials = crate::stack::create_credentials(stack, "default", "demo").await?;
     let mut expected = args.machines;
     let (api_before, all_before, started) = match start {
         Start::Apply => {
@@ -333,7 +391,7 @@ async fn measure<S: Stack + Sync>(
                     ("CONTROL_PLANE_MACHINE_COUNT", "0".to_string()),
                     ("WORKER_MACHINE_COUNT", args.machines.to_string()),
                 ],
-                |_| {},
+                |objects| use_credentials(objects, &credentials),
             )
             .await?;
             (api_before, all_before, started)
@@ -348,7 +406,10 @@ async fn measure<S: Stack + Sync>(
                     ("CONTROL_PLANE_MACHINE_COUNT", "1".to_string()),
                     ("WORKER_MACHINE_COUNT", "0".to_string()),
                 ],
-                |objects| rewritten = provider.rewrite(objects),
+                |objects| {
+                    use_credentials(objects, &credentials);
+                    rewritten = provider.rewrite(objects);
+                },
             )
             .await?;
             rewritten?;

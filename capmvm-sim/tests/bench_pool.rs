@@ -19,6 +19,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         provider: capmvm_sim::bench_provider::BenchProvider::Capmvm,
         without_managed_fields: false,
         v1alpha1_unserved: false,
+        host_auth: capmvm_sim::bench::BenchHostAuth::None,
     };
     let plan = PoolPlan {
         peak: 6,

@@ -28,6 +28,7 @@ fn args(provider: BenchProvider) -> BenchArgs {
         provider,
         without_managed_fields: false,
         v1alpha1_unserved: false,
+        host_auth: capmvm_sim::bench::BenchHostAuth::None,
     }
 }
 

@@ -13,7 +13,8 @@
 //! - [`tools`]: the pinned kubectl and clusterctl;
 //! - [`Flintlockd`]: flintlock's flintlockd on loopback, on a containerd of its own ([`flintlock`]);
 //! - [`autoscaler`]: cluster-autoscaler with its Cluster API provider;
-//! - [`link`]: a loopback TCP link that can be cut, for partitions between processes.
+//! - [`link`]: a loopback TCP link that can be cut, for partitions between processes;
+//! - [`ScratchDir`]: their working directories, removed on every way out.
 //!
 //! It depends on no capmvm crate, so the API emulator's contract suite can run against it as well.
 
@@ -29,6 +30,7 @@ pub mod kubeapi;
 pub mod link;
 pub mod pki;
 pub mod process;
+pub mod scratch;
 pub mod skip;
 pub mod tools;
 
@@ -39,6 +41,7 @@ pub use controllers::ControlPlaneComponent;
 pub use etcd::Etcd;
 pub use flintlock::{Containerd, Flintlockd, FlintlockdOptions};
 pub use kubeapi::{ApiServerOptions, KubeApiServer};
+pub use scratch::ScratchDir;
 
 use std::path::PathBuf;
 

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use capmvm_kube_emulator::{Emulator, EmulatorHandle, EmulatorOptions};
 use capmvm_upstream::tools::Kubectl;
-use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
+use capmvm_upstream::{
+    ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer, ScratchDir,
+};
 use k8s_openapi::api::core::v1::Namespace;
 use kube::Client;
 use kube::api::Api;
@@ -74,13 +76,8 @@ struct Real {
     api: KubeApiServer,
     etcd: Etcd,
     binaries: Binaries,
-    dir: PathBuf,
-}
-
-impl Drop for Real {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+    /// Last: removed once the processes writing into it are gone.
+    _dir: ScratchDir,
 }
 
 impl Server {
@@ -104,14 +101,12 @@ impl Server {
     /// skipped) when the upstream binaries are not built, outside CI.
     pub async fn real(test: &str) -> Option<Server> {
         let binaries = Binaries::for_test(test, &["etcd", "kube-apiserver"])?;
-        let dir = std::env::temp_dir().join(format!(
-            "capmvm-contract-{}-{test}-{}",
-            std::process::id(),
-            unique()
-        ));
-        std::fs::create_dir_all(&dir).expect("test directory");
-        let etcd = Etcd::start(&binaries, &dir).await.expect("etcd starts");
-        let mut options = ApiServerOptions::new("contract", &dir, &etcd.url());
+        // Removed even when a start below fails.
+        let scratch =
+            ScratchDir::create(&format!("capmvm-contract-{test}")).expect("test directory");
+        let dir = scratch.path();
+        let etcd = Etcd::start(&binaries, dir).await.expect("etcd starts");
+        let mut options = ApiServerOptions::new("contract", dir, &etcd.url());
         options.audit = false;
         let api = KubeApiServer::start(&binaries, options)
             .await
@@ -139,7 +134,7 @@ impl Server {
                 api,
                 etcd,
                 binaries,
-                dir,
+                _dir: scratch,
             })),
         })
     }

@@ -207,10 +207,11 @@ impl Report {
         };
         let real = a.control_plane == crate::demo::ControlPlane::Real;
         line(format!(
-            "### {}: {} machines on {} hosts (provision {} ms, host poll {} s){}\n",
+            "### {}: {} machines on {} hosts{} (provision {} ms, host poll {} s){}\n",
             a.provider.describe(),
             a.machines,
             a.hosts,
+            a.host_auth.describe(),
             a.provision_ms,
             a.poll_secs,
             if real {

@@ -28,7 +28,9 @@ use capmvm_flintlock::hollow::{HollowHandle, VmSnapshot};
 use capmvm_upstream::audit::{AuditLog, service_account_user};
 use capmvm_upstream::capi::{Capi, CapiOptions, Provider, StoppedManager};
 use capmvm_upstream::tools::{Clusterctl, Kubectl};
-use capmvm_upstream::{ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer};
+use capmvm_upstream::{
+    ApiServerOptions, Binaries, ControlPlaneComponent, Etcd, KubeApiServer, ScratchDir,
+};
 use kube::api::{ApiResource, DynamicObject};
 
 use crate::capi::kubelet::{KubeletControl, KubeletOptions, Kubelets};
@@ -95,6 +97,8 @@ pub struct RealStack {
     autoscaler: Option<autoscaler::Autoscaler>,
     go_provider: Option<go_provider::GoProvider>,
     options: WorldOptions,
+    /// `dir` itself: the last field, so it is removed after every process writing into it stopped.
+    scratch: ScratchDir,
 }
 
 impl RealStack {
@@ -172,12 +176,12 @@ impl RealStack {
                 binaries.dir().display()
             );
         }
-        let dir = std::env::temp_dir().join(format!(
-            "capmvm-real-{}-{}",
-            std::process::id(),
-            k8s_openapi::jiff::Timestamp::now().as_nanosecond()
-        ));
-        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        // Removed on every way out, a failed start included, unless kept (`keep_dir`).
+        let mut scratch = ScratchDir::create("capmvm-real")?;
+        if options.keep_dir {
+            scratch.keep();
+        }
+        let dir = scratch.path().to_path_buf();
         let etcd = Etcd::start(&binaries, &dir)
             .await
             .context("starting etcd")?;
@@ -249,6 +253,7 @@ impl RealStack {
             autoscaler: None,
             go_provider: None,
             options,
+            scratch,
         };
         if ours {
             real.install_components().await?;
@@ -465,6 +470,7 @@ impl RealStack {
     /// Keeps the working directory (logs, certificates, kubeconfigs) after shutdown.
     pub fn keep_dir(&mut self) {
         self.options.keep_dir = true;
+        self.scratch.keep();
     }
 
     /// Stops everything, in the reverse order of starting; keeps the directory if asked to.
@@ -495,9 +501,7 @@ impl RealStack {
         for h in std::mem::take(&mut self.hosts) {
             h.shutdown().await;
         }
-        if !self.options.keep_dir {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        }
+        // `scratch` goes with `self`.
     }
 }
 

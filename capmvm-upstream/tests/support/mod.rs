@@ -2,20 +2,22 @@
 
 use std::path::PathBuf;
 
-use capmvm_upstream::{ApiServerOptions, Binaries, Etcd, KubeApiServer};
+use capmvm_upstream::{ApiServerOptions, Binaries, Etcd, KubeApiServer, ScratchDir};
 
 /// A management API server on its etcd, in `dir`.
 pub(crate) struct Management {
     pub(crate) dir: PathBuf,
     pub(crate) etcd: Etcd,
     pub(crate) server: KubeApiServer,
+    /// `dir`, removed last, on every way out (a failed assertion included).
+    _scratch: ScratchDir,
 }
 
 impl Management {
     /// Starts etcd and kube-apiserver in a fresh directory named after `test`.
     pub(crate) async fn start(binaries: &Binaries, test: &str) -> Management {
-        let dir =
-            std::env::temp_dir().join(format!("capmvm-upstream-{test}-{}", std::process::id()));
+        let scratch = ScratchDir::create(&format!("capmvm-upstream-{test}")).unwrap();
+        let dir = scratch.path().to_path_buf();
         let etcd = Etcd::start(binaries, &dir).await.unwrap();
         let server = KubeApiServer::start(
             binaries,
@@ -23,13 +25,17 @@ impl Management {
         )
         .await
         .unwrap();
-        Management { dir, etcd, server }
+        Management {
+            dir,
+            etcd,
+            server,
+            _scratch: scratch,
+        }
     }
 
     /// Stops both and removes the directory.
     pub(crate) async fn stop(self) {
         self.server.stop().await;
         self.etcd.stop().await;
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
