@@ -108,12 +108,6 @@ pub struct Flags {
     #[arg(long, default_value = ":9440")]
     pub health_addr: String,
 
-    /// Threads running the controllers, watches and host polls (0: one per CPU, tokio's default).
-    /// The operator waits on the network almost all the time: on a busy node, fewer threads spend
-    /// less CPU handing work between them.
-    #[arg(long, default_value_t = 0, env = "CAPMVM_WORKER_THREADS")]
-    pub worker_threads: usize,
-
     /// Log format.
     #[arg(long, value_enum, default_value_t = LogFormat::Json)]
     pub log_format: LogFormat,

@@ -63,16 +63,6 @@ pub fn replica_user_agent(pod_name: Option<&str>) -> String {
     }
 }
 
-/// [`main_with`] on a runtime of `--worker-threads` threads: what the binary (and `capmvm-sim
-/// operator`) runs after parsing its flags.
-pub fn main_blocking(flags: Flags) -> anyhow::Result<()> {
-    let mut runtime = tokio::runtime::Builder::new_multi_thread();
-    if flags.worker_threads > 0 {
-        runtime.worker_threads(flags.worker_threads);
-    }
-    runtime.enable_all().build()?.block_on(main_with(flags))
-}
-
 /// The whole binary after flag parsing: a subcommand, or logging, the client, and [`run`] until SIGTERM
 /// or Ctrl-C.
 pub async fn main_with(flags: Flags) -> anyhow::Result<()> {

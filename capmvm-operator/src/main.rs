@@ -10,6 +10,7 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn main() -> anyhow::Result<()> {
-    capmvm_operator::main_blocking(Flags::parse())
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    capmvm_operator::main_with(Flags::parse()).await
 }

@@ -49,7 +49,10 @@ fn main() -> anyhow::Result<()> {
         Command::Autoscale(args) => capmvm_sim::autoscale::main(args)?,
         Command::Bench(args) => capmvm_sim::bench::main(args)?,
         Command::Soak(args) => capmvm_sim::soak::main(args)?,
-        Command::Operator(flags) => capmvm_operator::main_blocking(*flags)?,
+        Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(capmvm_operator::main_with(*flags))?,
     }
     Ok(())
 }
