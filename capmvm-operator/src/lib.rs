@@ -323,6 +323,25 @@ pub async fn run(
     readiness.set_ready();
     info!(namespace = %scope.namespace, watch_filter = %scope.watch_filter, "caches synced; starting controllers");
 
+    // Every object once per sync period, besides its changes (the templates' controller watches
+    // on its own, so it resyncs on a plain interval: they are few).
+    let resyncs = [
+        tokio::spawn(watch::resync(
+            stores.machines.clone(),
+            flags.sync_period,
+            triggers.machine.clone(),
+        )),
+        tokio::spawn(watch::resync(
+            stores.microvm_clusters.clone(),
+            flags.sync_period,
+            triggers.cluster.clone(),
+        )),
+        tokio::spawn(watch::resync(
+            stores.pools.clone(),
+            flags.sync_period,
+            triggers.pool.clone(),
+        )),
+    ];
     let machines = Controller::for_stream(futures::stream::empty(), stores.machines.clone())
         .with_config(ControllerConfig::default().concurrency(flags.microvmmachine_concurrency))
         .reconcile_on(UnboundedReceiverStream::new(machine_rx))
@@ -359,6 +378,13 @@ pub async fn run(
         scope.watcher_config(),
     )
     .with_config(ControllerConfig::default().concurrency(flags.microvmmachinetemplate_concurrency))
+    .reconcile_all_on(
+        tokio_stream::wrappers::IntervalStream::new(tokio::time::interval_at(
+            tokio::time::Instant::now() + flags.sync_period,
+            flags.sync_period,
+        ))
+        .map(|_| ()),
+    )
     .graceful_shutdown_on(shutdown.clone())
     .run(
         controllers::template::reconcile,
@@ -391,7 +417,12 @@ pub async fn run(
         () = reaper => Ok(()),
         () = lost => Err(anyhow::anyhow!("leadership lost")),
     };
-    for task in watch_tasks.iter().chain(servers.iter()).chain([&reporter]) {
+    for task in watch_tasks
+        .iter()
+        .chain(servers.iter())
+        .chain([&reporter])
+        .chain(resyncs.iter())
+    {
         task.abort();
     }
     if let Some(l) = leadership

@@ -99,10 +99,11 @@ where
     ctx.writes.record(&key, &reconciled.versions);
     let (action, label) = match reconciled.result {
         Ok(Outcome::Gone) => (Ok(Action::await_change()), ReconcileResult::Success),
-        Ok(Outcome::Requeue(Requeue::Await)) => (
-            Ok(Action::requeue(ctx.sync_period)),
-            ReconcileResult::Success,
-        ),
+        // No timer of its own: a change wakes it, and `watch::resync` at least once per
+        // `--sync-period`.
+        Ok(Outcome::Requeue(Requeue::Await)) => {
+            (Ok(Action::await_change()), ReconcileResult::Success)
+        }
         Ok(Outcome::Requeue(Requeue::Immediately)) => (
             Ok(Action::requeue(Duration::ZERO)),
             ReconcileResult::RequeueAfter,

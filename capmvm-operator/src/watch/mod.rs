@@ -15,7 +15,8 @@
 //!   Cluster and MicrovmCluster transitions → the cluster's pools.
 //!
 //! Status-only updates wake nobody: each cache keeps a fingerprint of the parts that matter and
-//! compares. Neither do versions of a MicrovmMachine that our own writes produced.
+//! compares. Neither do versions of a MicrovmMachine that our own writes produced. Besides changes,
+//! [`resync`] wakes every cached object once per `--sync-period`, a slice at a time.
 
 use std::hash::Hash;
 use std::sync::Arc;
@@ -42,10 +43,12 @@ mod fingerprint;
 mod lean;
 mod lookup;
 mod mappers;
+mod resync;
 mod trim;
 pub use answers::reporting_answers;
 pub use mappers::HostWake;
 use mappers::{Mapper, Route};
+pub use resync::resync;
 
 /// The watch caches reconciles read from.
 #[derive(Clone)]
