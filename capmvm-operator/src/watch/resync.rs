@@ -5,10 +5,16 @@
 //! object's timer held about 0.9 KiB in the controller's scheduler (8.8 MiB at 10 000
 //! MicrovmMachines, by a heap profile), and the slices spread the period's reconciles evenly
 //! rather than in a burst.
+//!
+//! An object younger than a period is left to its changes, as its own timer left it before: a
+//! resync in the middle of its first steps (waiting for bootstrap data, a microVM starting) would
+//! write the transient status those steps otherwise pass through unwritten (at 30 000 machines,
+//! 0.36 more status writes per machine when young objects were resynced too).
 
 use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
 use tokio::sync::mpsc::UnboundedSender;
@@ -51,10 +57,18 @@ where
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     for slice in (0..slices).cycle() {
         ticks.tick().await;
+        let grown_up = SignedDuration::try_from(period)
+            .ok()
+            .and_then(|p| Timestamp::now().checked_sub(p).ok());
         for obj in store.state() {
             let meta = obj.meta();
             let name = meta.name.as_deref().unwrap_or_default();
-            if slice_of(meta.namespace.as_deref(), name, slices) == slice
+            let young = match (&meta.creation_timestamp, grown_up) {
+                (Some(created), Some(grown_up)) => created.0 > grown_up,
+                _ => false,
+            };
+            if !young
+                && slice_of(meta.namespace.as_deref(), name, slices) == slice
                 && to.send(ObjectRef::from_obj(obj.as_ref())).is_err()
             {
                 return;
@@ -67,15 +81,18 @@ where
 mod tests {
     use super::*;
     use k8s_openapi::api::core::v1::ConfigMap;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
     use kube::api::ObjectMeta;
     use kube::runtime::reflector::store::Writer;
     use kube::runtime::watcher::Event;
 
-    fn object(name: &str) -> ConfigMap {
+    /// A ConfigMap created `age` ago.
+    fn object(name: &str, age: SignedDuration) -> ConfigMap {
         ConfigMap {
             metadata: ObjectMeta {
                 name: Some(name.into()),
                 namespace: Some("default".into()),
+                creation_timestamp: Some(Time(Timestamp::now() - age)),
                 ..ObjectMeta::default()
             },
             ..ConfigMap::default()
@@ -100,13 +117,18 @@ mod tests {
         assert!(counts.iter().all(|&c| (50..200).contains(&c)), "{counts:?}");
     }
 
-    /// Each object comes round once per period, and the loop ends when the controller is gone.
+    /// Each object a period old comes round once per period, a younger one not yet, and the loop
+    /// ends when the controller is gone.
     #[tokio::test(start_paused = true)]
     async fn every_object_is_sent_once_per_period() {
         let mut writer = Writer::<ConfigMap>::default();
+        let old = SignedDuration::from_hours(1);
         for i in 0..20 {
-            writer.apply_watcher_event(&Event::Apply(object(&format!("m-{i}"))));
+            writer.apply_watcher_event(&Event::Apply(object(&format!("m-{i}"), old)));
         }
+        // Created a moment ago: left to its own changes for its first period.
+        let young = SignedDuration::from_secs(1);
+        writer.apply_watcher_event(&Event::Apply(object("young", young)));
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
         let task = tokio::spawn(resync(writer.as_reader(), Duration::from_secs(10), tx));
         tokio::time::sleep(Duration::from_millis(900)).await;
@@ -120,7 +142,10 @@ mod tests {
         sent.sort();
         let mut all: Vec<String> = (0..20).map(|i| format!("m-{i}")).collect();
         all.sort();
-        assert_eq!(sent, all, "every object exactly once in the first period");
+        assert_eq!(
+            sent, all,
+            "every object a period old exactly once, the young one not"
+        );
         drop(rx);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(task.is_finished(), "the loop ends once nobody listens");
