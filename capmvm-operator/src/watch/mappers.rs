@@ -88,7 +88,7 @@ impl Mapper for MicrovmMachines {
             }
         }
         let changed = self.seen.changed(m, fingerprint(m, &m.spec));
-        let own = route.own_writes.is_own(
+        let own = route.own_writes.seen_by_cache(
             &crate::memory::key(m),
             &m.resource_version().unwrap_or_default(),
         );
