@@ -33,17 +33,32 @@ pub struct OwnWrites(Mutex<OwnWriteLog>);
 
 #[derive(Default)]
 struct OwnWriteLog {
-    by_key: HashMap<String, (Instant, Vec<String>)>,
+    by_key: HashMap<String, OwnWrite>,
     /// When expired records were last dropped: at most once per [`OWN_WRITES_PRUNE`], since a scan
     /// of every record on every write made M writes cost O(M²).
     pruned_at: Option<Instant>,
 }
 
-/// How long a record is kept (objects deleted meanwhile must not be remembered forever).
+/// One object's record: when it was written, the versions, and when the cache first showed the
+/// last of them.
+struct OwnWrite {
+    at: Instant,
+    versions: Vec<String>,
+    caught_up: Option<Instant>,
+}
+
+/// How long a record is kept while the cache has not shown its last version (objects deleted
+/// meanwhile must not be remembered forever).
 const OWN_WRITES_TTL: Duration = Duration::from_secs(600);
 
-/// How often expired records are dropped (they live up to TTL + this).
-const OWN_WRITES_PRUNE: Duration = Duration::from_secs(60);
+/// How long a record is kept once the cache showed its last version: a reconcile that read the
+/// object just before may still ask whether its version is stale. Kept until the TTL instead, every
+/// object written in the last ten minutes held one (about 7 MiB at 30 000 machines); dropped at
+/// once, such reconciles went on to write and met a 409 (33 in 1 000 machines).
+const OWN_WRITES_CAUGHT_UP_KEEP: Duration = Duration::from_secs(10);
+
+/// How often expired records are dropped (they live up to their limit + this).
+const OWN_WRITES_PRUNE: Duration = Duration::from_secs(10);
 
 impl OwnWrites {
     /// Records that a reconcile took `key` through `versions` (the one read first, then ours).
@@ -57,11 +72,20 @@ impl OwnWrites {
                 .pruned_at
                 .is_none_or(|at| now.duration_since(at) >= OWN_WRITES_PRUNE)
             {
-                log.by_key
-                    .retain(|_, (at, _)| now.duration_since(*at) < OWN_WRITES_TTL);
+                log.by_key.retain(|_, w| match w.caught_up {
+                    Some(at) => now.duration_since(at) < OWN_WRITES_CAUGHT_UP_KEEP,
+                    None => now.duration_since(w.at) < OWN_WRITES_TTL,
+                });
                 log.pruned_at = Some(now);
             }
-            log.by_key.insert(key.to_string(), (now, versions.to_vec()));
+            log.by_key.insert(
+                key.to_string(),
+                OwnWrite {
+                    at: now,
+                    versions: versions.to_vec(),
+                    caught_up: None,
+                },
+            );
         }
     }
 
@@ -71,29 +95,36 @@ impl OwnWrites {
     /// for a cache update that never comes (seen on the real kube-apiserver: a pool stuck mid-roll).
     pub fn is_stale(&self, key: &str, version: &str) -> bool {
         self.0.lock().is_ok_and(|log| {
-            log.by_key.get(key).is_some_and(|(_, v)| {
-                v.last().is_some_and(|last| last != version)
-                    && v[..v.len() - 1].iter().any(|x| x == version)
-            })
+            log.by_key
+                .get(key)
+                .is_some_and(|OwnWrite { versions: v, .. }| {
+                    v.last().is_some_and(|last| last != version)
+                        && v[..v.len() - 1].iter().any(|x| x == version)
+                })
         })
     }
 
     /// The watch cache received `version` of `key`: whether one of our own writes produced it.
     /// Once that is the last version our writes produced, the cache has caught up (a watch never
-    /// goes back) and the record is dropped: kept until its TTL instead, every object written in
-    /// the last ten minutes held one (about 9 MiB at 30 000 machines).
+    /// goes back), and the record goes [`OWN_WRITES_CAUGHT_UP_KEEP`] later.
     pub fn seen_by_cache(&self, key: &str, version: &str) -> bool {
         let Ok(mut log) = self.0.lock() else {
             return false;
         };
-        let Some((_, versions)) = log.by_key.get(key) else {
+        let Some(write) = log.by_key.get_mut(key) else {
             return false;
         };
-        let own = versions[1..].iter().any(|x| x == version);
-        if versions.last().is_some_and(|last| last == version) {
-            log.by_key.remove(key);
+        let own = write.versions[1..].iter().any(|x| x == version);
+        if write.caught_up.is_none() && write.versions.last().is_some_and(|last| last == version) {
+            write.caught_up = Some(Instant::now());
         }
         own
+    }
+
+    /// How many objects' writes are remembered.
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        self.0.lock().map_or(0, |log| log.by_key.len())
     }
 }
 
@@ -278,8 +309,8 @@ mod tests {
         );
         assert!(w.seen_by_cache("ns/a", "9"));
         assert!(
-            !w.is_stale("ns/a", "5") && !w.seen_by_cache("ns/a", "9"),
-            "the cache caught up with our last write: the record is gone"
+            w.is_stale("ns/a", "5"),
+            "a reconcile that read the old version just before still learns it is stale"
         );
         assert!(
             !w.seen_by_cache("ns/a", "11") && !w.is_stale("ns/a", "11"),
@@ -300,6 +331,32 @@ mod tests {
             !w.is_stale("ns/c", "3") && !w.seen_by_cache("ns/c", "3"),
             "no write, nothing recorded"
         );
+    }
+
+    /// A record goes soon after the cache showed our last write; one the cache never caught up
+    /// with stays until its TTL.
+    #[test]
+    fn own_writes_are_forgotten_soon_after_the_cache_caught_up() {
+        let w = OwnWrites::default();
+        w.record("ns/seen", &["1".into(), "2".into()]);
+        w.record("ns/unseen", &["1".into(), "2".into()]);
+        assert!(w.seen_by_cache("ns/seen", "2"));
+        if let Ok(mut log) = w.0.lock() {
+            // As if the last prune and the cache's catching up were that long ago.
+            let now = Instant::now();
+            log.pruned_at = now.checked_sub(OWN_WRITES_PRUNE);
+            if let Some(seen) = log.by_key.get_mut("ns/seen") {
+                seen.caught_up = now.checked_sub(OWN_WRITES_CAUGHT_UP_KEEP);
+            }
+        }
+        w.record("ns/other", &["1".into(), "2".into()]);
+        assert_eq!(
+            w.remembered(),
+            2,
+            "ns/seen forgotten, ns/unseen and ns/other kept"
+        );
+        assert!(!w.is_stale("ns/seen", "1"));
+        assert!(w.is_stale("ns/unseen", "1"));
     }
 
     #[test]
