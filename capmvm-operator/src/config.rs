@@ -63,9 +63,9 @@ pub struct Flags {
     #[arg(long, default_value_t = 10)]
     pub microvmmachinepool_concurrency: u16,
 
-    /// Reconcile every object at least this often, even without a change (once it is this old:
-    /// a younger object is reconciled on its changes). One timer serves all objects, a slice of
-    /// them at a time.
+    /// Reconcile every object at least this often, even without a change (past its first two
+    /// minutes, or this period if shorter: a new object is reconciled on its changes). One timer
+    /// serves all objects, a slice of them at a time.
     #[arg(long, default_value = "10m", value_parser = parse_positive_duration)]
     pub sync_period: Duration,
 

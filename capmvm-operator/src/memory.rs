@@ -104,10 +104,12 @@ impl OwnWrites {
         })
     }
 
-    /// The watch cache received `version` of `key`: whether one of our own writes produced it.
-    /// Once that is the last version our writes produced, the cache has caught up (a watch never
-    /// goes back), and the record goes [`OWN_WRITES_CAUGHT_UP_KEEP`] later.
-    pub fn seen_by_cache(&self, key: &str, version: &str) -> bool {
+    /// Notes that the watch cache received `version` of `key`, and answers whether one of our own
+    /// writes produced it. Once that is the last version our writes produced, the cache has caught
+    /// up (a watch never goes back), and the record goes [`OWN_WRITES_CAUGHT_UP_KEEP`] later. Only
+    /// the MicrovmMachine watch notes (the other kinds' records are few and keep their TTL), and a
+    /// record written after its event arrived keeps its TTL too.
+    pub fn note_cached(&self, key: &str, version: &str) -> bool {
         let Ok(mut log) = self.0.lock() else {
             return false;
         };
@@ -299,21 +301,21 @@ mod tests {
             "the version our last write gave is current"
         );
         assert!(
-            !w.seen_by_cache("ns/a", "5"),
+            !w.note_cached("ns/a", "5"),
             "the version read was someone else's"
         );
-        assert!(w.seen_by_cache("ns/a", "7"));
+        assert!(w.note_cached("ns/a", "7"));
         assert!(
             w.is_stale("ns/a", "7"),
             "7 is not the last: still remembered"
         );
-        assert!(w.seen_by_cache("ns/a", "9"));
+        assert!(w.note_cached("ns/a", "9"));
         assert!(
             w.is_stale("ns/a", "5"),
             "a reconcile that read the old version just before still learns it is stale"
         );
         assert!(
-            !w.seen_by_cache("ns/a", "11") && !w.is_stale("ns/a", "11"),
+            !w.note_cached("ns/a", "11") && !w.is_stale("ns/a", "11"),
             "a later foreign write"
         );
         assert!(!w.is_stale("ns/b", "1"));
@@ -328,7 +330,7 @@ mod tests {
         assert!(!w.is_stale("ns/e", "8"), "only no-op writes: nothing stale");
         w.record("ns/c", &["3".into()]);
         assert!(
-            !w.is_stale("ns/c", "3") && !w.seen_by_cache("ns/c", "3"),
+            !w.is_stale("ns/c", "3") && !w.note_cached("ns/c", "3"),
             "no write, nothing recorded"
         );
     }
@@ -340,7 +342,7 @@ mod tests {
         let w = OwnWrites::default();
         w.record("ns/seen", &["1".into(), "2".into()]);
         w.record("ns/unseen", &["1".into(), "2".into()]);
-        assert!(w.seen_by_cache("ns/seen", "2"));
+        assert!(w.note_cached("ns/seen", "2"));
         if let Ok(mut log) = w.0.lock() {
             // As if the last prune and the cache's catching up were that long ago.
             let now = Instant::now();

@@ -168,6 +168,9 @@ pub struct Report {
 
 /// Runs the benchmark and prints its report.
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
+    if args.host_auth != BenchHostAuth::None && args.pool {
+        bail!("--host-auth is not wired into --pool: run the pool bench on plaintext hosts");
+    }
     if args.pool {
         return crate::bench_pool::main(args);
     }
@@ -248,6 +251,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
 /// Runs one measurement with `exe` as the capmvm-sim executable that runs the operator (a test's
 /// `CARGO_BIN_EXE_capmvm-sim`).
 pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Result<Report> {
+    if args.host_auth != BenchHostAuth::None && args.provider == BenchProvider::Go {
+        bail!("--host-auth is for our provider: the Go provider's credentials are not wired here");
+    }
     let options = world_options(&args, exe);
     let own_cpu_before = own_cpu();
     match args.control_plane {
@@ -372,9 +378,6 @@ async fn measure<S: Stack + Sync>(
             .filter(|m| provider.is_ready(m))
             .count()
     };
-    if args.host_auth != BenchHostAuth::None && provider == BenchProvider::Go {
-        bail!("--host-auth is for our provider: the Go provider's credentials are not wired here");
-    }
     let credentials = crate::stack::create_credentials(stack, "default", "demo").await?;
     let mut expected = args.machines;
     let (api_before, all_before, started) = match start {

@@ -22,23 +22,28 @@ pub struct ScratchDir {
 }
 
 impl ScratchDir {
-    /// Creates `<temp>/<prefix>-<pid>-<n>`, `n` unique within the process.
+    /// Creates a new `<temp>/<prefix>-<pid>-<n>`, never one left behind by an earlier process of
+    /// the same pid (a kept run's etcd data must not be started on again).
     pub fn create(prefix: &str) -> Result<ScratchDir, Error> {
         use std::sync::atomic::{AtomicU64, Ordering};
         static NEXT: AtomicU64 = AtomicU64::new(0);
-        let path = std::env::temp_dir().join(format!(
-            "{prefix}-{}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&path).map_err(|source| Error::Io {
-            path: path.clone(),
-            source,
-        })?;
-        Ok(ScratchDir {
-            path,
-            keep: std::env::var_os(KEEP_ENV).is_some(),
-        })
+        loop {
+            let path = std::env::temp_dir().join(format!(
+                "{prefix}-{}-{}",
+                std::process::id(),
+                NEXT.fetch_add(1, Ordering::Relaxed)
+            ));
+            match std::fs::create_dir(&path) {
+                Ok(()) => {
+                    return Ok(ScratchDir {
+                        path,
+                        keep: std::env::var_os(KEEP_ENV).is_some(),
+                    });
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                Err(source) => return Err(Error::Io { path, source }),
+            }
+        }
     }
 
     /// The directory.
@@ -70,6 +75,9 @@ mod tests {
 
     #[test]
     fn a_scratch_directory_is_removed_when_dropped_and_kept_when_asked() {
+        if std::env::var_os(KEEP_ENV).is_some() {
+            return; // every directory is kept by request
+        }
         let dir = ScratchDir::create("capmvm-scratch-test").unwrap();
         let path = dir.path().to_path_buf();
         std::fs::write(path.join("etcd.log"), "x").unwrap();
@@ -85,9 +93,31 @@ mod tests {
     }
 
     #[test]
-    fn two_scratch_directories_of_one_prefix_differ() {
-        let a = ScratchDir::create("capmvm-scratch-test").unwrap();
-        let b = ScratchDir::create("capmvm-scratch-test").unwrap();
+    fn a_directory_left_behind_is_never_reused() {
+        let a = ScratchDir::create("capmvm-scratch-reuse").unwrap();
+        let b = ScratchDir::create("capmvm-scratch-reuse").unwrap();
         assert_ne!(a.path(), b.path());
+        // The next name this process would take, left behind by an earlier process of its pid.
+        let n: u64 = b
+            .path()
+            .to_string_lossy()
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap();
+        let left = std::env::temp_dir().join(format!(
+            "capmvm-scratch-reuse-{}-{}",
+            std::process::id(),
+            n + 1
+        ));
+        std::fs::create_dir_all(left.join("etcd")).unwrap();
+        let c = ScratchDir::create("capmvm-scratch-reuse").unwrap();
+        assert_ne!(
+            c.path(),
+            left.as_path(),
+            "a new directory, not the one left behind"
+        );
+        assert!(!c.path().join("etcd").exists());
+        std::fs::remove_dir_all(&left).unwrap();
     }
 }

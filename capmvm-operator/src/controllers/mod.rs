@@ -100,7 +100,7 @@ where
     let (action, label) = match reconciled.result {
         Ok(Outcome::Gone) => (Ok(Action::await_change()), ReconcileResult::Success),
         // No timer of its own: a change wakes it, and `watch::resync` at least once per
-        // `--sync-period`.
+        // `--sync-period` once past its first steps.
         Ok(Outcome::Requeue(Requeue::Await)) => {
             (Ok(Action::await_change()), ReconcileResult::Success)
         }

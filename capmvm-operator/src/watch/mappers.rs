@@ -88,7 +88,8 @@ impl Mapper for MicrovmMachines {
             }
         }
         let changed = self.seen.changed(m, fingerprint(m, &m.spec));
-        let own = route.own_writes.seen_by_cache(
+        // Also tells the record of our writes that the cache caught up (it is pruned soon after).
+        let own = route.own_writes.note_cached(
             &crate::memory::key(m),
             &m.resource_version().unwrap_or_default(),
         );
