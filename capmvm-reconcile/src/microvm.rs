@@ -244,16 +244,16 @@ pub fn derived_mac(machine_uid: &str, index: usize) -> String {
 }
 
 /// FNV-1a, 64 bit: small, stable across platforms and releases (unlike `std`'s hasher).
-pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
+pub fn fnv1a64(bytes: &[u8]) -> u64 {
     fnv1a64_extend(FNV1A64_OFFSET, bytes)
 }
 
 /// FNV-1a's starting state.
-pub(crate) const FNV1A64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+pub const FNV1A64_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
 
 /// FNV-1a of `bytes` continued from `hash`: extending the hash of `a` with `b` gives the hash of `a`
 /// followed by `b`, without building that string.
-pub(crate) fn fnv1a64_extend(mut hash: u64, bytes: &[u8]) -> u64 {
+pub fn fnv1a64_extend(mut hash: u64, bytes: &[u8]) -> u64 {
     for b in bytes {
         hash ^= u64::from(*b);
         hash = hash.wrapping_mul(0x0000_0100_0000_01b3);

@@ -227,21 +227,6 @@ pub(crate) fn world_options(args: &BenchArgs, exe: std::path::PathBuf) -> WorldO
     options
 }
 
-/// Points the MicrovmCluster at the credentials Secrets `(basicAuthSecret, tlsSecretRef)`, as a
-/// user does.
-fn use_credentials(objects: &mut [DynamicObject], (token, tls): &(Option<String>, Option<String>)) {
-    for o in objects.iter_mut() {
-        if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
-            if let Some(token) = token {
-                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = token.clone().into();
-            }
-            if let Some(tls) = tls {
-                o.data["spec"]["tlsSecretRef"] = tls.clone().into();
-            }
-        }
-    }
-}
-
 /// Runs one measurement.
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let exe = std::env::current_exe().context("finding the capmvm-sim executable")?;
@@ -394,7 +379,7 @@ async fn measure<S: Stack + Sync>(
                     ("CONTROL_PLANE_MACHINE_COUNT", "0".to_string()),
                     ("WORKER_MACHINE_COUNT", args.machines.to_string()),
                 ],
-                |objects| use_credentials(objects, &credentials),
+                |objects| crate::stack::use_credentials(objects, &credentials),
             )
             .await?;
             (api_before, all_before, started)
@@ -410,7 +395,7 @@ async fn measure<S: Stack + Sync>(
                     ("WORKER_MACHINE_COUNT", "0".to_string()),
                 ],
                 |objects| {
-                    use_credentials(objects, &credentials);
+                    crate::stack::use_credentials(objects, &credentials);
                     rewritten = provider.rewrite(objects);
                 },
             )

@@ -311,6 +311,24 @@ pub async fn create_credentials<S: Stack + Sync>(
     Ok(names)
 }
 
+/// Points the MicrovmClusters among `objects` at the credentials Secrets
+/// `(basicAuthSecret, tlsSecretRef)` [`create_credentials`] made, as a user does.
+pub fn use_credentials(
+    objects: &mut [DynamicObject],
+    (token, tls): &(Option<String>, Option<String>),
+) {
+    for o in objects.iter_mut() {
+        if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
+            if let Some(token) = token {
+                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = token.clone().into();
+            }
+            if let Some(tls) = tls {
+                o.data["spec"]["tlsSecretRef"] = tls.clone().into();
+            }
+        }
+    }
+}
+
 /// A credentials Secret, labelled so `clusterctl move` carries it (it is referenced by name only).
 fn secret(name: &str, namespace: &str, data: BTreeMap<String, ByteString>) -> Secret {
     Secret {

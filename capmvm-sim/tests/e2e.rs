@@ -693,14 +693,9 @@ async fn basic_auth_and_mtls_end_to_end() {
     let mut o = options(2);
     o.auth = HostAuth::MtlsAndToken("another-s3cret".into());
     let w = world(o).await;
-    let (token, tls) = w.create_credentials(NS, "demo").await.unwrap();
+    let credentials = w.create_credentials(NS, "demo").await.unwrap();
     w.apply_demo_cluster(&counts(0, 2), |objects| {
-        for o in objects.iter_mut() {
-            if o.types.as_ref().unwrap().kind == "MicrovmCluster" {
-                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = json!(token);
-                o.data["spec"]["tlsSecretRef"] = json!(tls);
-            }
-        }
+        capmvm_sim::stack::use_credentials(objects, &credentials)
     })
     .await
     .unwrap();

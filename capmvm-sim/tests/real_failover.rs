@@ -40,7 +40,6 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind, ListParams, PostPa
 use real_support::{assert_no_forbidden, live_vms, options, wait_ready_with_nodes};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, ServerName};
-use serde_json::json;
 
 const NS: &str = "default";
 const CLUSTER: &str = "demo";
@@ -304,7 +303,7 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
 
     // The cluster: one control plane, the MachineDeployment at 0, the hosts' token and TLS Secrets.
     let vip = real.prepare_cluster(NS, CLUSTER).await.unwrap();
-    let (token, tls) = stack::create_credentials(&real, NS, CLUSTER).await.unwrap();
+    let credentials = stack::create_credentials(&real, NS, CLUSTER).await.unwrap();
     let vars = vec![
         ("CLUSTER_NAME", CLUSTER.to_string()),
         ("NAMESPACE", NS.to_string()),
@@ -313,12 +312,7 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
         ("WORKER_MACHINE_COUNT", "0".to_string()),
     ];
     stack::apply_template(&real, DEMO_CLUSTER, &vars, |objects| {
-        for o in objects.iter_mut() {
-            if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
-                o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = json!(token);
-                o.data["spec"]["tlsSecretRef"] = json!(tls);
-            }
-        }
+        stack::use_credentials(objects, &credentials)
     })
     .await
     .unwrap();
@@ -342,7 +336,7 @@ async fn leader_failover_and_certificate_rotation_on_the_real_stack() {
             .unwrap();
     }
     let secrets: Api<Secret> = Api::namespaced(real.client.clone(), NS);
-    let tls_name = tls.clone().unwrap();
+    let tls_name = credentials.1.clone().unwrap();
     let mut secret = secrets.get(&tls_name).await.unwrap();
     secret.data = Some(tls_data(&new_pki));
     secrets

@@ -13,9 +13,9 @@
 //! resynced like any other, so a wait no watch ends (a bootstrap Secret fixed in place, without a
 //! `value` key before) is looked at again within a period of those minutes.
 
-use std::hash::{Hash, Hasher};
 use std::time::Duration;
 
+use capmvm_reconcile::microvm::{FNV1A64_OFFSET, fnv1a64_extend};
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -32,23 +32,11 @@ fn slices(period: Duration) -> u64 {
     period.as_secs().clamp(1, MAX_SLICES)
 }
 
-/// The slice an object falls in: fixed for its name, so each object comes round once per period.
+/// The slice an object falls in: fixed for its name (FNV-1a, stable across processes, unlike the
+/// std hasher's random keys), so each object comes round once per period.
 fn slice_of(namespace: Option<&str>, name: &str, slices: u64) -> u64 {
-    // FNV-1a: stable across processes and runs, unlike the std hasher's random keys.
-    struct Fnv(u64);
-    impl Hasher for Fnv {
-        fn finish(&self) -> u64 {
-            self.0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            for b in bytes {
-                self.0 = (self.0 ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
-            }
-        }
-    }
-    let mut h = Fnv(0xcbf2_9ce4_8422_2325);
-    (namespace, name).hash(&mut h);
-    h.finish() % slices
+    let ns = fnv1a64_extend(FNV1A64_OFFSET, namespace.unwrap_or_default().as_bytes());
+    fnv1a64_extend(fnv1a64_extend(ns, b"/"), name.as_bytes()) % slices
 }
 
 /// Sends every object of `store` past its first steps to `to` once per `period`, one slice per

@@ -75,7 +75,7 @@ async fn apply_cluster_with(
     edit: impl Fn(&mut Vec<DynamicObject>),
 ) {
     let vip = real.prepare_cluster(ns, name).await.unwrap();
-    let (token, tls) = stack::create_credentials(&*real, ns, name).await.unwrap();
+    let credentials = stack::create_credentials(&*real, ns, name).await.unwrap();
     let vars = |workers: usize| {
         vec![
             ("CLUSTER_NAME", name.to_string()),
@@ -86,16 +86,7 @@ async fn apply_cluster_with(
         ]
     };
     stack::apply_template(&*real, DEMO_CLUSTER, &vars(workers), |objects| {
-        for o in objects.iter_mut() {
-            if o.types.as_ref().is_some_and(|t| t.kind == "MicrovmCluster") {
-                if let Some(token) = &token {
-                    o.data["spec"]["placement"]["staticPool"]["basicAuthSecret"] = json!(token);
-                }
-                if let Some(tls) = &tls {
-                    o.data["spec"]["tlsSecretRef"] = json!(tls);
-                }
-            }
-        }
+        stack::use_credentials(objects, &credentials);
         edit(objects)
     })
     .await
