@@ -10,7 +10,7 @@
 //! `schema = "disabled"`: CAPI owns these CRDs.
 
 use kube::CustomResource;
-use serde::de::{DeserializeOwned, Deserializer};
+use serde::de::Deserializer;
 use serde::{Deserialize, Serialize};
 
 use crate::cluster::ApiEndpoint;
@@ -21,38 +21,8 @@ pub const CAPI_GROUP: &str = "cluster.x-k8s.io";
 /// The version of CAPI core's API this provider reads (contract v1beta2).
 pub const CAPI_VERSION: &str = "v1beta2";
 
-/// Reads any JSON value, then `T` from it, or `T::default()` (absent) if it has another shape.
-fn lenient<'de, D, T>(deserializer: D) -> Result<T, D::Error>
-where
-    D: Deserializer<'de>,
-    T: DeserializeOwned + Default,
-{
-    let value = serde_json::Value::deserialize(deserializer)?;
-    Ok(serde_json::from_value(value).unwrap_or_default())
-}
-
-/// A field type of these views: read with [`lenient`], and left out of what a view serializes while
-/// it is absent (an empty `Option` or list; a name or a nested view is always written).
-trait Lenient {
-    /// Whether the value is absent.
-    fn absent(&self) -> bool {
-        false
-    }
-}
-
-impl<T> Lenient for Option<T> {
-    fn absent(&self) -> bool {
-        self.is_none()
-    }
-}
-
-impl<T> Lenient for Vec<T> {
-    fn absent(&self) -> bool {
-        self.is_empty()
-    }
-}
-
-impl Lenient for String {}
+mod lenient;
+use lenient::{Lenient, Shape, lenient, read_shape, view_from_map};
 
 /// Declares a view whose every field is [`Lenient`]: the serde attribute is said once, here.
 macro_rules! lenient {
@@ -71,7 +41,17 @@ macro_rules! lenient {
             )*
         }
 
-        impl Lenient for $name {}
+        impl Lenient for $name {
+            fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Self>, D::Error> {
+                read_shape(deserializer)
+            }
+        }
+
+        impl Shape for $name {
+            fn from_map<'de, A: serde::de::MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
+                view_from_map(map)
+            }
+        }
     };
 }
 
@@ -388,5 +368,88 @@ mod tests {
         assert_eq!(machine.spec.failure_domain, None);
         assert_eq!(machine.spec.provider_id, None);
         assert_eq!(machine.status.unwrap().initialization, None);
+    }
+
+    /// Read from text, as watch events are (the parser, not a JSON tree): each modelled field of
+    /// another shape reads as absent and the rest of the object as it is; a list with one item of
+    /// another shape reads as absent whole.
+    #[test]
+    fn odd_shapes_read_from_text_as_absent_and_leave_the_rest() {
+        let text = r#"{
+            "apiVersion": "cluster.x-k8s.io/v1beta2",
+            "kind": "Machine",
+            "metadata": {"name": "m1", "namespace": "default"},
+            "spec": {
+                "clusterName": ["demo"],
+                "bootstrap": {"dataSecretName": null, "configRef": {"kind": 3, "name": "c1", "extra": [[{}]]}},
+                "infrastructureRef": "MicrovmMachine",
+                "providerID": {"nested": {"deep": [1, 2.5, "x", true, null]}},
+                "version": "v1.33.0"
+            },
+            "status": {
+                "initialization": {"infrastructureProvisioned": "true"},
+                "conditions": [
+                    {"type": "Ready", "status": "True", "reason": 7, "message": "a \"quoted\" message", "lastTransitionTime": "2026-11-27T00:00:00Z"},
+                    {"type": "OwnerRemediated", "status": "False", "reason": "Remediate"}
+                ],
+                "nodeRef": {"name": "n1", "uid": "u"}
+            }
+        }"#;
+        let machine: Machine = serde_json::from_str(text).unwrap();
+        assert_eq!(machine.spec.cluster_name, "");
+        assert_eq!(machine.spec.bootstrap.data_secret_name, None);
+        let config = machine.spec.bootstrap.config_ref.as_ref().unwrap();
+        assert_eq!((config.kind.as_str(), config.name.as_str()), ("", "c1"));
+        assert_eq!(machine.spec.infrastructure_ref, Default::default());
+        assert_eq!(machine.spec.provider_id, None);
+        assert_eq!(machine.spec.version.as_deref(), Some("v1.33.0"));
+        let status = machine.status.as_ref().unwrap();
+        assert_eq!(
+            status.initialization,
+            Some(MachineInitialization {
+                infrastructure_provisioned: None
+            })
+        );
+        assert_eq!(status.conditions.len(), 2);
+        assert_eq!(status.conditions[0].reason, "");
+        assert!(machine.owner_remediation_requested());
+        assert!(machine.has_node());
+
+        let one_odd_condition = text.replace(
+            r#"{"type": "OwnerRemediated", "status": "False", "reason": "Remediate"}"#,
+            r#""OwnerRemediated""#,
+        );
+        let machine: Machine = serde_json::from_str(&one_odd_condition).unwrap();
+        assert!(machine.status.as_ref().unwrap().conditions.is_empty());
+        assert!(machine.has_node(), "the fields after the list still read");
+
+        let pool: MachinePool = serde_json::from_str(
+            r#"{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "MachinePool",
+                "metadata": {"name": "p"},
+                "spec": {"clusterName": "demo", "replicas": 4294967296, "failureDomains": ["a", "b"],
+                         "template": {"spec": {"bootstrap": {"dataSecretName": "s"}}}},
+                "status": {"replicas": 3, "readyReplicas": -1}}"#,
+        )
+        .unwrap();
+        assert_eq!(pool.spec.replicas, None, "beyond an i32");
+        assert_eq!(pool.spec.failure_domains, ["a", "b"]);
+        assert_eq!(pool.bootstrap_data_secret_name(), Some("s"));
+        assert_eq!(pool.status.as_ref().unwrap().ready_replicas, Some(-1));
+
+        let cluster: Cluster = serde_json::from_str(
+            r#"{"apiVersion": "cluster.x-k8s.io/v1beta2", "kind": "Cluster", "metadata": {"name": "c"},
+                "spec": {"paused": "yes", "controlPlaneEndpoint": {"host": "10.0.0.1", "port": "6443"}}}"#,
+        )
+        .unwrap();
+        assert!(!cluster.is_paused());
+        assert_eq!(cluster.spec.control_plane_endpoint, None);
+
+        assert!(
+            serde_json::from_str::<Machine>(
+                r#"{"metadata": {"name": "m"}, "spec": {"clusterName": "#
+            )
+            .is_err(),
+            "malformed JSON is still an error"
+        );
     }
 }
