@@ -70,6 +70,12 @@ pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
 /// wait is reported on `Ready`: the machine's settle grace ([`crate::preamble::settle_left`]).
 pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
 
+/// How long a microVM may be starting after its placement before its pending state is reported on
+/// `Ready`. The machine's status may already report a wait on CAPI (bootstrap data comes seconds
+/// after the Machine): a start within this grace goes from that wait straight to Ready, saving a
+/// status write per machine; a slower start (an image pull on a fresh host) is reported.
+pub const MICROVM_START_GRACE: Duration = Duration::from_secs(10);
+
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
 pub const CREDENTIALS_RECHECK: Duration = Duration::from_secs(10);
 
@@ -384,6 +390,17 @@ impl<'a> Decision<'a> {
     fn wait_for_capi(&mut self, waiting: Waiting) -> Requeue {
         let left = self.unreported_youth_left();
         preamble::wait(self, waiting, left)
+    }
+
+    /// How much of [`MICROVM_START_GRACE`] is left since this process's placement claim (written
+    /// with the host, just before the create). `None` without a claim (a microVM this provider did
+    /// not place) or once it is over.
+    fn start_grace_left(&self) -> Option<Duration> {
+        let (at, _) = record::placement_claim(self.machine)?;
+        let age = Duration::try_from(self.now.duration_since(at)).ok()?;
+        MICROVM_START_GRACE
+            .checked_sub(age)
+            .filter(|d| !d.is_zero())
     }
 
     /// For a brand-new object whose status was never written: how much of [`CAPI_SETTLE_GRACE`] is

@@ -444,6 +444,57 @@ fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
 }
 
 #[test]
+fn a_start_soon_after_placement_is_not_reported_pending() {
+    // The machine already reports a wait (bootstrap data came late), so the youth grace is over;
+    // this process placed it 4 s ago and its microVM is starting.
+    let mut obs = observed();
+    with_recorded_host(&mut obs, HOSTS[1]);
+    obs.machine.status = Some(Default::default());
+    obs.machine.annotations_mut().insert(
+        capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION.to_string(),
+        format!("{} operator-a", now()),
+    );
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
+    let at = |secs| {
+        now()
+            .checked_add(std::time::Duration::from_secs(secs))
+            .unwrap()
+    };
+    let plan = decide(&obs, at(4));
+    assert!(
+        plan.provider_id.is_some(),
+        "the providerID is written at once"
+    );
+    assert_eq!(
+        plan.status, None,
+        "a start soon after placement is not written"
+    );
+    assert_eq!(
+        plan.requeue,
+        Requeue::After(std::time::Duration::from_secs(6)),
+        "look again when the start grace ends"
+    );
+    // Running within the grace: straight to Ready.
+    obs.recorded_host = answered(vec![vm("01A", VmState::Created, true)]);
+    assert_eq!(ready(&decide(&obs, at(8))).1, reasons::READY);
+    // Still starting after the grace: reported.
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
+    assert_eq!(ready(&decide(&obs, at(11))).1, reasons::MICROVM_PENDING);
+    // Failed within the grace: reported at once.
+    obs.recorded_host = answered(vec![vm("01A", VmState::Failed, true)]);
+    assert_eq!(
+        ready(&decide(&obs, at(4))).1,
+        reasons::MICROVM_PROVISION_FAILED
+    );
+    // A microVM this provider did not place (no claim): its pending state is reported at once.
+    obs.machine
+        .annotations_mut()
+        .remove(capmvm_api::keys::PLACEMENT_CLAIM_ANNOTATION);
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
+    assert_eq!(ready(&decide(&obs, at(4))).1, reasons::MICROVM_PENDING);
+}
+
+#[test]
 fn a_provider_id_without_host_annotation_is_observed() {
     // Machines created by the Go provider carry only a providerID and its finalizer (tests/adoption.rs
     // has the rest of their story).

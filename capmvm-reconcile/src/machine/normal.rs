@@ -349,9 +349,10 @@ impl Decision<'_> {
         self.status.addresses = addresses(self.machine);
         match vm.state {
             VmState::Pending => {
-                if let Some(left) = self.unreported_youth_left() {
-                    // A microVM that starts within the settle grace goes straight to Ready: the
-                    // pending state of a brand-new machine is reported only if it lasts.
+                let grace = self.unreported_youth_left().max(self.start_grace_left());
+                if let Some(left) = grace {
+                    // A microVM that starts within the settle grace, or soon after its placement,
+                    // goes straight to Ready: a pending state is reported only if it lasts.
                     self.quiet = true;
                     return Requeue::After(left);
                 }
