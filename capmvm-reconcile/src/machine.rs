@@ -71,9 +71,9 @@ pub const PENDING_RECHECK: Duration = Duration::from_secs(60);
 pub const CAPI_SETTLE_GRACE: Duration = Duration::from_secs(10);
 
 /// How long a microVM may be starting after its placement before its pending state is reported on
-/// `Ready`. The machine's status may already report a wait on CAPI (bootstrap data comes seconds
-/// after the Machine): a start within this grace goes from that wait straight to Ready, saving a
-/// status write per machine; a slower start (an image pull on a fresh host) is reported.
+/// `Ready`. Past its youth grace (real CABPK gives bootstrap data seconds after the Machine, often
+/// more than ten at scale), a start within this grace goes straight to Ready, saving a status write
+/// per machine; a slower start (an image pull on a fresh host) is reported.
 pub const MICROVM_START_GRACE: Duration = Duration::from_secs(10);
 
 /// How long to wait before looking again at missing credentials (Secrets are not watched).
@@ -394,8 +394,20 @@ impl<'a> Decision<'a> {
 
     /// How much of [`MICROVM_START_GRACE`] is left since this process's placement claim (written
     /// with the host, just before the create). `None` without a claim (a microVM this provider did
-    /// not place) or once it is over.
+    /// not place), once it is over, or when `Ready` reports anything but a wait on CAPI (an earlier
+    /// failure is corrected at once). A reported wait on CAPI (bootstrap data, typically) was over
+    /// when the microVM was created; it stands for at most the grace, then gives way to Ready or
+    /// to the pending state: a wait and Ready are the two status writes a machine is allowed.
     fn start_grace_left(&self) -> Option<Duration> {
+        let reports_more_than_a_wait = self
+            .machine
+            .status
+            .as_ref()
+            .and_then(|s| conditions::get(&s.conditions, types::READY))
+            .is_some_and(|ready| !preamble::is_wait_on_capi(&ready.reason));
+        if reports_more_than_a_wait {
+            return None;
+        }
         let (at, _) = record::placement_claim(self.machine)?;
         let age = Duration::try_from(self.now.duration_since(at)).ok()?;
         MICROVM_START_GRACE

@@ -109,6 +109,19 @@ pub struct Gates<'a> {
     pub cluster: Option<&'a ClusterFacts>,
 }
 
+/// The `Ready` reasons of a wait on CAPI: the gates above and the machine's bootstrap data.
+const WAITS_ON_CAPI: [&str; 4] = [
+    reasons::WAITING_FOR_OWNER,
+    reasons::WAITING_FOR_CLUSTER,
+    reasons::WAITING_FOR_CLUSTER_INFRASTRUCTURE,
+    reasons::WAITING_FOR_BOOTSTRAP_DATA,
+];
+
+/// Whether `reason` on `Ready` is a wait on CAPI.
+pub(crate) fn is_wait_on_capi(reason: &str) -> bool {
+    WAITS_ON_CAPI.contains(&reason)
+}
+
 /// A gate that is not open: the reason for `Ready` and its message.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Waiting {

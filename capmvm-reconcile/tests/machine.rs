@@ -445,8 +445,8 @@ fn a_brand_new_machine_reports_pending_only_if_it_lasts() {
 
 #[test]
 fn a_start_soon_after_placement_is_not_reported_pending() {
-    // The machine already reports a wait (bootstrap data came late), so the youth grace is over;
-    // this process placed it 4 s ago and its microVM is starting.
+    // The machine is past its youth grace with nothing reported; this process placed it 4 s ago
+    // and its microVM is starting.
     let mut obs = observed();
     with_recorded_host(&mut obs, HOSTS[1]);
     obs.machine.status = Some(Default::default());
@@ -485,6 +485,44 @@ fn a_start_soon_after_placement_is_not_reported_pending() {
     assert_eq!(
         ready(&decide(&obs, at(4))).1,
         reasons::MICROVM_PROVISION_FAILED
+    );
+    // A reported wait on CAPI (bootstrap data) ended with the create: it stands for the grace,
+    // then gives way (a wait and Ready are the two status writes of a machine). Anything else on
+    // Ready is corrected at once.
+    obs.recorded_host = answered(vec![vm("01A", VmState::Pending, true)]);
+    let reporting = |reason: &str| {
+        let mut o = obs.clone();
+        o.machine.status = Some(capmvm_api::MicrovmMachineStatus {
+            conditions: vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "False".into(),
+                reason: reason.into(),
+                message: "before the create".into(),
+                last_transition_time: k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(now()),
+                observed_generation: None,
+            }],
+            ..Default::default()
+        });
+        o
+    };
+    let plan = decide(&reporting(reasons::WAITING_FOR_BOOTSTRAP_DATA), at(4));
+    assert_eq!(plan.status, None, "the wait stands for the grace");
+    assert_eq!(
+        ready(&decide(
+            &reporting(reasons::WAITING_FOR_BOOTSTRAP_DATA),
+            at(11)
+        ))
+        .1,
+        reasons::MICROVM_PENDING
+    );
+    assert_eq!(
+        ready(&decide(
+            &reporting(reasons::MICROVM_PROVISION_FAILED),
+            at(4)
+        ))
+        .1,
+        reasons::MICROVM_PENDING,
+        "an earlier failure is corrected at once"
     );
     // A microVM this provider did not place (no claim): its pending state is reported at once.
     obs.machine
