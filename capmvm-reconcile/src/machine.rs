@@ -409,10 +409,7 @@ impl<'a> Decision<'a> {
             return None;
         }
         let (at, _) = record::placement_claim(self.machine)?;
-        let age = Duration::try_from(self.now.duration_since(at)).ok()?;
-        MICROVM_START_GRACE
-            .checked_sub(age)
-            .filter(|d| !d.is_zero())
+        preamble::grace_left(at, MICROVM_START_GRACE, self.now)
     }
 
     /// For a brand-new object whose status was never written: how much of [`CAPI_SETTLE_GRACE`] is

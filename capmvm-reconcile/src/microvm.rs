@@ -244,7 +244,7 @@ pub fn derived_mac(machine_uid: &str, index: usize) -> String {
 }
 
 /// FNV-1a, 64 bit: small, stable across platforms and releases (unlike `std`'s hasher).
-pub fn fnv1a64(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a64(bytes: &[u8]) -> u64 {
     fnv1a64_extend(FNV1A64_OFFSET, bytes)
 }
 

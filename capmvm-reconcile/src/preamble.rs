@@ -186,8 +186,12 @@ pub(crate) fn settle_left(
     if reported {
         return None;
     }
-    let created = meta.creation_timestamp.as_ref()?;
-    let age = Duration::try_from(now.duration_since(created.0)).ok()?;
+    grace_left(meta.creation_timestamp.as_ref()?.0, grace, now)
+}
+
+/// How much of `grace`, counted from `since`, is left at `now`: `None` once it is over.
+pub(crate) fn grace_left(since: Timestamp, grace: Duration, now: Timestamp) -> Option<Duration> {
+    let age = Duration::try_from(now.duration_since(since)).ok()?;
     grace.checked_sub(age).filter(|d| !d.is_zero())
 }
 

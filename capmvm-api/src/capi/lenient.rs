@@ -56,6 +56,11 @@ pub(super) trait Shape: Sized {
     fn from_map<'de, A: MapAccess<'de>>(map: A) -> Result<Option<Self>, A::Error> {
         skip_map(map).map(|()| None)
     }
+
+    /// A list.
+    fn from_seq<'de, A: SeqAccess<'de>>(seq: A) -> Result<Option<Self>, A::Error> {
+        skip_seq(seq).map(|()| None)
+    }
 }
 
 /// Reads a [`Shape`] type: the body of its [`Lenient::read`].
@@ -142,7 +147,7 @@ impl<'de, T: Shape> Visitor<'de> for ShapeVisitor<T> {
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<Option<T>, A::Error> {
-        skip_seq(seq).map(|()| None)
+        T::from_seq(seq)
     }
 }
 
@@ -201,7 +206,7 @@ impl<T: Lenient> Lenient for Option<T> {
 
 impl<T: Lenient> Lenient for Vec<T> {
     fn read<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Self>, D::Error> {
-        deserializer.deserialize_any(ListVisitor(PhantomData))
+        read_shape(deserializer)
     }
 
     fn absent(&self) -> bool {
@@ -209,19 +214,11 @@ impl<T: Lenient> Lenient for Vec<T> {
     }
 }
 
-/// A list: read whole only when every item has its type's shape (any other reads as `None`, the
-/// items consumed all the same).
-struct ListVisitor<T>(PhantomData<T>);
-
-impl<'de, T: Lenient> Visitor<'de> for ListVisitor<T> {
-    type Value = Option<Vec<T>>;
-
-    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("any JSON value")
-    }
-
-    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
-        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(64));
+impl<T: Lenient> Shape for Vec<T> {
+    /// Read whole only when every item has its type's shape (else `None`, the items consumed all
+    /// the same).
+    fn from_seq<'de, A: SeqAccess<'de>>(mut seq: A) -> Result<Option<Self>, A::Error> {
+        let mut items = Vec::new();
         let mut whole = true;
         while let Some(item) = seq.next_element_seed(Item::<T>(PhantomData))? {
             match item {
@@ -230,53 +227,6 @@ impl<'de, T: Lenient> Visitor<'de> for ListVisitor<T> {
             }
         }
         Ok(whole.then_some(items))
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Self::Value, A::Error> {
-        skip_map(map).map(|()| None)
-    }
-
-    fn visit_some<D: Deserializer<'de>>(self, deserializer: D) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-
-    fn visit_newtype_struct<D: Deserializer<'de>>(
-        self,
-        deserializer: D,
-    ) -> Result<Self::Value, D::Error> {
-        deserializer.deserialize_any(self)
-    }
-
-    fn visit_bool<E: de::Error>(self, _: bool) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_i64<E: de::Error>(self, _: i64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_u64<E: de::Error>(self, _: u64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_f64<E: de::Error>(self, _: f64) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_str<E: de::Error>(self, _: &str) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_bytes<E: de::Error>(self, _: &[u8]) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_unit<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
-    }
-
-    fn visit_none<E: de::Error>(self) -> Result<Self::Value, E> {
-        Ok(None)
     }
 }
 

@@ -4,19 +4,14 @@ use std::collections::BTreeSet;
 
 use capmvm_api::MicrovmMachineSpec;
 
-/// FNV-1a, 64 bit: stable across releases and platforms (unlike std's hasher).
+use crate::microvm::{FNV1A64_OFFSET, fnv1a64_extend};
+
+/// FNV-1a, 64 bit ([`crate::microvm::fnv1a64_extend`]) over `parts`, each followed by a 0xff
+/// byte, so ("ab", "c") and ("a", "bc") differ.
 pub(crate) fn fnv1a64(parts: &[&[u8]]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for part in parts {
-        for byte in *part {
-            hash ^= u64::from(*byte);
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-        }
-        // A separator, so ("ab", "c") and ("a", "bc") differ.
-        hash ^= 0xff;
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
+    parts.iter().fold(FNV1A64_OFFSET, |hash, part| {
+        fnv1a64_extend(fnv1a64_extend(hash, part), &[0xff])
+    })
 }
 
 /// The hash of a pool template: the whole spec (not only the image), without providerID. Bootstrap
