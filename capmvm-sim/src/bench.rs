@@ -22,6 +22,7 @@ use kube::runtime::{WatchStreamExt as _, reflector, watcher};
 use crate::bench_provider::BenchProvider;
 use crate::real::RealStack;
 use crate::stack::{RequestCounts, Stack};
+use crate::watch_floor::FloorProcess;
 use crate::world::{HostAuth, World, WorldOptions};
 
 mod report;
@@ -86,6 +87,12 @@ pub struct BenchArgs {
     /// as a user writes them.
     #[arg(long, value_enum, default_value_t = BenchHostAuth::None)]
     pub host_auth: BenchHostAuth,
+    /// Also run the operator's watches alone (`capmvm-sim watch-floor`: the same watches, caches
+    /// and mappers, no controller behind them) beside the operator, with its identity, and report
+    /// their CPU until ready: what receiving the server's changes costs, the floor under the
+    /// operator's own figure. The floor's CPU also competes for the machine's cores.
+    #[arg(long)]
+    pub watch_floor: bool,
 }
 
 /// `bench --host-auth`.
@@ -164,12 +171,27 @@ pub struct Report {
     /// On the real stack, the API server's 429 answers (priority and fairness) until ready, of all
     /// clients and of the operator.
     pub throttled: Option<(u64, u64)>,
+    /// With `--watch-floor`: the watches alone, their CPU seconds from the clock's start to every
+    /// machine ready, and the wake-ups their mappers sent meanwhile (machine, cluster, pool).
+    pub watch_floor: Option<FloorFigures>,
+}
+
+/// What `--watch-floor` measured from the clock's start to every machine ready.
+#[derive(Debug, Clone, Copy)]
+pub struct FloorFigures {
+    /// CPU seconds of the watches alone.
+    pub cpu: f64,
+    /// Wake-ups their mappers sent, by controller: (machine, cluster, pool).
+    pub wakes: (u64, u64, u64),
 }
 
 /// Runs the benchmark and prints its report.
 pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     if args.host_auth != BenchHostAuth::None && args.pool {
         bail!("--host-auth is not wired into --pool: run the pool bench on plaintext hosts");
+    }
+    if args.watch_floor && args.pool {
+        bail!("--watch-floor is not wired into --pool");
     }
     if args.pool {
         return crate::bench_pool::main(args);
@@ -239,7 +261,7 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
     if args.host_auth != BenchHostAuth::None && args.provider == BenchProvider::Go {
         bail!("--host-auth is for our provider: the Go provider's credentials are not wired here");
     }
-    let options = world_options(&args, exe);
+    let options = world_options(&args, exe.clone());
     let own_cpu_before = own_cpu();
     match args.control_plane {
         crate::demo::ControlPlane::Embedded if args.provider == BenchProvider::Go => {
@@ -250,7 +272,11 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
         crate::demo::ControlPlane::Embedded => {
             let mut world = World::start(options).await?;
             world.start_operator(&[])?;
-            let result = measure(&world, &args, Start::Apply).await;
+            let floor = args
+                .watch_floor
+                .then(|| FloorProcess::spawn(&exe, &world.kubeconfig, &world.dir))
+                .transpose()?;
+            let result = measure(&world, &args, Start::Apply, floor.as_ref()).await;
             eprintln!("operator log: {}", world.operator_log().display());
             world.shutdown().await;
             result.map(|report| with_own_cpu(report, own_cpu_before))
@@ -271,8 +297,18 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
             if args.provider == BenchProvider::Capmvm {
                 real.start_operator(&[])?;
             }
+            let floor = args
+                .watch_floor
+                .then(|| FloorProcess::spawn(&exe, &real.operator_kubeconfig, &real.dir))
+                .transpose()?;
             let reviews_before = crate::real::components::conversion_reviews(&real.kubectl).await;
-            let result = measure(&real, &args, Start::ScaleAfterControlPlane(vip)).await;
+            let result = measure(
+                &real,
+                &args,
+                Start::ScaleAfterControlPlane(vip),
+                floor.as_ref(),
+            )
+            .await;
             let reviews_after = crate::real::components::conversion_reviews(&real.kubectl).await;
             let reviews = match (reviews_before, reviews_after) {
                 (Ok(before), Ok(after)) => Some(
@@ -332,6 +368,7 @@ async fn measure<S: Stack + Sync>(
     stack: &S,
     args: &BenchArgs,
     start: Start,
+    floor: Option<&FloorProcess>,
 ) -> anyhow::Result<Report> {
     eprintln!(
         "bench: {}: {} machines on {} hosts, provisioning {} ms, host poll {} s",
@@ -441,6 +478,7 @@ async fn measure<S: Stack + Sync>(
             .map(|(cpu, _)| cpu)
     };
     let operator_cpu_at_start = operator_cpu();
+    let floor_at_start = floor.map(floor_figures);
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut unfinished = None;
     loop {
@@ -467,6 +505,10 @@ async fn measure<S: Stack + Sync>(
     let operator_cpu_to_ready = operator_cpu()
         .zip(operator_cpu_at_start)
         .map(|(now, before)| now - before);
+    let watch_floor = floor
+        .map(floor_figures)
+        .zip(floor_at_start)
+        .and_then(|(now, before)| Some(now?.since(&before?)));
     watch.abort();
     eprintln!();
     let operator_requests = stack.operator_requests()?.since(&api_before);
@@ -517,7 +559,33 @@ async fn measure<S: Stack + Sync>(
         upstream_cpu: None,
         conversion_reviews: None,
         throttled,
+        watch_floor,
     })
+}
+
+/// The watch floor's CPU and wake-ups so far; `None` once it has exited or before its first count.
+fn floor_figures(floor: &FloorProcess) -> Option<FloorFigures> {
+    let (cpu, _) = floor.pid().and_then(crate::world::process_usage)?;
+    Some(FloorFigures {
+        cpu,
+        wakes: floor.wakes()?,
+    })
+}
+
+impl FloorFigures {
+    /// The figures from `before` to `self`.
+    fn since(&self, before: &FloorFigures) -> FloorFigures {
+        let (m, c, p) = self.wakes;
+        let (m0, c0, p0) = before.wakes;
+        FloorFigures {
+            cpu: self.cpu - before.cpu,
+            wakes: (
+                m.saturating_sub(m0),
+                c.saturating_sub(c0),
+                p.saturating_sub(p0),
+            ),
+        }
+    }
 }
 
 /// `MachineDeployment` (cluster.x-k8s.io/v1beta2) as a dynamic resource.

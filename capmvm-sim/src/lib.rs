@@ -16,6 +16,7 @@ pub mod manifest;
 pub mod real;
 pub mod soak;
 pub mod stack;
+pub mod watch_floor;
 pub mod world;
 
 pub use capmvm_kube_emulator as kube;

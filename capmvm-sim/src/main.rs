@@ -33,6 +33,9 @@ enum Command {
     /// The whole system under API faults, host partitions and operator kills: exits non-zero if a
     /// microVM is duplicated or leaked, a finalizer goes early, or a step does not converge.
     Soak(capmvm_sim::soak::SoakArgs),
+    /// The operator's watches alone, no controller behind them (`bench --watch-floor` runs it
+    /// beside the operator): what receiving the server's changes costs.
+    WatchFloor(capmvm_sim::watch_floor::WatchFloorArgs),
     /// Run the capmvm operator (the same code as the capmvm-operator binary).
     Operator(Box<capmvm_operator::config::Flags>),
 }
@@ -49,6 +52,10 @@ fn main() -> anyhow::Result<()> {
         Command::Autoscale(args) => capmvm_sim::autoscale::main(args)?,
         Command::Bench(args) => capmvm_sim::bench::main(args)?,
         Command::Soak(args) => capmvm_sim::soak::main(args)?,
+        Command::WatchFloor(args) => tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()?
+            .block_on(capmvm_sim::watch_floor::run(args))?,
         Command::Operator(flags) => tokio::runtime::Builder::new_multi_thread()
             .enable_all()
             .build()?

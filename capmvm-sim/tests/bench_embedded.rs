@@ -1,5 +1,6 @@
 //! `capmvm-sim bench` on the embedded stack, small: the report a user reads, with the hosts
-//! demanding mTLS and a token (`--host-auth mtls`), as production hosts do.
+//! demanding mTLS and a token (`--host-auth mtls`), as production hosts do, and the operator's
+//! watches measured alone beside it (`--watch-floor`).
 
 use capmvm_sim::bench::{BenchArgs, BenchHostAuth, run_with};
 use capmvm_sim::bench_provider::BenchProvider;
@@ -20,6 +21,7 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
         without_managed_fields: false,
         v1alpha1_unserved: false,
         host_auth: BenchHostAuth::Mtls,
+        watch_floor: true,
     };
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim"));
     // Hosts that refuse the operator's credentials never let a machine become ready: the run
@@ -36,7 +38,18 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
         "one create per machine: {:?}",
         report.flintlock_to_ready
     );
+    // The watches alone saw every machine: each was woken at least once, and they used CPU.
+    let floor = report
+        .watch_floor
+        .expect("--watch-floor reports its figures");
+    assert!(floor.wakes.0 >= 6, "machine wake-ups: {:?}", floor.wakes);
+    assert!(floor.cpu >= 0.0, "{floor:?}");
     let rendered = report.render();
+    assert!(
+        rendered.contains("the operator's watches alone"),
+        "{rendered}"
+    );
+    println!("{rendered}");
     assert!(
         rendered.contains("6 machines on 3 hosts, hosts with mTLS and a token"),
         "{rendered}"

@@ -299,6 +299,19 @@ impl Report {
                     }
                 ));
             }
+            if let Some(floor) = &self.watch_floor {
+                let (machine, cluster, pool) = floor.wakes;
+                line(format!(
+                    "| the operator's watches alone (`--watch-floor`: no controller behind them), CPU per machine, clock start to all ready | {:.2} ms | |",
+                    floor.cpu * 1000.0 / m
+                ));
+                line(format!(
+                    "| wake-ups their mappers sent per machine, clock start to all ready (machine, cluster, pool controllers) | {:.2}, {:.2}, {:.2} | |",
+                    machine as f64 / m,
+                    cluster as f64 / m,
+                    pool as f64 / m
+                ));
+            }
             if let Some(steady) = self.operator_cpu_steady {
                 let per_second = steady * 1000.0 / self.steady.as_secs_f64().max(f64::EPSILON);
                 line(format!(
