@@ -87,12 +87,23 @@ pub struct BenchArgs {
     /// as a user writes them.
     #[arg(long, value_enum, default_value_t = BenchHostAuth::None)]
     pub host_auth: BenchHostAuth,
-    /// Also run the operator's watches alone (`capmvm-sim watch-floor`: the same watches, caches
-    /// and mappers, no controller behind them) beside the operator, with its identity, and report
+    /// Also run the operator's watches alone beside the operator, with its identity, and report
     /// their CPU until ready: what receiving the server's changes costs, the floor under the
-    /// operator's own figure. The floor's CPU also competes for the machine's cores.
-    #[arg(long)]
-    pub watch_floor: bool,
+    /// operator's own figure (the floor's CPU also competes for the machine's cores). `watches`
+    /// (`--watch-floor` alone): the operator's own watch layer, caches and mappers, no controller
+    /// behind them; `bare`: the same collections' watches read as text, nothing decoded, with
+    /// their events and bytes.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "watches")]
+    pub watch_floor: Option<WatchFloor>,
+}
+
+/// `bench --watch-floor`: what runs beside the operator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum WatchFloor {
+    /// The operator's watch layer alone (`capmvm-sim watch-floor`).
+    Watches,
+    /// The watches read as text (`capmvm-sim watch-floor --bare`).
+    Bare,
 }
 
 /// `bench --host-auth`.
@@ -177,12 +188,14 @@ pub struct Report {
 }
 
 /// What `--watch-floor` measured from the clock's start to every machine ready.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct FloorFigures {
-    /// CPU seconds of the watches alone.
+    /// Which floor.
+    pub kind: WatchFloor,
+    /// Its CPU seconds.
     pub cpu: f64,
-    /// Wake-ups their mappers sent, by controller: (machine, cluster, pool).
-    pub wakes: (u64, u64, u64),
+    /// What it counted.
+    pub counts: crate::watch_floor::Counts,
 }
 
 /// Runs the benchmark and prints its report.
@@ -190,7 +203,7 @@ pub fn main(args: BenchArgs) -> anyhow::Result<()> {
     if args.host_auth != BenchHostAuth::None && args.pool {
         bail!("--host-auth is not wired into --pool: run the pool bench on plaintext hosts");
     }
-    if args.watch_floor && args.pool {
+    if args.watch_floor.is_some() && args.pool {
         bail!("--watch-floor is not wired into --pool");
     }
     if args.pool {
@@ -274,7 +287,14 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
             world.start_operator(&[])?;
             let floor = args
                 .watch_floor
-                .then(|| FloorProcess::spawn(&exe, &world.kubeconfig, &world.dir))
+                .map(|kind| {
+                    FloorProcess::spawn(
+                        &exe,
+                        &world.kubeconfig,
+                        &world.dir,
+                        kind == WatchFloor::Bare,
+                    )
+                })
                 .transpose()?;
             let result = measure(&world, &args, Start::Apply, floor.as_ref()).await;
             eprintln!("operator log: {}", world.operator_log().display());
@@ -299,7 +319,14 @@ pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Resul
             }
             let floor = args
                 .watch_floor
-                .then(|| FloorProcess::spawn(&exe, &real.operator_kubeconfig, &real.dir))
+                .map(|kind| {
+                    FloorProcess::spawn(
+                        &exe,
+                        &real.operator_kubeconfig,
+                        &real.dir,
+                        kind == WatchFloor::Bare,
+                    )
+                })
                 .transpose()?;
             let reviews_before = crate::real::components::conversion_reviews(&real.kubectl).await;
             let result = measure(
@@ -478,7 +505,7 @@ async fn measure<S: Stack + Sync>(
             .map(|(cpu, _)| cpu)
     };
     let operator_cpu_at_start = operator_cpu();
-    let floor_at_start = floor.map(floor_figures);
+    let floor_at_start = floor.map(|f| floor_figures(f, args));
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut unfinished = None;
     loop {
@@ -506,7 +533,7 @@ async fn measure<S: Stack + Sync>(
         .zip(operator_cpu_at_start)
         .map(|(now, before)| now - before);
     let watch_floor = floor
-        .map(floor_figures)
+        .map(|f| floor_figures(f, args))
         .zip(floor_at_start)
         .and_then(|(now, before)| Some(now?.since(&before?)));
     watch.abort();
@@ -563,27 +590,23 @@ async fn measure<S: Stack + Sync>(
     })
 }
 
-/// The watch floor's CPU and wake-ups so far; `None` once it has exited or before its first count.
-fn floor_figures(floor: &FloorProcess) -> Option<FloorFigures> {
+/// The watch floor's CPU and counts so far; `None` once it has exited or before its first count.
+fn floor_figures(floor: &FloorProcess, args: &BenchArgs) -> Option<FloorFigures> {
     let (cpu, _) = floor.pid().and_then(crate::world::process_usage)?;
     Some(FloorFigures {
+        kind: args.watch_floor?,
         cpu,
-        wakes: floor.wakes()?,
+        counts: floor.counts()?,
     })
 }
 
 impl FloorFigures {
     /// The figures from `before` to `self`.
     fn since(&self, before: &FloorFigures) -> FloorFigures {
-        let (m, c, p) = self.wakes;
-        let (m0, c0, p0) = before.wakes;
         FloorFigures {
+            kind: self.kind,
             cpu: self.cpu - before.cpu,
-            wakes: (
-                m.saturating_sub(m0),
-                c.saturating_sub(c0),
-                p.saturating_sub(p0),
-            ),
+            counts: self.counts.since(&before.counts),
         }
     }
 }

@@ -5,6 +5,10 @@
 //! mappers send are counted and dropped. No reconcile, no host poll, no write. Run beside the
 //! operator on the same server, its CPU is what receiving the server's changes costs before the
 //! operator decides or does anything: the floor under the operator's CPU per machine.
+//!
+//! With `--bare`, lower still: the same collections' watches read as text, line by line, through
+//! the same client (TLS, HTTP, kube's framing), and nothing decoded: what the bytes alone cost. It
+//! counts each collection's events and bytes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -29,6 +33,88 @@ pub struct WatchFloorArgs {
     /// The operator's `--watch-timeout`, in seconds.
     #[arg(long, default_value_t = 60)]
     pub watch_timeout_secs: u64,
+    /// Read the watches as text, decode nothing (see the module's text).
+    #[arg(long)]
+    pub bare: bool,
+}
+
+/// The collections the operator watches (every namespace, as the bench runs it): what `--bare`
+/// reads. The Secrets' watch is kube-runtime's ordinary one, whole objects, as the operator's.
+const WATCHED: [&str; 7] = [
+    "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/microvmmachines",
+    "/apis/cluster.x-k8s.io/v1beta2/machines",
+    "/apis/cluster.x-k8s.io/v1beta2/clusters",
+    "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/microvmclusters",
+    "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/microvmmachinepools",
+    "/apis/cluster.x-k8s.io/v1beta2/machinepools",
+    "/api/v1/secrets",
+];
+
+/// `--bare`'s counts: events and bytes per collection of [`WATCHED`].
+#[derive(Default)]
+struct Bare {
+    events: [AtomicU64; WATCHED.len()],
+    bytes: [AtomicU64; WATCHED.len()],
+}
+
+impl Bare {
+    fn render(&self) -> String {
+        let mut out = String::new();
+        for (i, path) in WATCHED.iter().enumerate() {
+            out.push_str(&format!(
+                "bare {path} {} {}\n",
+                self.events[i].load(Ordering::Relaxed),
+                self.bytes[i].load(Ordering::Relaxed)
+            ));
+        }
+        out
+    }
+}
+
+/// Reads the watch of `WATCHED[index]` line by line and counts, renewing it when the server ends
+/// it; forever. The first watch, without a resourceVersion, starts with every object as added.
+async fn read_watch(client: kube::Client, index: usize, counts: Arc<Bare>) {
+    use futures::AsyncBufReadExt as _;
+    let path = WATCHED[index];
+    let mut version: Option<String> = None;
+    loop {
+        let since = version
+            .as_deref()
+            .map(|v| format!("&resourceVersion={v}"))
+            .unwrap_or_default();
+        let uri = format!("{path}?watch=true&allowWatchBookmarks=true&timeoutSeconds=3600{since}");
+        let Ok(request) = http::Request::get(uri).body(Vec::new()) else {
+            return;
+        };
+        let Ok(stream) = client.request_stream(request).await else {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            continue;
+        };
+        let mut stream = std::pin::pin!(stream);
+        let mut line = Vec::new();
+        loop {
+            line.clear();
+            match stream.read_until(b'\n', &mut line).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    counts.events[index].fetch_add(1, Ordering::Relaxed);
+                    counts.bytes[index].fetch_add(n as u64, Ordering::Relaxed);
+                    // Where to resume: the only text read, the last resourceVersion seen.
+                    if let Some(v) = resource_version(&line) {
+                        version = Some(v);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The first `"resourceVersion":"…"` of a watch event's line (its object's).
+fn resource_version(line: &[u8]) -> Option<String> {
+    const KEY: &[u8] = b"\"resourceVersion\":\"";
+    let at = line.windows(KEY.len()).position(|w| w == KEY)? + KEY.len();
+    let len = line[at..].iter().position(|b| *b == b'"')?;
+    String::from_utf8(line[at..at + len].to_vec()).ok()
 }
 
 /// Wake-ups received, by controller.
@@ -61,13 +147,67 @@ async fn drain<T>(
     }
 }
 
-/// Parses the counts `watch-floor --counts` wrote: `(machine, cluster, pool)`.
-pub fn parse_counts(text: &str) -> Option<(u64, u64, u64)> {
+/// What the floor counted so far.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Counts {
+    /// Wake-ups its mappers sent, by controller: (machine, cluster, pool); zeros with `--bare`.
+    pub wakes: (u64, u64, u64),
+    /// With `--bare`: each collection's path, events and bytes.
+    pub bare: Vec<(String, u64, u64)>,
+}
+
+impl Counts {
+    /// The counts from `before` to `self`.
+    pub fn since(&self, before: &Counts) -> Counts {
+        let (m, c, p) = self.wakes;
+        let (m0, c0, p0) = before.wakes;
+        let bare = self
+            .bare
+            .iter()
+            .map(|(path, events, bytes)| {
+                let (e0, b0) = before
+                    .bare
+                    .iter()
+                    .find(|(p, _, _)| p == path)
+                    .map_or((0, 0), |(_, e, b)| (*e, *b));
+                (
+                    path.clone(),
+                    events.saturating_sub(e0),
+                    bytes.saturating_sub(b0),
+                )
+            })
+            .collect();
+        Counts {
+            wakes: (
+                m.saturating_sub(m0),
+                c.saturating_sub(c0),
+                p.saturating_sub(p0),
+            ),
+            bare,
+        }
+    }
+}
+
+/// Parses the counts `watch-floor --counts` wrote.
+pub fn parse_counts(text: &str) -> Option<Counts> {
     let get = |name: &str| {
         text.lines()
             .find_map(|l| l.strip_prefix(name)?.trim().parse::<u64>().ok())
     };
-    Some((get("machine ")?, get("cluster ")?, get("pool ")?))
+    let bare = text
+        .lines()
+        .filter_map(|l| {
+            let mut words = l.strip_prefix("bare ")?.split(' ');
+            let path = words.next()?.to_string();
+            let events = words.next()?.parse().ok()?;
+            let bytes = words.next()?.parse().ok()?;
+            Some((path, events, bytes))
+        })
+        .collect();
+    Some(Counts {
+        wakes: (get("machine ")?, get("cluster ")?, get("pool ")?),
+        bare,
+    })
 }
 
 /// Runs the watches until the process is killed.
@@ -82,6 +222,16 @@ pub async fn run(args: WatchFloorArgs) -> anyhow::Result<()> {
     .await
     .with_context(|| format!("loading kubeconfig {}", args.kubeconfig.display()))?;
     let client = kube::Client::try_from(config).context("building the Kubernetes client")?;
+    if args.bare {
+        let bare = Arc::new(Bare::default());
+        for index in 0..WATCHED.len() {
+            tokio::spawn(read_watch(client.clone(), index, bare.clone()));
+        }
+        return write_counts_forever(args.counts.as_deref(), || {
+            format!("machine 0\ncluster 0\npool 0\n{}", bare.render())
+        })
+        .await;
+    }
     let scope = Scope {
         watch_timeout: Duration::from_secs(args.watch_timeout_secs),
         ..Scope::default()
@@ -105,11 +255,19 @@ pub async fn run(args: WatchFloorArgs) -> anyhow::Result<()> {
         &triggers,
         Arc::new(OwnWrites::default()),
     );
+    write_counts_forever(args.counts.as_deref(), || wakes.render()).await
+}
+
+/// Writes `render()` to `path` every second, whole (a reader never sees half), forever.
+async fn write_counts_forever(
+    path: Option<&std::path::Path>,
+    render: impl Fn() -> String,
+) -> anyhow::Result<()> {
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        if let Some(path) = &args.counts {
+        if let Some(path) = path {
             let tmp = path.with_extension("tmp");
-            std::fs::write(&tmp, wakes.render())
+            std::fs::write(&tmp, render())
                 .and_then(|()| std::fs::rename(&tmp, path))
                 .with_context(|| format!("writing {}", path.display()))?;
         }
@@ -123,11 +281,13 @@ pub struct FloorProcess {
 }
 
 impl FloorProcess {
-    /// Starts `exe watch-floor` with `kubeconfig`, its counts and output in `dir`.
+    /// Starts `exe watch-floor` with `kubeconfig` (and `--bare` if `bare`), its counts and output
+    /// in `dir`.
     pub fn spawn(
         exe: &std::path::Path,
         kubeconfig: &std::path::Path,
         dir: &std::path::Path,
+        bare: bool,
     ) -> anyhow::Result<Self> {
         let counts = dir.join("watch-floor.counts");
         let log = std::fs::File::create(dir.join("watch-floor.log"))
@@ -139,6 +299,7 @@ impl FloorProcess {
             .arg(kubeconfig)
             .arg("--counts")
             .arg(&counts)
+            .args(bare.then_some("--bare"))
             .env_remove("KUBECONFIG")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().context("cloning the log handle")?)
@@ -154,8 +315,8 @@ impl FloorProcess {
         self.child.id()
     }
 
-    /// The wake-ups counted so far: `(machine, cluster, pool)`.
-    pub fn wakes(&self) -> Option<(u64, u64, u64)> {
+    /// What it counted so far.
+    pub fn counts(&self) -> Option<Counts> {
         parse_counts(&std::fs::read_to_string(&self.counts).ok()?)
     }
 }
@@ -169,7 +330,29 @@ mod tests {
         let wakes = Wakes::default();
         wakes.machine.store(7, Ordering::Relaxed);
         wakes.pool.store(2, Ordering::Relaxed);
-        assert_eq!(parse_counts(&wakes.render()), Some((7, 0, 2)));
+        assert_eq!(parse_counts(&wakes.render()).unwrap().wakes, (7, 0, 2));
         assert_eq!(parse_counts("machine 1\n"), None);
+        let bare = Bare::default();
+        bare.events[1].store(3, Ordering::Relaxed);
+        bare.bytes[1].store(4096, Ordering::Relaxed);
+        let counts =
+            parse_counts(&format!("machine 0\ncluster 0\npool 0\n{}", bare.render())).unwrap();
+        assert_eq!(counts.bare.len(), WATCHED.len());
+        assert_eq!(counts.bare[1], (WATCHED[1].to_string(), 3, 4096));
+        let later = Counts {
+            wakes: (9, 1, 2),
+            bare: vec![(WATCHED[1].to_string(), 5, 5000)],
+        };
+        assert_eq!(
+            later.since(&counts).bare,
+            vec![(WATCHED[1].to_string(), 2, 904)]
+        );
+    }
+
+    #[test]
+    fn the_resource_version_is_the_first_one_of_the_line() {
+        let line = br#"{"type":"MODIFIED","object":{"metadata":{"name":"a","resourceVersion":"42"},"spec":{"resourceVersion":"7"}}}"#;
+        assert_eq!(resource_version(line).as_deref(), Some("42"));
+        assert_eq!(resource_version(b"{}"), None);
     }
 }

@@ -21,7 +21,7 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
         without_managed_fields: false,
         v1alpha1_unserved: false,
         host_auth: BenchHostAuth::Mtls,
-        watch_floor: true,
+        watch_floor: Some(capmvm_sim::bench::WatchFloor::Watches),
     };
     let exe = std::path::PathBuf::from(env!("CARGO_BIN_EXE_capmvm-sim"));
     // Hosts that refuse the operator's credentials never let a machine become ready: the run
@@ -42,7 +42,11 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
     let floor = report
         .watch_floor
         .expect("--watch-floor reports its figures");
-    assert!(floor.wakes.0 >= 6, "machine wake-ups: {:?}", floor.wakes);
+    assert!(
+        floor.counts.wakes.0 >= 6,
+        "machine wake-ups: {:?}",
+        floor.counts.wakes
+    );
     assert!(floor.cpu >= 0.0, "{floor:?}");
     let rendered = report.render();
     assert!(

@@ -20,7 +20,7 @@ async fn a_small_pool_scales_rolls_and_is_reported() {
         without_managed_fields: false,
         v1alpha1_unserved: false,
         host_auth: capmvm_sim::bench::BenchHostAuth::None,
-        watch_floor: false,
+        watch_floor: None,
     };
     let plan = PoolPlan {
         peak: 6,

@@ -29,7 +29,7 @@ fn args(provider: BenchProvider) -> BenchArgs {
         without_managed_fields: false,
         v1alpha1_unserved: false,
         host_auth: capmvm_sim::bench::BenchHostAuth::None,
-        watch_floor: false,
+        watch_floor: None,
     }
 }
 

@@ -300,17 +300,34 @@ impl Report {
                 ));
             }
             if let Some(floor) = &self.watch_floor {
-                let (machine, cluster, pool) = floor.wakes;
+                let what = match floor.kind {
+                    super::WatchFloor::Watches => {
+                        "the operator's watches alone (`--watch-floor`: its watch layer, no controller behind it)"
+                    }
+                    super::WatchFloor::Bare => {
+                        "the same watches read as text, nothing decoded (`--watch-floor bare`)"
+                    }
+                };
                 line(format!(
-                    "| the operator's watches alone (`--watch-floor`: no controller behind them), CPU per machine, clock start to all ready | {:.2} ms | |",
+                    "| {what}, CPU per machine, clock start to all ready | {:.2} ms | |",
                     floor.cpu * 1000.0 / m
                 ));
-                line(format!(
-                    "| wake-ups their mappers sent per machine, clock start to all ready (machine, cluster, pool controllers) | {:.2}, {:.2}, {:.2} | |",
-                    machine as f64 / m,
-                    cluster as f64 / m,
-                    pool as f64 / m
-                ));
+                if floor.kind == super::WatchFloor::Watches {
+                    let (machine, cluster, pool) = floor.counts.wakes;
+                    line(format!(
+                        "| wake-ups their mappers sent per machine, clock start to all ready (machine, cluster, pool controllers) | {:.2}, {:.2}, {:.2} | |",
+                        machine as f64 / m,
+                        cluster as f64 / m,
+                        pool as f64 / m
+                    ));
+                }
+                for (path, events, bytes) in &floor.counts.bare {
+                    line(format!(
+                        "| watch events per machine of `{path}`, clock start to all ready | {:.2} ({:.1} KiB) | |",
+                        *events as f64 / m,
+                        *bytes as f64 / 1024.0 / m
+                    ));
+                }
             }
             if let Some(steady) = self.operator_cpu_steady {
                 let per_second = steady * 1000.0 / self.steady.as_secs_f64().max(f64::EPSILON);
