@@ -39,7 +39,8 @@ pub struct WatchFloorArgs {
 }
 
 /// The collections the operator watches (every namespace, as the bench runs it): what `--bare`
-/// reads. The Secrets' watch is kube-runtime's ordinary one, whole objects, as the operator's.
+/// reads. The Secrets' watch is kube-runtime's ordinary one, whole objects, as the operator's, and
+/// leaves out Cluster API's own as the operator's does (`type!=cluster.x-k8s.io/secret`).
 const WATCHED: [&str; 7] = [
     "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/microvmmachines",
     "/apis/cluster.x-k8s.io/v1beta2/machines",
@@ -82,7 +83,17 @@ async fn read_watch(client: kube::Client, index: usize, counts: Arc<Bare>) {
             .as_deref()
             .map(|v| format!("&resourceVersion={v}"))
             .unwrap_or_default();
-        let uri = format!("{path}?watch=true&allowWatchBookmarks=true&timeoutSeconds=3600{since}");
+        let selector = if path == "/api/v1/secrets" {
+            format!(
+                "&fieldSelector=type%21%3D{}",
+                capmvm_api::keys::CAPI_SECRET_TYPE.replace('/', "%2F")
+            )
+        } else {
+            String::new()
+        };
+        let uri = format!(
+            "{path}?watch=true&allowWatchBookmarks=true&timeoutSeconds=3600{selector}{since}"
+        );
         let Ok(request) = http::Request::get(uri).body(Vec::new()) else {
             return;
         };
