@@ -20,6 +20,20 @@ pub fn key<K: Resource<DynamicType = ()>>(obj: &K) -> String {
     )
 }
 
+/// 128 bits of an identifier (a uid, a name), SipHash and FNV-1a side by side: what per-object
+/// tables key by instead of a copy of the identifier, whose allocation was most of each entry.
+/// Two identifiers meeting on 128 bits is not a risk at any size a cluster reaches.
+pub fn id_key(id: &str) -> u128 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let mut h = DefaultHasher::new();
+    id.hash(&mut h);
+    let fnv = capmvm_reconcile::microvm::fnv1a64_extend(
+        capmvm_reconcile::microvm::FNV1A64_OFFSET,
+        id.as_bytes(),
+    );
+    (u128::from(h.finish()) << 64) | u128::from(fnv)
+}
+
 /// The resourceVersions each object went through in our last reconcile that wrote to it: the version
 /// read, then each version our writes produced.
 ///

@@ -135,11 +135,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 running: Some(RunningSpec {
                     vcpu: i64::from(spec.vcpu),
                     memory_mb: i64::from(spec.memory_mb),
-                    kernel_image: spec.kernel.image.clone(),
+                    kernel_image: spec.kernel.image.as_str().into(),
                     root_volume_image: spec
                         .root_volume
                         .as_ref()
-                        .and_then(|v| v.source.container_source.clone()),
+                        .and_then(|v| v.source.container_source.as_deref().map(Into::into)),
                 }),
             });
         }

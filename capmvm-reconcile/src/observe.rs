@@ -293,10 +293,10 @@ pub struct RunningSpec {
     pub vcpu: i64,
     /// Memory in MiB.
     pub memory_mb: i64,
-    /// The kernel's container image.
-    pub kernel_image: String,
+    /// The kernel's container image (shared: the microVMs of a host's list name few images).
+    pub kernel_image: Arc<str>,
     /// The root volume's container image (flintlock returns the root volume only when set).
-    pub root_volume_image: Option<String>,
+    pub root_volume_image: Option<Arc<str>>,
 }
 
 /// Flintlock's microVM states.

@@ -178,11 +178,11 @@ fn execute(
                     running: Some(RunningSpec {
                         vcpu: spec.vcpu.into(),
                         memory_mb: spec.memory_mb.into(),
-                        kernel_image: spec.kernel.image.clone(),
+                        kernel_image: spec.kernel.image.as_str().into(),
                         root_volume_image: spec
                             .root_volume
                             .as_ref()
-                            .and_then(|v| v.source.container_source.clone()),
+                            .and_then(|v| v.source.container_source.as_deref().map(Into::into)),
                     }),
                 };
                 world.vms.get_mut(&host.to_string()).unwrap().push(vm);

@@ -39,8 +39,8 @@ pub struct WatchFloorArgs {
 }
 
 /// The collections the operator watches (every namespace, as the bench runs it): what `--bare`
-/// reads. The Secrets' watch is kube-runtime's ordinary one, whole objects, as the operator's, and
-/// leaves out Cluster API's own as the operator's does (`type!=cluster.x-k8s.io/secret`).
+/// reads. The Secrets' watch is of their metadata and leaves out Cluster API's own, as the
+/// operator's (`type!=cluster.x-k8s.io/secret`).
 const WATCHED: [&str; 7] = [
     "/apis/infrastructure.cluster.x-k8s.io/v1alpha2/microvmmachines",
     "/apis/cluster.x-k8s.io/v1beta2/machines",
@@ -94,7 +94,14 @@ async fn read_watch(client: kube::Client, index: usize, counts: Arc<Bare>) {
         let uri = format!(
             "{path}?watch=true&allowWatchBookmarks=true&timeoutSeconds=3600{selector}{since}"
         );
-        let Ok(request) = http::Request::get(uri).body(Vec::new()) else {
+        let mut request = http::Request::get(uri);
+        if path == "/api/v1/secrets" {
+            request = request.header(
+                http::header::ACCEPT,
+                "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1",
+            );
+        }
+        let Ok(request) = request.body(Vec::new()) else {
             return;
         };
         let Ok(stream) = client.request_stream(request).await else {

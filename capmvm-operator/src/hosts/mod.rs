@@ -74,8 +74,9 @@ pub struct ListedVms {
     /// vCPUs and MiB held by the microVMs not being deleted.
     vcpu: i64,
     memory_mb: i64,
-    /// The machine uids those microVMs carry (their reservations are counted through them).
-    machine_uids: HashSet<String>,
+    /// The machine uids those microVMs carry, as [`crate::memory::id_key`]s (their reservations
+    /// are counted through them).
+    machine_uids: HashSet<u128>,
 }
 
 impl ListedVms {
@@ -87,7 +88,7 @@ impl ListedVms {
             vcpu += hv.vcpu;
             memory_mb += hv.memory_mb;
             if let Some(uid) = &hv.vm.machine_uid {
-                machine_uids.insert(uid.clone());
+                machine_uids.insert(crate::memory::id_key(uid));
             }
         }
         Self {
@@ -96,6 +97,14 @@ impl ListedVms {
             memory_mb,
             machine_uids,
         }
+    }
+}
+
+impl ListedVms {
+    /// Whether one of the microVMs carries `machine_uid`.
+    pub fn carries(&self, machine_uid: &str) -> bool {
+        self.machine_uids
+            .contains(&crate::memory::id_key(machine_uid))
     }
 }
 
@@ -437,12 +446,12 @@ pub fn observed_vm(vm: &Microvm, marker: Marker) -> ObservedVm {
         running: Some(RunningSpec {
             vcpu: i64::from(vm.spec.vcpu),
             memory_mb: i64::from(vm.spec.memory_mb),
-            kernel_image: vm.spec.kernel.image.clone(),
+            kernel_image: vm.spec.kernel.image.as_str().into(),
             root_volume_image: vm
                 .spec
                 .root_volume
                 .as_ref()
-                .and_then(|v| v.source.container_source.clone()),
+                .and_then(|v| v.source.container_source.as_deref().map(Into::into)),
         }),
     }
 }

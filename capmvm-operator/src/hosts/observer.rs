@@ -79,8 +79,9 @@ impl Hosts {
                 Ok(vms) => {
                     let known = state.snapshot.read().ok().map(|s| Arc::clone(&s.vms));
                     let known = Known::of(known.as_deref());
-                    let vms: Vec<HostVm> =
+                    let mut vms: Vec<HostVm> =
                         vms.iter().map(|vm| host_vm(vm, known.marker(vm))).collect();
+                    share_images(&mut vms);
                     if let Ok(mut in_flight) = state.in_flight.lock() {
                         in_flight.listed(
                             vms.iter().map(|hv| (hv.vm.uid.as_str(), hv.vm.state)),
@@ -288,6 +289,23 @@ fn state_label(state: VmState) -> &'static str {
     }
 }
 
+/// Shares the image names the microVMs of one list run with: a host runs few images, and each
+/// microVM's answer names them again (an allocation per name per microVM was about 3 MiB at 30 000
+/// machines).
+fn share_images(vms: &mut [HostVm]) {
+    let mut names: Vec<Arc<str>> = Vec::new();
+    let mut share = |name: &mut Arc<str>| match names.iter().find(|n| **n == *name) {
+        Some(n) => *name = Arc::clone(n),
+        None => names.push(Arc::clone(name)),
+    };
+    for running in vms.iter_mut().filter_map(|hv| hv.vm.running.as_mut()) {
+        share(&mut running.kernel_image);
+        if let Some(image) = &mut running.root_volume_image {
+            share(image);
+        }
+    }
+}
+
 /// The microVMs the host's last snapshot held, by uid: the marker a microVM carries never changes,
 /// so each one's meta-data (base64 YAML) is parsed once, when it first shows, and read from the
 /// snapshot after. (A map of markers per observer kept a second copy of every microVM's uids: about
@@ -331,5 +349,41 @@ mod tests {
             shares.iter().map(|s| (s * 1000.0) as u64).collect();
         assert!(distinct.len() > 50, "{distinct:?}");
         assert_ne!(list_delay_share("h:1", 1), list_delay_share("h:1", 2));
+    }
+
+    /// The microVMs of one list share each image name; different names stay apart.
+    #[test]
+    fn a_list_shares_its_image_names() {
+        let with = |uid: &str, kernel: &str| {
+            let mut hv = crate::hosts::tests::vm(uid, uid, VmState::Created);
+            hv.vm.running = Some(capmvm_reconcile::RunningSpec {
+                kernel_image: kernel.into(),
+                root_volume_image: Some("root:1".into()),
+                ..Default::default()
+            });
+            hv
+        };
+        let mut vms = vec![
+            with("a", "kernel:1"),
+            with("b", "kernel:1"),
+            with("c", "kernel:2"),
+        ];
+        share_images(&mut vms);
+        let running: Vec<&capmvm_reconcile::RunningSpec> =
+            vms.iter().filter_map(|hv| hv.vm.running.as_ref()).collect();
+        assert!(Arc::ptr_eq(
+            &running[0].kernel_image,
+            &running[1].kernel_image
+        ));
+        assert!(!Arc::ptr_eq(
+            &running[0].kernel_image,
+            &running[2].kernel_image
+        ));
+        assert_eq!(&*running[2].kernel_image, "kernel:2");
+        let roots: Vec<&Arc<str>> = running
+            .iter()
+            .filter_map(|r| r.root_volume_image.as_ref())
+            .collect();
+        assert!(Arc::ptr_eq(roots[0], roots[2]));
     }
 }

@@ -76,16 +76,11 @@ impl HostReservations {
         }
         self.by_uid.retain(|uid, r| {
             let age = now.saturating_duration_since(r.since);
-            age < RESERVATION_TTL
-                && (age < RESERVATION_SETTLE || !listed.machine_uids.contains(uid))
+            age < RESERVATION_TTL && (age < RESERVATION_SETTLE || !listed.carries(uid))
         });
         let (mut vcpu, mut memory_mb) = (0, 0);
         let mut until = now + RESERVATION_TTL;
-        for (_, r) in self
-            .by_uid
-            .iter()
-            .filter(|(uid, _)| !listed.machine_uids.contains(*uid))
-        {
+        for (_, r) in self.by_uid.iter().filter(|(uid, _)| !listed.carries(uid)) {
             vcpu += r.vcpu;
             memory_mb += r.memory_mb;
             until = until.min(r.since + RESERVATION_TTL);

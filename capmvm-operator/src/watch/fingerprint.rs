@@ -7,11 +7,13 @@ use std::sync::Mutex;
 
 use kube::Resource;
 
+use crate::memory::id_key;
+
 /// Fingerprints of what matters about each object, to skip changes that do not.
 ///
-/// Keyed by a 128-bit hash of the object's uid, not the uid itself: one entry per watched object,
-/// and the uid's own allocation was most of each entry (about 2 MiB per kind at 30 000 machines).
-/// Two different uids meeting on 128 bits is not a risk at any size a cluster reaches.
+/// Keyed by [`id_key`] of the object's uid (its name without one), not the uid itself: one entry
+/// per watched object, and the uid's own allocation was most of each (about 2 MiB per kind at
+/// 30 000 machines).
 #[derive(Default)]
 pub(super) struct Fingerprints(Mutex<HashMap<u128, u64>>);
 
@@ -19,10 +21,12 @@ impl Fingerprints {
     /// Whether `fingerprint` differs from the one last seen for `obj` (and remembers it).
     pub(super) fn changed<K: Resource>(&self, obj: &K, fingerprint: u64) -> bool {
         let meta = obj.meta();
-        let key = match &meta.uid {
-            Some(uid) => key_of(uid.as_bytes(), 0),
-            None => key_of(meta.name.as_deref().unwrap_or_default().as_bytes(), 1),
-        };
+        let key = id_key(
+            meta.uid
+                .as_deref()
+                .or(meta.name.as_deref())
+                .unwrap_or_default(),
+        );
         let Ok(mut seen) = self.0.lock() else {
             return true;
         };
@@ -33,20 +37,6 @@ impl Fingerprints {
         }
         seen.insert(key, fingerprint) != Some(fingerprint)
     }
-}
-
-/// 128 bits of `bytes` (of a uid, `kind` 0, or a name, `kind` 1): SipHash and FNV-1a side by side.
-fn key_of(bytes: &[u8], kind: u8) -> u128 {
-    let mut h = DefaultHasher::new();
-    (kind, bytes).hash(&mut h);
-    let fnv = capmvm_reconcile::microvm::fnv1a64_extend(
-        capmvm_reconcile::microvm::fnv1a64_extend(
-            capmvm_reconcile::microvm::FNV1A64_OFFSET,
-            &[kind],
-        ),
-        bytes,
-    );
-    (u128::from(h.finish()) << 64) | u128::from(fnv)
 }
 
 /// A hash of the object's metadata that matters (labels, annotations, finalizers, owners, deletion;

@@ -50,6 +50,12 @@ impl<K: Resource> Resource for Lean<K> {
         K::plural(dt)
     }
 
+    /// `K`'s: a lean `PartialObjectMeta` (the Secrets' watch) is still asked of the server as
+    /// metadata only. Without it, every Secret in scope came whole, data included.
+    fn metadata_api() -> bool {
+        K::metadata_api()
+    }
+
     fn meta(&self) -> &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         self.0.meta()
     }
@@ -311,6 +317,51 @@ mod tests {
     use kube::api::WatchEvent;
 
     use super::*;
+
+    /// A lean kind asks the server for what its kind asks: metadata only for `PartialObjectMeta`
+    /// (the Secrets' watch: no Secret's data comes through it), whole objects otherwise.
+    #[tokio::test]
+    async fn a_lean_partial_object_is_asked_for_as_metadata_only() {
+        use k8s_openapi::api::core::v1::Secret;
+        use kube::core::PartialObjectMeta;
+        use std::sync::{Arc, Mutex};
+
+        /// The Accept header of the one list `Api<K>` sends.
+        async fn accept_of<K>() -> String
+        where
+            K: Resource<DynamicType = ()> + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+        {
+            let seen = Arc::new(Mutex::new(String::new()));
+            let record = seen.clone();
+            let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+                let accept = request
+                    .headers()
+                    .get(http::header::ACCEPT)
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                *record.lock().unwrap() = accept;
+                async {
+                    http::Response::builder()
+                        .status(500)
+                        .body(kube::client::Body::empty())
+                }
+            });
+            let api: kube::Api<K> = kube::Api::all(kube::Client::new(service, "default"));
+            let _ = api.list(&kube::api::ListParams::default()).await;
+            seen.lock().unwrap().clone()
+        }
+        assert!(
+            accept_of::<Lean<PartialObjectMeta<Secret>>>()
+                .await
+                .contains("as=PartialObjectMetadataList"),
+        );
+        assert!(
+            !accept_of::<Lean<ConfigMap>>()
+                .await
+                .contains("PartialObject")
+        );
+    }
 
     /// A watch event as a real server sends it: the object whole, managedFields included.
     fn event() -> serde_json::Value {

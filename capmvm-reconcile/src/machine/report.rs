@@ -86,7 +86,7 @@ pub(super) fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> V
             spec.memory_mb, running.memory_mb
         ));
     }
-    if spec.kernel.image != running.kernel_image {
+    if *spec.kernel.image != *running.kernel_image {
         changes.push(format!(
             "spec.kernel.image is {:?}, the microVM runs {:?}",
             spec.kernel.image, running.kernel_image
@@ -94,7 +94,7 @@ pub(super) fn spec_changes(machine: &MicrovmMachine, running: &RunningSpec) -> V
     }
     // Flintlock omits a root volume it was not given; only compare what it echoed.
     if let Some(image) = &running.root_volume_image
-        && spec.root_volume.image.as_ref() != Some(image)
+        && spec.root_volume.image.as_deref() != Some(&**image)
     {
         changes.push(format!(
             "spec.rootVolume.image is {:?}, the microVM runs {:?}",

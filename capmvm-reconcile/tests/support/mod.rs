@@ -232,8 +232,8 @@ pub fn running_spec() -> RunningSpec {
     RunningSpec {
         vcpu: spec.vcpu,
         memory_mb: spec.memory_mb,
-        kernel_image: spec.kernel.image,
-        root_volume_image: spec.root_volume.image,
+        kernel_image: spec.kernel.image.into(),
+        root_volume_image: spec.root_volume.image.map(Into::into),
     }
 }
 
