@@ -271,6 +271,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
 /// Runs one measurement with `exe` as the capmvm-sim executable that runs the operator (a test's
 /// `CARGO_BIN_EXE_capmvm-sim`).
 pub async fn run_with(args: BenchArgs, exe: std::path::PathBuf) -> anyhow::Result<Report> {
+    if args.watch_floor.is_some() && args.provider == BenchProvider::Go {
+        bail!("--watch-floor runs our operator's watches: it is for --provider capmvm");
+    }
     if args.host_auth != BenchHostAuth::None && args.provider == BenchProvider::Go {
         bail!("--host-auth is for our provider: the Go provider's credentials are not wired here");
     }
@@ -536,6 +539,11 @@ async fn measure<S: Stack + Sync>(
         .map(|f| floor_figures(f, args))
         .zip(floor_at_start)
         .and_then(|(now, before)| Some(now?.since(&before?)));
+    if floor.is_some() && watch_floor.is_none() {
+        eprintln!(
+            "bench: the watch floor's figures are missing (it exited or wrote no counts); see watch-floor.log in the run's directory"
+        );
+    }
     watch.abort();
     eprintln!();
     let operator_requests = stack.operator_requests()?.since(&api_before);

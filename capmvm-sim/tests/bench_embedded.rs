@@ -48,7 +48,6 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
         "machine wake-ups: {:?}",
         floor.counts.wakes
     );
-    assert!(floor.cpu >= 0.0, "{floor:?}");
     let rendered = report.render();
     assert!(
         rendered.contains("the operator's watches alone"),

@@ -1,7 +1,7 @@
 //! The observer task of one host and credentials: list the host at the poll interval (ask about the
 //! microVMs in flight at the busy interval), publish what it answered, and wake whom it concerns.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -293,10 +293,12 @@ fn state_label(state: VmState) -> &'static str {
 /// microVM's answer names them again (an allocation per name per microVM was about 3 MiB at 30 000
 /// machines).
 fn share_images(vms: &mut [HostVm]) {
-    let mut names: Vec<Arc<str>> = Vec::new();
-    let mut share = |name: &mut Arc<str>| match names.iter().find(|n| **n == *name) {
+    let mut names: HashSet<Arc<str>> = HashSet::new();
+    let mut share = |name: &mut Arc<str>| match names.get(&**name) {
         Some(n) => *name = Arc::clone(n),
-        None => names.push(Arc::clone(name)),
+        None => {
+            names.insert(Arc::clone(name));
+        }
     };
     for running in vms.iter_mut().filter_map(|hv| hv.vm.running.as_mut()) {
         share(&mut running.kernel_image);
@@ -306,9 +308,10 @@ fn share_images(vms: &mut [HostVm]) {
     }
 }
 
-/// The microVMs the host's last snapshot held, by uid: the marker a microVM carries never changes,
-/// so each one's meta-data (base64 YAML) is parsed once, when it first shows, and read from the
-/// snapshot after. (A map of markers per observer kept a second copy of every microVM's uids: about
+/// The microVMs the host's last snapshot held, by uid: the marker a microVM carries never changes
+/// (flintlock cannot change a microVM's meta-data), so each one's meta-data (base64 YAML) is parsed
+/// once, when it first shows in a list, a Get or our create's answer, and read from the snapshot
+/// after. (A map of markers per observer kept a second copy of every microVM's uids: about
 /// 6 MiB at 30 000 machines.)
 struct Known<'a>(HashMap<&'a str, &'a HostVm>);
 
