@@ -251,6 +251,7 @@ pub async fn run(
         watch_filter: flags.watch_filter.clone(),
         readiness: readiness.clone(),
         watch_timeout: flags.watch_timeout,
+        metrics: Some(metrics.clone()),
     };
     let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
     let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();

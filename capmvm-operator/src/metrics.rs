@@ -47,6 +47,11 @@ struct ClusterLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct KindLabels {
+    kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct HostStateLabels {
     host: String,
     state: &'static str,
@@ -85,6 +90,13 @@ pub struct Metrics {
     microvms: Family<HostStateLabels, Gauge>,
     orphaned_microvms: Family<ClusterLabels, Gauge>,
     host_observer_starts: Family<HostLabels, Counter>,
+    watch_events: Family<KindLabels, Counter>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
 }
 
 impl Metrics {
@@ -149,6 +161,12 @@ impl Metrics {
             "Host observers started, by host: one per set of credentials in use; a count that rises while credentials stay the same means observers are stopped and started again",
             host_observer_starts.clone(),
         );
+        let watch_events = Family::<KindLabels, Counter>::default();
+        registry.register(
+            "capmvm_watch_events",
+            "Watch events received, by kind (changes and deletions; the items of a list are not counted): what the API server's writers cost the operator before it decides anything",
+            watch_events.clone(),
+        );
         Arc::new(Self {
             registry,
             reconcile_total,
@@ -160,7 +178,17 @@ impl Metrics {
             microvms,
             orphaned_microvms,
             host_observer_starts,
+            watch_events,
         })
+    }
+
+    /// The counter of watch events received for `kind`: a watch task increments it per event.
+    pub fn watch_events_of(&self, kind: &str) -> Counter {
+        self.watch_events
+            .get_or_create(&KindLabels {
+                kind: kind.to_string(),
+            })
+            .clone()
     }
 
     /// Records one reconcile of `controller`.
@@ -292,6 +320,9 @@ mod tests {
             Duration::from_millis(1),
         );
         m.host_observed("10.0.0.1:9090", true, &[("pending", 2)]);
+        let machines = m.watch_events_of("Machine");
+        machines.inc();
+        machines.inc();
         let text = m.encode();
         for needle in [
             "controller_runtime_reconcile_total{controller=\"microvmmachine\",result=\"error\"} 1",
@@ -300,6 +331,7 @@ mod tests {
             "capmvm_flintlock_calls_total{host=\"10.0.0.1:9090\",method=\"ListMicroVMs\",code=\"unavailable\"} 1",
             "capmvm_host_reachable{host=\"10.0.0.1:9090\"} 1",
             "capmvm_microvms{host=\"10.0.0.1:9090\",state=\"pending\"} 2",
+            "capmvm_watch_events_total{kind=\"Machine\"} 2",
         ] {
             assert!(text.contains(needle), "missing {needle} in\n{text}");
         }

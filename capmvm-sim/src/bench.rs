@@ -185,6 +185,69 @@ pub struct Report {
     /// With `--watch-floor`: the watches alone, their CPU seconds from the clock's start to every
     /// machine ready, and the wake-ups their mappers sent meanwhile (machine, cluster, pool).
     pub watch_floor: Option<FloorFigures>,
+    /// From our operator's metrics, clock start to every machine ready: the watch events it
+    /// received by kind, and the MicrovmMachine reconciles it ran.
+    pub operator_counts: Option<OperatorCounts>,
+}
+
+/// What our operator's `/metrics` counted from the clock's start to every machine ready.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperatorCounts {
+    /// Watch events received, by kind (`capmvm_watch_events_total`).
+    pub watch_events: BTreeMap<String, u64>,
+    /// MicrovmMachine reconciles, every result (`controller_runtime_reconcile_total`).
+    pub machine_reconciles: u64,
+}
+
+impl OperatorCounts {
+    /// The counts in the operator's metrics text (lines it does not know are skipped).
+    pub fn parse(metrics: &str) -> OperatorCounts {
+        let mut counts = OperatorCounts::default();
+        for line in metrics.lines() {
+            let Some((series, value)) = line.rsplit_once(' ') else {
+                continue;
+            };
+            let Ok(value) = value.parse::<f64>() else {
+                continue;
+            };
+            let value = value as u64;
+            if let Some(kind) = series
+                .strip_prefix("capmvm_watch_events_total{kind=\"")
+                .and_then(|r| r.strip_suffix("\"}"))
+            {
+                counts.watch_events.insert(kind.to_string(), value);
+            } else if series.starts_with("controller_runtime_reconcile_total{")
+                && series.contains("controller=\"microvmmachine\"")
+            {
+                counts.machine_reconciles += value;
+            }
+        }
+        counts
+    }
+
+    /// The counts from `before` to `self`.
+    fn since(&self, before: &OperatorCounts) -> OperatorCounts {
+        OperatorCounts {
+            watch_events: self
+                .watch_events
+                .iter()
+                .map(|(k, n)| {
+                    let was = before.watch_events.get(k).copied().unwrap_or(0);
+                    (k.clone(), n.saturating_sub(was))
+                })
+                .collect(),
+            machine_reconciles: self
+                .machine_reconciles
+                .saturating_sub(before.machine_reconciles),
+        }
+    }
+}
+
+/// Our operator's counts now, if it serves its metrics.
+async fn operator_counts<S: Stack>(stack: &S) -> Option<OperatorCounts> {
+    let addr = stack.operator_metrics()?;
+    let text = crate::world::http_get(addr, "/metrics").await.ok()?;
+    Some(OperatorCounts::parse(&text))
 }
 
 /// What `--watch-floor` measured from the clock's start to every machine ready.
@@ -508,6 +571,7 @@ async fn measure<S: Stack + Sync>(
             .map(|(cpu, _)| cpu)
     };
     let operator_cpu_at_start = operator_cpu();
+    let counts_at_start = operator_counts(stack).await;
     let floor_at_start = floor.map(|f| floor_figures(f, args));
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let mut unfinished = None;
@@ -539,6 +603,10 @@ async fn measure<S: Stack + Sync>(
         .map(|f| floor_figures(f, args))
         .zip(floor_at_start)
         .and_then(|(now, before)| Some(now?.since(&before?)));
+    let operator_counts = operator_counts(stack)
+        .await
+        .zip(counts_at_start)
+        .map(|(now, before)| now.since(&before));
     if floor.is_some() && watch_floor.is_none() {
         eprintln!(
             "bench: the watch floor's figures are missing (it exited or wrote no counts); see watch-floor.log in the run's directory"
@@ -595,6 +663,7 @@ async fn measure<S: Stack + Sync>(
         conversion_reviews: None,
         throttled,
         watch_floor,
+        operator_counts,
     })
 }
 
@@ -642,4 +711,26 @@ fn progress(ready: usize, total: usize, elapsed: Duration) {
         elapsed.as_secs_f64()
     );
     let _ = std::io::stderr().flush();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::OperatorCounts;
+
+    #[test]
+    fn the_operators_counts_are_read_from_its_metrics() {
+        let text = "# HELP capmvm_watch_events Watch events received\n\
+            capmvm_watch_events_total{kind=\"Machine\"} 15\n\
+            capmvm_watch_events_total{kind=\"MicrovmMachine\"} 7\n\
+            controller_runtime_reconcile_total{controller=\"microvmmachine\",result=\"success\"} 5\n\
+            controller_runtime_reconcile_total{controller=\"microvmmachine\",result=\"error\"} 1\n\
+            controller_runtime_reconcile_total{controller=\"microvmcluster\",result=\"success\"} 9\n\
+            # EOF\n";
+        let counts = OperatorCounts::parse(text);
+        assert_eq!(counts.machine_reconciles, 6);
+        assert_eq!(counts.watch_events.get("Machine"), Some(&15));
+        let before = OperatorCounts::parse("capmvm_watch_events_total{kind=\"Machine\"} 5\n");
+        assert_eq!(counts.since(&before).watch_events.get("Machine"), Some(&10));
+        assert_eq!(counts.since(&before).machine_reconciles, 6);
+    }
 }

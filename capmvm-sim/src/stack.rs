@@ -113,6 +113,8 @@ pub trait Stack {
     fn operator_log(&self) -> PathBuf;
     /// The operator's process id, while it runs.
     fn operator_pid(&self) -> Option<u32>;
+    /// Where our operator serves its metrics, while it runs (none for the Go provider).
+    fn operator_metrics(&self) -> Option<std::net::SocketAddr>;
     /// The hollow kubelets: the Nodes they registered.
     fn kubelets(&self) -> crate::capi::kubelet::KubeletControl;
     /// The kubeconfig a user would use for the management cluster.

@@ -649,6 +649,10 @@ impl Stack for World {
         self.operator.as_ref().and_then(OperatorProcess::pid)
     }
 
+    fn operator_metrics(&self) -> Option<std::net::SocketAddr> {
+        self.operator.as_ref().map(|o| o.metrics)
+    }
+
     fn kubelets(&self) -> crate::capi::kubelet::KubeletControl {
         self.kubelets
             .as_ref()

@@ -48,9 +48,26 @@ async fn a_small_bench_on_mtls_hosts_brings_every_machine_to_ready() {
         "machine wake-ups: {:?}",
         floor.counts.wakes
     );
+    // The operator's own counts: every MicrovmMachine created was an event and got a reconcile.
+    let counts = report
+        .operator_counts
+        .as_ref()
+        .expect("the operator's metrics were read");
+    assert!(counts.machine_reconciles >= 6, "{counts:?}");
+    assert!(
+        counts
+            .watch_events
+            .get("MicrovmMachine")
+            .is_some_and(|n| *n >= 6),
+        "{counts:?}"
+    );
     let rendered = report.render();
     assert!(
         rendered.contains("the operator's watches alone"),
+        "{rendered}"
+    );
+    assert!(
+        rendered.contains("watch events the operator received per machine"),
         "{rendered}"
     );
     assert!(

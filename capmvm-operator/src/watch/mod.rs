@@ -120,6 +120,8 @@ pub struct Scope {
     /// How long each watch request lasts before the server ends it and it is renewed (zero: the
     /// client's default).
     pub watch_timeout: std::time::Duration,
+    /// Where each watch counts the events it receives (`capmvm_watch_events_total`), if anywhere.
+    pub metrics: Option<Arc<crate::metrics::Metrics>>,
 }
 
 impl Scope {
@@ -278,7 +280,11 @@ fn spawn<M: Mapper>(
         })
         .reflect(writer);
     let route = route.clone();
-    tokio::spawn(follow(stream, cache, kind, readiness, move |obj| {
+    let events = scope.metrics.as_ref().map(|m| m.watch_events_of(&kind));
+    tokio::spawn(follow(stream, cache, kind, readiness, move |obj, event| {
+        if event && let Some(events) = &events {
+            events.inc();
+        }
         mapper.wake(obj, &route);
     }))
 }
@@ -294,7 +300,8 @@ fn unlean<K>(event: watcher::Event<Lean<K>>) -> watcher::Event<K> {
     }
 }
 
-/// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it.
+/// Calls `on_change` for each object a watch applied to `cache`, once `cache` shows it, saying
+/// whether a watch event brought it (`true`) or a list (`false`).
 ///
 /// A (re)list fills a buffer that the cache swaps in only at `InitDone`: an object woken at its
 /// `InitApply` would be reconciled against the cache as it was before the list, which may not hold
@@ -305,7 +312,7 @@ async fn follow<K, S>(
     cache: Store<K>,
     kind: String,
     readiness: crate::server::Readiness,
-    on_change: impl Fn(&K),
+    on_change: impl Fn(&K, bool),
 ) where
     K: Resource + Clone + 'static,
     K::DynamicType: Default + Eq + Hash + Clone,
@@ -317,11 +324,11 @@ async fn follow<K, S>(
         match item {
             Ok(watcher::Event::Apply(obj)) => {
                 readiness.cache_contact(&kind);
-                on_change(&obj);
+                on_change(&obj, true);
             }
             Ok(watcher::Event::Delete(obj)) => {
                 readiness.cache_contact(&kind);
-                on_change(&as_gone(obj));
+                on_change(&as_gone(obj), true);
             }
             Ok(watcher::Event::Init) => listed.clear(),
             Ok(watcher::Event::InitApply(obj)) => {
@@ -331,7 +338,7 @@ async fn follow<K, S>(
                 readiness.cache_synced(&kind);
                 for r in listed.drain(..) {
                     if let Some(obj) = cache.get(&r) {
-                        on_change(&obj);
+                        on_change(&obj, false);
                     }
                 }
             }
@@ -416,19 +423,22 @@ mod tests {
             cache,
             "ConfigMap".to_string(),
             crate::server::Readiness::default(),
-            |cm: &ConfigMap| {
+            |cm: &ConfigMap, event: bool| {
                 let cached = reader.get(&ObjectRef::from_obj(cm)).is_some();
-                woken.lock().unwrap().push((cm.name_any(), cached));
+                woken.lock().unwrap().push((cm.name_any(), cached, event));
             },
         )
         .await;
         let woken = woken.into_inner().unwrap();
-        let names: Vec<&str> = woken.iter().map(|(n, _)| n.as_str()).collect();
+        let names: Vec<&str> = woken.iter().map(|(n, _, _)| n.as_str()).collect();
         assert_eq!(names, ["a", "b", "a", "b", "c"]);
         assert!(
-            woken.iter().all(|(_, cached)| *cached),
+            woken.iter().all(|(_, cached, _)| *cached),
             "woken before the cache showed it: {woken:?}"
         );
+        // Only "b" came by a watch event (what `capmvm_watch_events_total` counts); the rest by lists.
+        let events: Vec<bool> = woken.iter().map(|(_, _, e)| *e).collect();
+        assert_eq!(events, [false, true, false, false, false]);
     }
 
     /// A DELETED event wakes as a deletion, whatever state it carries: the real API server sends the
@@ -459,7 +469,7 @@ mod tests {
             cache,
             "ConfigMap".to_string(),
             crate::server::Readiness::default(),
-            |cm: &ConfigMap| {
+            |cm: &ConfigMap, _event: bool| {
                 let gone = cm.meta().deletion_timestamp.is_some()
                     && cm.meta().finalizers.as_ref().is_none_or(Vec::is_empty);
                 let changed = seen.changed(cm, fingerprint(cm, &cm.data));

@@ -299,6 +299,24 @@ impl Report {
                     }
                 ));
             }
+            if let Some(counts) = &self.operator_counts {
+                let total: u64 = counts.watch_events.values().sum();
+                let by: Vec<String> = counts
+                    .watch_events
+                    .iter()
+                    .filter(|(_, n)| **n > 0)
+                    .map(|(k, n)| format!("{k} {:.2}", *n as f64 / m))
+                    .collect();
+                line(format!(
+                    "| watch events the operator received per machine, clock start to all ready | {:.2} ({}) | |",
+                    total as f64 / m,
+                    by.join(", ")
+                ));
+                line(format!(
+                    "| MicrovmMachine reconciles per machine, clock start to all ready | {:.2} | |",
+                    counts.machine_reconciles as f64 / m
+                ));
+            }
             if let Some(floor) = &self.watch_floor {
                 let what = match floor.kind {
                     super::WatchFloor::Watches => {

@@ -538,6 +538,10 @@ impl Stack for RealStack {
         self.dir.join("operator.log")
     }
 
+    fn operator_metrics(&self) -> Option<std::net::SocketAddr> {
+        self.operator.as_ref().map(|o| o.metrics)
+    }
+
     /// Ours, or the Go provider's manager where it runs without ours.
     fn operator_pid(&self) -> Option<u32> {
         match (&self.operator, &self.go_provider) {
