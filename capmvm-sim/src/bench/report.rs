@@ -299,23 +299,40 @@ impl Report {
                     }
                 ));
             }
-            if let Some(counts) = &self.operator_counts {
-                let total: u64 = counts.watch_events.values().sum();
-                let by: Vec<String> = counts
-                    .watch_events
-                    .iter()
-                    .filter(|(_, n)| **n > 0)
-                    .map(|(k, n)| format!("{k} {:.2}", *n as f64 / m))
-                    .collect();
-                line(format!(
-                    "| watch events the operator received per machine, clock start to all ready | {:.2} ({}) | |",
-                    total as f64 / m,
-                    by.join(", ")
-                ));
-                line(format!(
-                    "| MicrovmMachine reconciles per machine, clock start to all ready | {:.2} | |",
-                    counts.machine_reconciles as f64 / m
-                ));
+            // The same rows for every provider, so reports compare side by side; the Go provider
+            // has no such metrics.
+            match &self.operator_counts {
+                Some(counts) => {
+                    let total: u64 = counts.watch_events.values().sum();
+                    let by: Vec<String> = counts
+                        .watch_events
+                        .iter()
+                        .filter(|(_, n)| **n > 0)
+                        .map(|(k, n)| format!("{k} {:.2}", *n as f64 / m))
+                        .collect();
+                    line(format!(
+                        "| watch events the operator received per machine, clock start to all ready | {:.2} ({}) | |",
+                        total as f64 / m,
+                        by.join(", ")
+                    ));
+                    line(format!(
+                        "| MicrovmMachine reconciles per machine, clock start to all ready | {:.2} | |",
+                        counts.machine_reconciles as f64 / m
+                    ));
+                }
+                None => {
+                    let why = if a.provider == crate::bench_provider::BenchProvider::Go {
+                        "not counted (the Go provider has no such metric)"
+                    } else {
+                        "not read (the operator's metrics did not answer)"
+                    };
+                    line(format!(
+                        "| watch events the operator received per machine, clock start to all ready | {why} | |"
+                    ));
+                    line(format!(
+                        "| MicrovmMachine reconciles per machine, clock start to all ready | {why} | |"
+                    ));
+                }
             }
             if let Some(floor) = &self.watch_floor {
                 let what = match floor.kind {
