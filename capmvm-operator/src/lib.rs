@@ -253,14 +253,7 @@ pub async fn run(
         watch_timeout: flags.watch_timeout,
         metrics: Some(metrics.clone()),
     };
-    let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (pool_tx, pool_rx) = tokio::sync::mpsc::unbounded_channel();
-    let triggers = Triggers {
-        machine: machine_tx,
-        cluster: cluster_tx,
-        pool: pool_tx,
-    };
+    let (triggers, woken) = Triggers::channels();
     let own_writes = Arc::new(memory::OwnWrites::default());
     let (stores, watch_tasks) = watch::start(
         &watch::reporting_answers(client.clone(), readiness.clone()),
@@ -345,7 +338,7 @@ pub async fn run(
     ];
     let machines = Controller::for_stream(futures::stream::empty(), stores.machines.clone())
         .with_config(ControllerConfig::default().concurrency(flags.microvmmachine_concurrency))
-        .reconcile_on(UnboundedReceiverStream::new(machine_rx))
+        .reconcile_on(UnboundedReceiverStream::new(woken.machine))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             controllers::machine::reconcile,
@@ -356,7 +349,7 @@ pub async fn run(
     let clusters =
         Controller::for_stream(futures::stream::empty(), stores.microvm_clusters.clone())
             .with_config(ControllerConfig::default().concurrency(flags.microvmcluster_concurrency))
-            .reconcile_on(UnboundedReceiverStream::new(cluster_rx))
+            .reconcile_on(UnboundedReceiverStream::new(woken.cluster))
             .graceful_shutdown_on(shutdown.clone())
             .run(
                 controllers::cluster::reconcile,
@@ -366,7 +359,7 @@ pub async fn run(
             .for_each(|_| async {});
     let pools = Controller::for_stream(futures::stream::empty(), stores.pools.clone())
         .with_config(ControllerConfig::default().concurrency(flags.microvmmachinepool_concurrency))
-        .reconcile_on(UnboundedReceiverStream::new(pool_rx))
+        .reconcile_on(UnboundedReceiverStream::new(woken.pool))
         .graceful_shutdown_on(shutdown.clone())
         .run(
             controllers::pool::reconcile,

@@ -268,18 +268,11 @@ pub async fn run(args: WatchFloorArgs) -> anyhow::Result<()> {
         watch_timeout: Duration::from_secs(args.watch_timeout_secs),
         ..Scope::default()
     };
-    let (machine_tx, machine_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (cluster_tx, cluster_rx) = tokio::sync::mpsc::unbounded_channel();
-    let (pool_tx, pool_rx) = tokio::sync::mpsc::unbounded_channel();
-    let triggers = Triggers {
-        machine: machine_tx,
-        cluster: cluster_tx,
-        pool: pool_tx,
-    };
+    let (triggers, woken) = Triggers::channels();
     let wakes = Arc::new(Wakes::default());
-    tokio::spawn(drain(machine_rx, wakes.clone(), |w| &w.machine));
-    tokio::spawn(drain(cluster_rx, wakes.clone(), |w| &w.cluster));
-    tokio::spawn(drain(pool_rx, wakes.clone(), |w| &w.pool));
+    tokio::spawn(drain(woken.machine, wakes.clone(), |w| &w.machine));
+    tokio::spawn(drain(woken.cluster, wakes.clone(), |w| &w.cluster));
+    tokio::spawn(drain(woken.pool, wakes.clone(), |w| &w.pool));
     // The operator's own watch client, reporting to a readiness nobody reads.
     let (_stores, _tasks) = watch::start(
         &watch::reporting_answers(client, scope.readiness.clone()),

@@ -30,7 +30,7 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Api, Resource};
-use tokio::sync::mpsc::UnboundedSender;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 use tokio::task::JoinHandle;
 use tracing::{debug, warn};
 
@@ -93,7 +93,37 @@ pub struct Triggers {
     pub pool: UnboundedSender<ObjectRef<MicrovmMachinePool>>,
 }
 
+/// The controllers' ends of [`Triggers`].
+pub struct TriggerReceivers {
+    /// MicrovmMachines to reconcile.
+    pub machine: UnboundedReceiver<ObjectRef<MicrovmMachine>>,
+    /// MicrovmClusters to reconcile.
+    pub cluster: UnboundedReceiver<ObjectRef<MicrovmCluster>>,
+    /// MicrovmMachinePools to reconcile.
+    pub pool: UnboundedReceiver<ObjectRef<MicrovmMachinePool>>,
+}
+
 impl Triggers {
+    /// A channel per controller: the triggers the watches send on, and the controllers' ends.
+    pub fn channels() -> (Triggers, TriggerReceivers) {
+        let (machine_tx, machine) = tokio::sync::mpsc::unbounded_channel();
+        let (cluster_tx, cluster) = tokio::sync::mpsc::unbounded_channel();
+        let (pool_tx, pool) = tokio::sync::mpsc::unbounded_channel();
+        let triggers = Triggers {
+            machine: machine_tx,
+            cluster: cluster_tx,
+            pool: pool_tx,
+        };
+        (
+            triggers,
+            TriggerReceivers {
+                machine,
+                cluster,
+                pool,
+            },
+        )
+    }
+
     fn machine(&self, r: ObjectRef<MicrovmMachine>) {
         // A closed channel means the controller stopped (shutdown): nothing to wake.
         let _ = self.machine.send(r);
